@@ -1,0 +1,1 @@
+"""MCP tools over sandboxed kernels (see issue: mcp_bridge)."""

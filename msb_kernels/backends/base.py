@@ -1,0 +1,129 @@
+"""The sandbox backend interface.
+
+A backend turns a SandboxSpec (a kernel command, a flavor, a directory for the
+kernel's connection file and sockets) into a running, sized, isolated Sandbox.
+The provisioner only talks to these two abstract classes, so a new backend is one
+new module beside namespace.py and microsandbox.py.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from msb_kernels.flavors import Flavor
+
+SANDBOX_LABEL = "msb-kernels"  # every sandbox we create carries this label, for orphan sweeps
+
+
+@dataclass(frozen=True)
+class SharedVolume:
+    host_path: Path
+    guest_path: str
+
+
+@dataclass
+class SandboxSpec:
+    """What to run, and how big and how open its sandbox is."""
+
+    sandbox_id: str  # the kernel id: one sandbox per kernel
+    flavor: Flavor
+    template: str  # "python" or "node"
+    argv: list[str]  # the kernel command as the guest sees it
+    env: dict[str, str]  # the guest's whole environment; nothing is inherited from the host
+    io_dir: Path  # host dir holding the connection file and sockets, shared with the guest
+    readonly_paths: list[str] = field(default_factory=list)  # host paths the kernel needs, shown read-only at the same path
+    shared_volume: SharedVolume | None = None
+    max_processes: int = 256
+    owner_pid: int | None = None  # sandboxes die with this host process unless it is None
+
+
+@dataclass
+class SandboxRecord:
+    """A sandbox found on the host, whether or not a live process owns it."""
+
+    sandbox_id: str
+    backend: str
+    owner_alive: bool
+    running: bool
+    created: float
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Availability:
+    ok: bool
+    reason: str
+    warnings: list[str] = field(default_factory=list)
+
+
+class Sandbox(abc.ABC):
+    """A running sandbox holding one kernel."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec = spec
+        self.created = time.time()
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.spec.sandbox_id
+
+    @abc.abstractmethod
+    async def poll(self) -> int | None:
+        """None while the kernel runs, else its exit status."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int | None:
+        """Wait for the kernel to exit and return its status."""
+
+    @abc.abstractmethod
+    async def send_signal(self, signum: int) -> None:
+        """Deliver a signal to the kernel inside the sandbox (SIGINT interrupts it)."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Stop everything in the sandbox at once."""
+
+    @abc.abstractmethod
+    async def terminate(self) -> None:
+        """Ask the kernel to stop (SIGTERM); kill() follows if it does not."""
+
+    @abc.abstractmethod
+    async def cleanup(self, keep_io_dir: bool = False) -> None:
+        """Release what the sandbox held (limits, mounts, dirs). keep_io_dir is for restarts."""
+
+    def exit_reason(self) -> str | None:
+        """Why the kernel died, when the backend knows (for example out of memory)."""
+        return None
+
+    def info(self) -> dict:
+        """What get_provisioner_info persists and stats report."""
+        return {"sandbox_id": self.sandbox_id, "flavor": self.spec.flavor.name, "template": self.spec.template}
+
+
+class SandboxBackend(abc.ABC):
+    """Creates sandboxes and finds the ones it created before."""
+
+    name: ClassVar[str]
+    transport: ClassVar[str]  # the ZMQ transport the host uses to reach the kernel: "ipc" or "tcp"
+    guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
+
+    @classmethod
+    @abc.abstractmethod
+    def availability(cls) -> Availability:
+        """Whether this backend can run here; the reason says why not, or what is degraded."""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Create a sandbox sized by spec.flavor and start the kernel in it."""
+
+    @abc.abstractmethod
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        """Every sandbox of ours on this host, live or orphaned."""
+
+    @abc.abstractmethod
+    async def sweep_orphans(self) -> list[str]:
+        """Stop and remove sandboxes whose owner is gone; return their ids."""

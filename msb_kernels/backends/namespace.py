@@ -1,0 +1,362 @@
+"""The namespace backend: each kernel in its own Linux namespaces, sized by cgroups.
+
+The host side lives here; what runs inside is nsinit.py. Each sandbox has a
+directory under the runtime root:
+
+    <runtime root>/<sandbox id>/state.json   who owns it, init's pid, its uid
+    <runtime root>/<sandbox id>/io/          connection file and ZMQ ipc sockets (/run/kernel inside)
+    <runtime root>/<sandbox id>/root/        mount point of the sandbox's root (in its own mount ns)
+
+The state files are what the orphan sweep reads after a crash or a kill -9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from msb_kernels.backends import cgroups
+from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.config import MsbSettings
+from msb_kernels.errors import BackendUnavailable, SandboxError
+
+log = logging.getLogger("msb_kernels")
+
+# Host uids for sandboxes when msb-kernels runs as root: one per live sandbox, far above real users.
+SANDBOX_UID_BASE = 2_000_000_000
+SANDBOX_GID = SANDBOX_UID_BASE
+LAUNCH_TIMEOUT = 30.0
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+flags = 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000
+if os.geteuid() != 0:
+    flags |= 0x10000000
+if libc.unshare(flags) != 0:
+    sys.exit(os.strerror(ctypes.get_errno()))
+"""
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start tick for pid: with the pid, it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_alive(pid: int | None, start_time: int | None) -> bool:
+    return pid is not None and start_time is not None and process_start_time(pid) == start_time
+
+
+def python_readonly_paths(executable: str = sys.executable) -> list[str]:
+    """The directories an interpreter needs: its venv, and the installation the venv points at."""
+    paths: set[str] = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    prefix = Path(executable).absolute().parent.parent
+    paths.add(str(prefix))
+    config = prefix / "pyvenv.cfg"
+    if config.is_file():
+        for line in config.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                paths.add(str(Path(value.strip()).parent))
+    paths.add(str(Path(os.path.realpath(executable)).parent.parent))
+    return sorted(p for p in paths if not p.startswith("/usr/") and p != "/usr")
+
+
+class NamespaceSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, init_pid: int, pidfd: int,
+                 cgroup: cgroups.SandboxCgroup | None, lifeline: int | None):
+        super().__init__(spec)
+        self.backend = backend
+        self.state_dir = state_dir
+        self.init_pid = init_pid
+        self.pidfd = pidfd
+        self.cgroup = cgroup
+        self.lifeline = lifeline
+        self.exit_code: int | None = None
+
+    def _exited(self) -> bool:
+        if self.exit_code is not None:
+            return True
+        import select
+
+        if self.pidfd < 0 or select.select([self.pidfd], [], [], 0)[0]:
+            self.exit_code = self._read_exit_code()
+            return True
+        return False
+
+    def _read_exit_code(self) -> int:
+        try:
+            return int((self.spec.io_dir / "exit_status").read_text())
+        except (OSError, ValueError):
+            return -signal.SIGKILL
+
+    async def poll(self) -> int | None:
+        return self.exit_code if self._exited() else None
+
+    async def wait(self) -> int | None:
+        if self._exited():
+            return self.exit_code
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.add_reader(self.pidfd, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            loop.remove_reader(self.pidfd)
+        self._exited()
+        return self.exit_code
+
+    async def send_signal(self, signum: int) -> None:
+        if not self._exited():
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signum)
+
+    async def kill(self) -> None:
+        await self.send_signal(signal.SIGKILL)  # init is pid 1: the whole pid namespace goes with it
+
+    async def terminate(self) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+    def exit_reason(self) -> str | None:
+        if self.cgroup is not None and self.cgroup.oom_kills() > 0:
+            return self.spec.flavor.out_of_memory_message()
+        return None
+
+    def memory_bytes(self) -> int | None:
+        return self.cgroup.memory_bytes() if self.cgroup else None
+
+    async def cleanup(self, keep_io_dir: bool = False) -> None:
+        if not self._exited():
+            await self.kill()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wait(), 5)
+        reason = self.exit_reason()
+        if reason:
+            log.warning("kernel %s: %s", self.sandbox_id, reason)
+        if self.lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lifeline)
+            self.lifeline = None
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        self.backend.remove_state(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
+
+    def info(self) -> dict:
+        return {**super().info(), "backend": "namespace", "init_pid": self.init_pid, "limits": "cgroup" if self.cgroup else "rlimit"}
+
+
+class NamespaceBackend(SandboxBackend):
+    name = "namespace"
+    transport = "ipc"
+    guest_io_dir = "/run/kernel"
+    _availability: Availability | None = None
+
+    def __init__(self, settings: MsbSettings):
+        self.settings = settings
+        self.root = settings.runtime_root()
+        self.hierarchy, self.limits_note = cgroups.detect()
+        self.rootful = os.geteuid() == 0
+
+    # -- availability ----------------------------------------------------------
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if cls._availability is None:
+            cls._availability = cls._probe()
+        return cls._availability
+
+    @classmethod
+    def _probe(cls) -> Availability:
+        if not sys.platform.startswith("linux"):
+            return Availability(False, "Linux namespaces exist only on Linux")
+        if not hasattr(os, "pidfd_open"):
+            return Availability(False, "this Python lacks os.pidfd_open (needs Linux >= 5.3)")
+        result = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=10)
+        if result.returncode != 0:
+            why = result.stderr.strip() or "unknown error"
+            return Availability(False, f"cannot create namespaces ({why}); enable unprivileged user namespaces "
+                                       "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces>0) or run as root")
+        hierarchy, note = cgroups.detect()
+        warnings = [] if hierarchy else [limits_warning(note)]
+        return Availability(True, f"Linux namespaces; limits by {note}" if hierarchy else "Linux namespaces; limits by rlimits", warnings)
+
+    # -- create ----------------------------------------------------------------
+
+    def io_dir_for(self, sandbox_id: str) -> Path:
+        """The host dir shared with the sandbox; made before the kernel's connection file is written."""
+        io_dir = self.root / sandbox_id / "io"
+        io_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        os.chmod(io_dir.parent, 0o700)
+        os.chmod(io_dir, 0o700)
+        return io_dir
+
+    def _allocate_uid(self, state_dir: Path, record: dict) -> int:
+        """Reserve a host uid no other live sandbox has, and write the state file under the same lock."""
+        with open(self.root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            taken = {r.details.get("uid") for r in self.list_sandboxes()}
+            uid = next(SANDBOX_UID_BASE + n for n in range(1, 1_000_000) if SANDBOX_UID_BASE + n not in taken)
+            record["uid"] = uid
+            self._write_state(state_dir, record)
+        return uid
+
+    @staticmethod
+    def _write_state(state_dir: Path, record: dict) -> None:
+        temporary = state_dir / "state.json.tmp"
+        temporary.write_text(json.dumps(record))
+        temporary.replace(state_dir / "state.json")
+
+    async def create(self, spec: SandboxSpec) -> NamespaceSandbox:
+        availability = self.availability()
+        if not availability.ok:
+            raise BackendUnavailable(f"the namespace backend cannot run here: {availability.reason}")
+        if self.hierarchy is None and self.settings.require_limits:
+            raise SandboxError(f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
+                               ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS to accept rlimits"])
+        state_dir = spec.io_dir.parent
+        (state_dir / "root").mkdir(exist_ok=True)
+        record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
+                  "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+                  "flavor": spec.flavor.name, "template": spec.template}
+        uid, gid = (self._allocate_uid(state_dir, record), SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
+        if not self.rootful:
+            self._write_state(state_dir, record)
+        if self.rootful:
+            os.chown(spec.io_dir, uid, gid)
+            for child in spec.io_dir.iterdir():
+                os.chown(child, uid, gid, follow_symlinks=False)
+
+        cgroup = None
+        if self.hierarchy is not None:
+            cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id)
+            try:
+                cgroup.create(spec.flavor, spec.max_processes)
+            except OSError as exc:
+                cgroup.destroy(timeout=0)
+                raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
+
+        lifeline_read, lifeline_write = os.pipe() if spec.owner_pid else (None, None)
+        plan = {
+            "sandbox_id": spec.sandbox_id,
+            "rootful": self.rootful,
+            "uid": uid,
+            "gid": gid,
+            "home_uid": uid if self.rootful else 0,
+            "home_gid": gid if self.rootful else 0,
+            "hostname": "sandbox",
+            "root_dir": str(state_dir / "root"),
+            "io_dir": str(spec.io_dir),
+            "guest_io_dir": self.guest_io_dir,
+            "readonly_paths": sorted(set(spec.readonly_paths) | set(python_readonly_paths())),
+            "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
+            "tmpfs_bytes": spec.flavor.memory_bytes,
+            "cgroup_procs": cgroup.procs_files() if cgroup else [],
+            "nproc_limit": None if cgroup else spec.max_processes,
+            "cpu_affinity": None if cgroup else spec.flavor.cpus,
+            "data_limit": spec.flavor.memory_bytes if spec.template == "python" else None,
+            "argv": spec.argv,
+            "env": spec.env,
+            "python": sys.executable,
+            "lifeline_fd": lifeline_read,
+        }
+        try:
+            init_pid, pidfd = await self._launch(plan, lifeline_read)
+        except BaseException:
+            for fd in (lifeline_read, lifeline_write):
+                if fd is not None:
+                    os.close(fd)
+            self.remove_state(state_dir, cgroup, keep_io_dir=True)
+            raise
+        os.close(lifeline_read) if lifeline_read is not None else None
+        record.update(init_pid=init_pid, init_start=process_start_time(init_pid), uid=uid, cgroup=cgroup is not None)
+        self._write_state(state_dir, record)
+        return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write)
+
+    async def _launch(self, plan: dict, lifeline: int | None) -> tuple[int, int]:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PACKAGE_PARENT, "PYTHONDONTWRITEBYTECODE": "1"}
+        launcher = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "msb_kernels.backends.nsinit",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            pass_fds=(lifeline,) if lifeline is not None else (), start_new_session=True,
+        )
+        assert launcher.stdin and launcher.stdout
+        try:
+            launcher.stdin.write((json.dumps(plan) + "\n").encode())
+            await launcher.stdin.drain()
+            line = await asyncio.wait_for(launcher.stdout.readline(), LAUNCH_TIMEOUT)
+            report = json.loads(line or b'{"error": "the sandbox launcher exited without a report"}')
+            if "error" in report:
+                raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
+            init_pid = int(report["pid"])
+            pidfd = os.pidfd_open(init_pid)
+        except asyncio.TimeoutError:
+            launcher.kill()
+            raise SandboxError(f"the sandbox did not start within {LAUNCH_TIMEOUT:.0f} s") from None
+        finally:
+            launcher.stdin.close()
+            await launcher.wait()
+        return init_pid, pidfd
+
+    # -- removal and orphans ---------------------------------------------------
+
+    def remove_state(self, state_dir: Path, cgroup: cgroups.SandboxCgroup | None, *, keep_io_dir: bool) -> None:
+        if cgroup is not None and not cgroup.destroy():
+            log.warning("cgroup of sandbox %s still has processes", state_dir.name)
+        if keep_io_dir:
+            with contextlib.suppress(FileNotFoundError):
+                (state_dir / "state.json").unlink()
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        records = []
+        if not self.root.is_dir():
+            return records
+        for state_file in self.root.glob("*/state.json"):
+            try:
+                data = json.loads(state_file.read_text())
+            except (OSError, ValueError):
+                continue
+            owner_alive = process_alive(data.get("owner_pid"), data.get("owner_start"))
+            running = process_alive(data.get("init_pid"), data.get("init_start"))
+            records.append(SandboxRecord(data["sandbox_id"], self.name, owner_alive, running, data.get("created", 0.0), data))
+        return records
+
+    async def sweep_orphans(self) -> list[str]:
+        swept = []
+        for record in self.list_sandboxes():
+            if record.owner_alive or (record.details.get("owner_pid") is None and record.running):
+                continue
+            if record.running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record.details["init_pid"], signal.SIGKILL)
+            cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
+            self.remove_state(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
+            swept.append(record.sandbox_id)
+        if swept:
+            log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
+        return swept
+
+
+def limits_warning(note: str) -> str:
+    return (f"flavor limits are only partly enforced: {note}. Without cgroups, memory is capped per process "
+            "(RLIMIT_DATA), not for the whole sandbox, and page cache and tmpfs are not counted; CPU is pinned to "
+            "the flavor's number of cores rather than a quota; processes are capped per user (RLIMIT_NPROC). "
+            "Run msb-kernels as root on a host with cgroups for full limits.")

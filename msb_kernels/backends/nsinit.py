@@ -1,0 +1,352 @@
+"""The namespace sandbox's launcher and init; runs as ``python -m msb_kernels.backends.nsinit``.
+
+The host side (namespace.py) writes one JSON line, the launch plan, to stdin. Then:
+
+1. The launcher joins the sandbox's cgroups and unshares mount, pid, net, ipc, uts
+   and cgroup namespaces (plus a user namespace when the host is not root).
+2. It forks the sandbox's init (pid 1). Init builds a fresh root: a read-only
+   tmpfs holding read-only binds of what a kernel needs, a private /tmp and home,
+   the kernel's io dir, the shared volume; then pivot_root, loopback up.
+3. Init gives up host privileges for good: an unprivileged uid when the host is
+   root, no_new_privs, and a user namespace where it is uid 1000.
+4. It forks the kernel and re-execs itself as a tiny reaper that forwards signals
+   to the kernel and kills the sandbox when the owner's lifeline closes.
+5. The launcher prints ``{"pid": <init's host pid>}`` (or ``{"error": ...}``),
+   waits for the host to close stdin (it has taken a pidfd by then), and exits.
+
+Only the standard library is used: this code runs before and inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import resource
+import socket
+import struct
+import sys
+import fcntl
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MNT_DETACH = 2
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217, "armv7l": 218, "i686": 217}
+
+SANDBOX_USER = "sandbox"
+SANDBOX_HOME = "/home/sandbox"
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Only what programs need from /etc; passwd, group, hosts and hostname are generated.
+ETC_ENTRIES = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone", "ssl",
+    "ca-certificates", "ca-certificates.conf", "fonts", "alternatives", "mime.types", "protocols",
+    "services", "os-release", "debian_version", "inputrc", "terminfo", "matplotlibrc", "gai.conf",
+)
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+# The reaper init becomes once the kernel runs: small, so the sandbox adds little memory.
+REAPER = r"""
+import os, select, signal, sys
+kernel, lifeline, status_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+def forward(signum, frame=None):
+    try:
+        os.killpg(kernel, signum)
+    except OSError:
+        pass
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, forward)
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
+signal.signal(signal.SIGCHLD, lambda *a: None)
+watched = [wake_r] + ([lifeline] if lifeline >= 0 else [])
+while True:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            os._exit(0)
+        if pid == 0:
+            break
+        if pid == kernel:
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                with open(status_path, "w") as f:
+                    f.write(str(code))
+            except OSError:
+                pass
+            os._exit(code if code >= 0 else 128 - code)
+    ready = select.select(watched, [], [])[0]
+    if wake_r in ready:
+        os.read(wake_r, 512)
+    if lifeline in ready and not os.read(lifeline, 64):
+        forward(signal.SIGKILL)
+        os._exit(137)
+"""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _pivot_root(new_root: str, put_old: str) -> None:
+    number = PIVOT_ROOT_SYSCALL.get(platform.machine())
+    if number is None:
+        raise OSError(f"pivot_root: unsupported architecture {platform.machine()}")
+    _check(_libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def _enter_user_namespace(flags: int, inner_uid: int) -> None:
+    """Unshare a user namespace (with flags) where this process's ids appear as inner_uid."""
+    outer_uid, outer_gid = os.geteuid(), os.getegid()  # read before: after unshare they read as 65534
+    _unshare(CLONE_NEWUSER | flags)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{inner_uid} {outer_uid} 1"), ("gid_map", f"{inner_uid} {outer_gid} 1")):
+        try:
+            _write(f"/proc/self/{name}", text)
+        except OSError as exc:
+            raise OSError(exc.errno, f"writing /proc/self/{name}: {exc.strerror}") from None
+
+
+def _locked_flags(source: str) -> int:
+    """Flags a read-only remount must keep, or an unprivileged remount fails with EPERM."""
+    flag = os.statvfs(source).f_flag
+    flags = 0
+    for st, ms in ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME)):
+        if flag & st:
+            flags |= ms
+    return flags
+
+
+def _mountpoint(target: str, is_dir: bool) -> None:
+    if is_dir:
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if not os.path.exists(target):
+            open(target, "w").close()
+
+
+def _bind(source: str, target: str, *, readonly: bool) -> None:
+    _mountpoint(target, os.path.isdir(source))
+    _mount(source, target, None, MS_BIND | MS_REC)
+    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _locked_flags(source)
+    if readonly:
+        flags |= MS_RDONLY
+    _mount(None, target, None, flags)
+
+
+def _build_root(plan: dict) -> None:
+    root = plan["root_dir"]
+    owner = f"uid={plan['home_uid']},gid={plan['home_gid']}"
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+
+    for name in SYSTEM_DIRS:
+        source = "/" + name
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), root + source)
+        elif os.path.isdir(source):
+            _bind(source, root + source, readonly=True)
+    for path in plan["readonly_paths"]:
+        if os.path.exists(path) and not os.path.exists(root + path):
+            _bind(path, root + path, readonly=True)
+
+    os.makedirs(root + "/etc", mode=0o755, exist_ok=True)
+    for name in ETC_ENTRIES:
+        source = "/etc/" + name
+        if os.path.islink(source) and not os.path.exists(source):
+            continue
+        if os.path.islink(source) and name == "localtime":
+            os.symlink(os.readlink(source), root + source)
+        elif os.path.exists(source):
+            _bind(source, root + source, readonly=True)
+    _write(root + "/etc/passwd", f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\nnobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n")
+    _write(root + "/etc/group", f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
+    _write(root + "/etc/hostname", plan["hostname"] + "\n")
+    _write(root + "/etc/hosts", f"127.0.0.1\tlocalhost {plan['hostname']}\n::1\tlocalhost ip6-localhost\n")
+    _write(root + "/etc/resolv.conf", "")
+
+    os.makedirs(root + "/proc")
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+    os.makedirs(root + "/dev")
+    _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEVICES:
+        _mountpoint(root + "/dev/" + name, False)
+        _mount("/dev/" + name, root + "/dev/" + name, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, root + "/dev/" + name)
+    os.makedirs(root + "/dev/shm")
+    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={plan['tmpfs_bytes']}")
+
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={plan['tmpfs_bytes']}")
+    os.makedirs(root + SANDBOX_HOME)
+    _mount("tmpfs", root + SANDBOX_HOME, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={plan['tmpfs_bytes']},{owner}")
+    os.makedirs(root + "/run")
+    _mount("tmpfs", root + "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    _bind(plan["io_dir"], root + plan["guest_io_dir"], readonly=False)
+    if plan.get("shared"):
+        host_path, guest_path = plan["shared"]
+        _bind(host_path, root + guest_path, readonly=False)
+
+    os.chdir(root)
+    _pivot_root(".", ".")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+    _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _drop_privileges(plan: dict) -> None:
+    if plan["rootful"]:
+        uid, gid = plan["uid"], plan["gid"]
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # from root to non-root: every capability is gone
+        # A uid change makes /proc/self root-owned; we must still write our own uid_map.
+        _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(dumpable)")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    _enter_user_namespace(0, 1000)
+
+
+def _apply_fallback_limits(plan: dict) -> None:
+    """Limits that hold without cgroups; with cgroups only RLIMIT_CORE is set here."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if plan.get("nproc_limit"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (plan["nproc_limit"], plan["nproc_limit"]))
+    if plan.get("cpu_affinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, allowed[: plan["cpu_affinity"]])
+
+
+def _exec_kernel(plan: dict, error_pipe: int) -> None:
+    try:
+        os.setpgid(0, 0)
+        os.dup2(0, 1)  # /dev/null: kernels print connection banners there; stderr (crashes) reaches the host
+        if plan.get("data_limit"):
+            resource.setrlimit(resource.RLIMIT_DATA, (plan["data_limit"], plan["data_limit"]))
+        os.chdir(SANDBOX_HOME)
+        os.umask(0o002)
+        os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
+    except BaseException as exc:  # report to init, which reports to the host
+        os.write(error_pipe, f"cannot start kernel {plan['argv'][0]!r}: {exc}".encode())
+        os._exit(127)
+
+
+def _run_init(plan: dict, status_pipe: int) -> None:
+    """pid 1 of the sandbox: build it, start the kernel, become the reaper."""
+    try:
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)  # the launcher's pipes to the host stay with the launcher
+        os.dup2(2, 1)
+        os.close(null)
+        _build_root(plan)
+        _loopback_up()
+        _check(_libc.sethostname(plan["hostname"].encode(), len(plan["hostname"])), "sethostname")
+        _drop_privileges(plan)
+        _apply_fallback_limits(plan)
+        error_read, error_write = os.pipe()  # close-on-exec: EOF means the exec worked
+        kernel = os.fork()
+        if kernel == 0:
+            os.close(error_read)
+            _exec_kernel(plan, error_write)
+        os.close(error_write)
+        failure = os.read(error_read, 4096)
+        if failure:
+            raise RuntimeError(failure.decode(errors="replace"))
+    except BaseException as exc:
+        os.write(status_pipe, f"sandbox setup failed: {exc}".encode())
+        os._exit(1)
+    os.write(status_pipe, b"ok")
+    os.close(status_pipe)
+    lifeline = plan.get("lifeline_fd")
+    if lifeline is not None:
+        os.set_inheritable(lifeline, True)
+    python = plan["python"]
+    os.execve(python, [python, "-I", "-S", "-c", REAPER, str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status"], {"PATH": "/usr/bin:/bin"})
+
+
+def main() -> None:
+    report: dict
+    try:
+        plan = json.loads(sys.stdin.readline())
+        if plan.get("lifeline_fd") is not None:
+            os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
+        for procs in plan["cgroup_procs"]:
+            _write(procs, str(os.getpid()))
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        if plan["rootful"]:
+            _unshare(flags)
+        else:
+            _enter_user_namespace(flags, 0)
+        status_read, status_write = os.pipe()
+        init = os.fork()
+        if init == 0:
+            os.close(status_read)
+            _run_init(plan, status_write)
+        os.close(status_write)
+        chunks = []
+        while chunk := os.read(status_read, 4096):
+            chunks.append(chunk)
+        status = b"".join(chunks).decode(errors="replace")
+        report = {"pid": init} if status == "ok" else {"error": status or "sandbox init exited during setup"}
+    except Exception as exc:
+        report = {"error": f"sandbox launch failed: {exc}"}
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    sys.stdin.read()  # the host closes stdin once it holds a pidfd for init
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

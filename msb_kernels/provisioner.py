@@ -1,0 +1,231 @@
+"""The kernel provisioner: jupyter_client's hook that puts each kernel in a sandbox.
+
+Registered as the ``msb-sandbox`` entry point under ``jupyter_client.kernel_provisioners``.
+A kernelspec selects it with::
+
+    "metadata": {"kernel_provisioner": {"provisioner_name": "msb-sandbox",
+                                        "config": {"flavor": "small", "template": "python"}}}
+
+so JupyterLab, jupyter console, nbclient and papermill run sandboxed kernels with no
+change of their own. A start request may pick the flavor with ``KERNEL_FLAVOR`` in its env.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from traitlets import Unicode
+
+from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
+from msb_kernels.backends.base import SharedVolume
+from msb_kernels.config import MsbSettings, load_settings
+from msb_kernels.errors import InvalidRequest, ResourceLimitExceeded
+from msb_kernels.flavors import Flavor, get_flavor
+from msb_kernels.templates import Template, get_template
+
+log = logging.getLogger("msb_kernels")
+
+GUEST_CONNECTION_FILE = "connection.json"
+STARTUP_FILE = "msb_startup.py"
+# Host variables a kernel may see; everything else from the host environment stays out.
+PASSED_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "JPY_SESSION_NAME", "TERM")
+NEVER_PASSED = ("JPY_PARENT_PID", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+
+# Kernels this process runs, by kernel id: MSB_MAX_SESSIONS counts these.
+live_sandboxes: dict[str, Sandbox] = {}
+_swept_runtime_dirs: set[str] = set()
+
+_MEMORY_HINT = """\
+def _msb_install_memory_hint():
+    import sys
+    message = {message!r}
+
+    def _on_memory_error(shell, etype, value, tb, tb_offset=None):
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        print(message, file=sys.stderr)
+
+    get_ipython().set_custom_exc((MemoryError,), _on_memory_error)
+
+
+_msb_install_memory_hint()
+del _msb_install_memory_hint
+"""
+
+
+class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
+    """Runs the kernel inside a sandbox sized by a flavor."""
+
+    flavor = Unicode(None, allow_none=True, config=True, help="small, medium or large; default MSB_DEFAULT_FLAVOR")
+    template = Unicode("python", config=True, help="python or node")
+
+    sandbox: Sandbox | None = None
+    last_exit_reason: str | None = None
+
+    # -- state ------------------------------------------------------------------
+
+    @property
+    def has_process(self) -> bool:
+        return self.sandbox is not None
+
+    async def poll(self) -> int | None:
+        return None if self.sandbox is None else await self.sandbox.poll()
+
+    async def wait(self) -> int | None:
+        return None if self.sandbox is None else await self.sandbox.wait()
+
+    async def send_signal(self, signum: int) -> None:
+        if self.sandbox is not None:
+            await self.sandbox.send_signal(signum)
+
+    async def kill(self, restart: bool = False) -> None:
+        if self.sandbox is not None:
+            await self.sandbox.kill()
+
+    async def terminate(self, restart: bool = False) -> None:
+        if self.sandbox is not None:
+            await self.sandbox.terminate()
+
+    # -- launch -------------------------------------------------------------------
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        km = self.parent
+        self.settings: MsbSettings = load_settings(getattr(km, "config", None))
+        start_env = kwargs.get("env") or {}
+        self.flavor_spec: Flavor = get_flavor(start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
+                                              argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor")
+        self.template_spec: Template = get_template(self.template, argument="template")
+        reason = self.template_spec.unavailable_reason()
+        if reason:
+            raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
+        self.backend: SandboxBackend = get_backend(self.settings)
+        await self._sweep_once()
+        others = [k for k in live_sandboxes if k != self.kernel_id]
+        if len(others) >= self.settings.max_sessions:
+            raise ResourceLimitExceeded(
+                f"MSB_MAX_SESSIONS={self.settings.max_sessions} sandboxed kernels already run; stop one before starting another")
+
+        self.io_dir = self.backend.io_dir_for(self.kernel_id)
+        km.transport = self.backend.transport
+        if self.backend.transport == "ipc":
+            km.ip = str(self.io_dir / "kernel")
+        extra_arguments = kwargs.pop("extra_arguments", [])
+        km.write_connection_file(jupyter_session=start_env.get("JPY_SESSION_NAME", ""))
+        self.connection_info = km.get_connection_info()
+        self._write_guest_files()
+        cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
+        return await super().pre_launch(cmd=cmd, **kwargs)
+
+    async def _sweep_once(self) -> None:
+        """The first start in a process removes sandboxes that a dead process left behind."""
+        key = str(self.backend.settings.runtime_root()) + self.backend.name
+        if key not in _swept_runtime_dirs:
+            _swept_runtime_dirs.add(key)
+            await self.backend.sweep_orphans()
+
+    def _guest_path(self, name: str) -> str:
+        return f"{self.backend.guest_io_dir}/{name}"
+
+    def _write_guest_files(self) -> None:
+        info = dict(self.connection_info)
+        for key in ("key", "curve_publickey", "curve_secretkey", "curve_serverkey"):
+            if isinstance(info.get(key), bytes):
+                info[key] = info[key].decode()
+        if self.backend.transport == "ipc":
+            info["ip"] = self._guest_path("kernel")
+            separator = self.template_spec.ipc_port_separator
+            if separator != "-":  # e.g. tslab binds "kernel:1"; jupyter_client connects to "kernel-1"
+                for port_name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
+                    alias = self.io_dir / f"kernel-{info[port_name]}"
+                    if not alias.is_symlink():
+                        alias.symlink_to(f"kernel{separator}{info[port_name]}")
+        self._write_private(self.io_dir / GUEST_CONNECTION_FILE, json.dumps(info, indent=1))
+        if self.template_spec.name == "python":
+            self._write_private(self.io_dir / STARTUP_FILE, _MEMORY_HINT.format(message=self.flavor_spec.out_of_memory_message()))
+
+    @staticmethod
+    def _write_private(path: Path, text: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+
+    def _guest_argv(self, cmd: list[str]) -> list[str]:
+        host_file = os.path.realpath(self.parent.connection_file)
+        guest_file = self._guest_path(GUEST_CONNECTION_FILE)
+        argv = [guest_file if arg in (host_file, self.parent.connection_file) else arg for arg in cmd]
+        if self.template_spec.name == "python" and "ipykernel_launcher" in argv:
+            argv.append(f"--IPKernelApp.exec_files={self._guest_path(STARTUP_FILE)}")
+        return argv
+
+    def _guest_env(self, env: dict[str, str], argv0: str) -> dict[str, str]:
+        """A clean environment: the host's variables (tokens, keys) never reach the kernel."""
+        cpus = str(self.flavor_spec.cpus)
+        guest = {
+            "PATH": f"{os.path.dirname(argv0)}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/home/sandbox", "USER": "sandbox", "LOGNAME": "sandbox", "SHELL": "/bin/sh",
+            "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": cpus, "OPENBLAS_NUM_THREADS": cpus, "MKL_NUM_THREADS": cpus,
+            "MSB_FLAVOR": self.flavor_spec.name, "MSB_SANDBOX": self.backend.name,
+        }
+        if self.template_spec.name == "node":
+            guest["NODE_OPTIONS"] = f"--max-old-space-size={self.flavor_spec.memory_mib * 3 // 4}"
+        if self.settings.shared_volume:
+            guest["MSB_SHARED_VOLUME"] = self.settings.shared_volume_guest_path
+        for name in PASSED_THROUGH:
+            if name in env:
+                guest[name] = env[name]
+        # Variables this kernel was started with (kernelspec env, KERNEL_* from a start request):
+        for name, value in env.items():
+            if name in NEVER_PASSED:
+                continue
+            if name in (self.kernel_spec.env or {}) or name.startswith("KERNEL_") or os.environ.get(name) != value:
+                guest[name] = value
+        return guest
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        argv = self._guest_argv(cmd)
+        shared = self.settings.shared_volume
+        spec = SandboxSpec(
+            sandbox_id=self.kernel_id,
+            flavor=self.flavor_spec,
+            template=self.template_spec.name,
+            argv=argv,
+            env=self._guest_env(kwargs.get("env") or {}, argv[0]),
+            io_dir=self.io_dir,
+            readonly_paths=self.template_spec.readonly_paths(),
+            shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
+            max_processes=self.settings.max_processes,
+            owner_pid=os.getpid(),
+        )
+        self.sandbox = await self.backend.create(spec)
+        live_sandboxes[self.kernel_id] = self.sandbox
+        log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
+                 self.flavor_spec.name, self.flavor_spec.cpus, self.flavor_spec.memory_mib)
+        return self.connection_info
+
+    async def cleanup(self, restart: bool = False) -> None:
+        if self.sandbox is None:
+            return
+        sandbox, self.sandbox = self.sandbox, None
+        live_sandboxes.pop(self.kernel_id, None)
+        self.last_exit_reason = sandbox.exit_reason()
+        await sandbox.cleanup(keep_io_dir=restart)
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        return recommended
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info.update(flavor=self.flavor, template=self.template, sandbox=self.sandbox.info() if self.sandbox else None)
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        self.flavor = provisioner_info.get("flavor")
+        self.template = provisioner_info.get("template", "python")
+

@@ -1,0 +1,101 @@
+"""Shared fixtures: an isolated runtime/kernelspec environment and real sandboxed kernels."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def _isolate_environment() -> Path:
+    """Point every msb and Jupyter directory at a fresh temp dir before anything reads them."""
+    for name in list(os.environ):
+        if name.startswith("MSB_"):
+            del os.environ[name]
+    # Short path: ZMQ ipc socket paths must fit in 107 bytes.
+    base = Path(tempfile.mkdtemp(prefix="msbt-", dir="/tmp"))
+    os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(base / "jr")
+    os.environ["JUPYTER_DATA_DIR"] = str(base / "data")
+    os.environ["JUPYTER_CONFIG_DIR"] = str(base / "config")
+    os.environ["JUPYTER_PATH"] = str(base / "prefix" / "share" / "jupyter")
+    os.environ["IPYTHONDIR"] = str(base / "ipython")
+    os.environ["JUPYTER_PLATFORM_DIRS"] = "1"
+    os.environ["PATH"] = f"{VENV_BIN}:{os.environ.get('PATH', '')}"
+    return base
+
+
+TEST_BASE = _isolate_environment()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def installed_kernelspecs() -> Path:
+    """The msb kernelspecs, installed once into the isolated prefix (as `msb-kernels install` does)."""
+    from msb_kernels.config import load_settings
+    from msb_kernels.kernelspecs import install
+
+    install(load_settings(), prefix=str(TEST_BASE / "prefix"))
+    yield TEST_BASE / "prefix" / "share" / "jupyter" / "kernels"
+    shutil.rmtree(TEST_BASE, ignore_errors=True)
+
+
+@pytest.fixture
+def runtime_root() -> Path:
+    return Path(os.environ["MSB_RUNTIME_DIR"])
+
+
+class KernelFactory:
+    """Starts real sandboxed kernels and shuts every one down at the end of the test."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[AsyncKernelManager, object]] = []
+
+    async def __call__(self, kernel_name: str = "msb-python-small", env: dict | None = None, **kwargs):
+        km = AsyncKernelManager(kernel_name=kernel_name)
+        await km.start_kernel(env={**os.environ, **(env or {})}, **kwargs)
+        kc = km.client()
+        kc.start_channels()
+        self.started.append((km, kc))
+        await kc.wait_for_ready(timeout=60)
+        return km, kc
+
+    async def close(self) -> None:
+        for km, kc in self.started:
+            kc.stop_channels()
+            with contextlib.suppress(Exception):
+                await km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+async def start_kernel() -> AsyncIterator[Callable]:
+    factory = KernelFactory()
+    yield factory
+    await factory.close()
+
+
+@pytest.fixture(scope="module")
+async def shared_kernel() -> AsyncIterator[tuple[AsyncKernelManager, object]]:
+    """One small Python kernel for tests that only read state, to keep the suite fast."""
+    factory = KernelFactory()
+    yield await factory()
+    await factory.close()
+
+
+def sandbox_of(km: AsyncKernelManager):
+    return km.provisioner.sandbox
+
+
+def host_pids(km: AsyncKernelManager) -> set[int]:
+    """Host pids of every process in the kernel's sandbox (from its cgroup)."""
+    sandbox = sandbox_of(km)
+    return sandbox.cgroup.pids() if sandbox.cgroup else {sandbox.init_pid}
