@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 import time
@@ -36,6 +37,11 @@ class Execution:
     def result(self) -> Any:
         results = self.of_type("execute_result")
         return results[0]["content"]["data"]["text/plain"] if results else None
+
+    @property
+    def value(self) -> Any:
+        """The execute_result as a Python value (it must be a literal)."""
+        return ast.literal_eval(self.result)
 
     @property
     def traceback(self) -> str:
