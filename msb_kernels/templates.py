@@ -75,11 +75,24 @@ def tslab_entry() -> Path:
     return node_prefix() / "node_modules" / "tslab" / "bin" / "tslab"
 
 
+def _link_tslab_types() -> None:
+    """tslab looks for @types/node under its own node_modules; npm flattens it one level up.
+
+    Inside a sandbox the kernel's cwd has no node_modules, so without this link even
+    `console.log` fails to type-check.
+    """
+    nested = tslab_entry().parent.parent / "node_modules" / "@types"
+    if not nested.exists():
+        nested.parent.mkdir(exist_ok=True)
+        nested.symlink_to(os.path.relpath(node_prefix() / "node_modules" / "@types", nested.parent))
+
+
 def install_tslab() -> str:
     """Install tslab with npm into node_prefix(); idempotent. Returns what happened."""
     if node_binary() is None:
         return "skipped node kernels: node is not installed (Python kernels are unaffected)"
     if tslab_entry().exists():
+        _link_tslab_types()
         return f"tslab already installed in {node_prefix()}"
     npm = shutil.which("npm")
     if npm is None:
@@ -89,4 +102,5 @@ def install_tslab() -> str:
                             capture_output=True, text=True)
     if result.returncode != 0:
         return f"skipped node kernels: npm install tslab failed: {result.stderr.strip()[-500:]}"
+    _link_tslab_types()
     return f"installed tslab {TSLAB_VERSION} in {node_prefix()}"

@@ -1,0 +1,106 @@
+"""Kernelspecs, and Jupyter's own tools running them unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from msb_kernels.templates import TEMPLATES
+from tests.conftest import REPO, VENV_BIN
+from tests.kernel_helpers import execute
+
+NAMES = [f"msb-python-{f}" for f in ("small", "medium", "large")]
+needs_node = pytest.mark.skipif(TEMPLATES["node"].unavailable_reason() is not None,
+                                reason=f"node kernels unavailable: {TEMPLATES['node'].unavailable_reason()}")
+
+
+def test_jupyter_kernelspec_list_shows_the_sandboxed_kernels():
+    result = subprocess.run([str(VENV_BIN / "jupyter"), "kernelspec", "list", "--json"], capture_output=True, text=True, check=True)
+    specs = json.loads(result.stdout)["kernelspecs"]
+    for name in NAMES:
+        spec = specs[name]["spec"]
+        assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == "msb-sandbox"
+        assert spec["metadata"]["cull_idle_timeout"] == 1800
+    assert specs["msb-python-small"]["spec"]["display_name"] == "Python 3 (sandbox, small)"
+    assert specs["msb-python-large"]["spec"]["metadata"]["kernel_provisioner"]["config"] == {"flavor": "large", "template": "python"}
+
+
+def test_install_is_idempotent_and_uses_the_session_timeout(tmp_path):
+    env = {**os.environ, "MSB_SESSION_TIMEOUT_SECONDS": "120"}
+    for _ in range(2):
+        result = subprocess.run([str(VENV_BIN / "msb-kernels"), "install", "--prefix", str(tmp_path)], capture_output=True, text=True, env=env)
+        assert result.returncode == 0, result.stderr
+    spec = json.loads((tmp_path / "share/jupyter/kernels/msb-python-medium/kernel.json").read_text())
+    assert spec["metadata"]["cull_idle_timeout"] == 120
+
+
+def test_nbclient_runs_the_example_notebook(tmp_path):
+    notebook = nbformat.read(REPO / "notebooks" / "hello.ipynb", as_version=4)
+    NotebookClient(notebook, kernel_name="msb-python-small", timeout=120).execute()
+    text = json.dumps(notebook.cells[1]["outputs"]) + json.dumps(notebook.cells[4]["outputs"])
+    assert "user: 1000 | host: sandbox | flavor: small" in text
+    assert "network: blocked" in text
+    assert any("image/png" in output.get("data", {}) for output in notebook.cells[6]["outputs"])
+
+
+def test_papermill_runs_the_example_notebook(tmp_path):
+    output = tmp_path / "out.ipynb"
+    result = subprocess.run([str(VENV_BIN / "papermill"), str(REPO / "notebooks" / "hello.ipynb"), str(output), "-k", "msb-python-medium"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    executed = nbformat.read(output, as_version=4)
+    assert "flavor: medium" in json.dumps(executed.cells[1]["outputs"])
+
+
+def test_jupyter_console_talks_to_a_sandboxed_kernel():
+    script = "import socket\nprint('console-says', 6 * 7, socket.gethostname())\nexit\n"
+    result = subprocess.run([str(VENV_BIN / "jupyter"), "console", "--kernel", "msb-python-small", "--simple-prompt"],
+                            input=script, capture_output=True, text=True, timeout=180)
+    assert "console-says 42 sandbox" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_msb_kernels_run_prints_the_notebook_outputs():
+    result = subprocess.run([str(VENV_BIN / "msb-kernels"), "run", str(REPO / "notebooks" / "hello.ipynb")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "state survives between cells: 42" in result.stdout
+    assert "[+ image/png]" in result.stdout
+
+
+@needs_node
+async def test_node_kernel_runs_javascript_in_a_sandbox(start_kernel):
+    km, kc = await start_kernel("msb-node-small")
+    result = await execute(kc, "let total = 20; console.log('hi from node'); total * 2")
+    assert result.status == "ok"
+    assert "hi from node" in result.stdout and "40" in result.stdout
+    assert "41" in (await execute(kc, "total * 2 + 1")).stdout  # state kept
+    probe = await execute(kc, (
+        "const net = require('net');\n"
+        "console.log(JSON.stringify(require('fs').readdirSync('/').sort()));\n"
+        "console.log(require('os').hostname(), process.getuid());"
+    ))
+    assert '"home"' in probe.stdout and "sandbox 1000" in probe.stdout
+    assert str(REPO) not in probe.stdout
+    assert km.provisioner.template_spec.name == "node"
+
+
+def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_path):
+    """Hide node from PATH: install skips the node kernels with a reason and still installs Python's."""
+    path = f"{VENV_BIN}:/usr/sbin:/sbin"
+    assert shutil.which("node", path=path) is None
+    env = {**os.environ, "PATH": path}
+    code = ("import sys; from msb_kernels import templates; templates.node_prefix = lambda: __import__('pathlib').Path(sys.argv[1]);"
+            "from msb_kernels.cli import main; sys.exit(main(['install', '--prefix', sys.argv[1]]))")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "skipped node kernels: node is not installed (Python kernels are unaffected)" in result.stdout
+    kernels = sorted(p.name for p in (tmp_path / "share/jupyter/kernels").iterdir())
+    assert kernels == ["msb-python-large", "msb-python-medium", "msb-python-small"]
