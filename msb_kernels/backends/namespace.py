@@ -36,7 +36,7 @@ log = logging.getLogger("msb_kernels")
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_GID = SANDBOX_UID_BASE
 LAUNCH_TIMEOUT = 30.0
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+LAUNCHER = str(Path(__file__).resolve().with_name("nsinit.py"))
 
 _PROBE = """
 import ctypes, os, sys
@@ -290,10 +290,10 @@ class NamespaceBackend(SandboxBackend):
         return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write)
 
     async def _launch(self, plan: dict, lifeline: int | None) -> tuple[int, int]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PACKAGE_PARENT, "PYTHONDONTWRITEBYTECODE": "1"}
+        # -S -I: no site-packages, no environment; the launcher needs only the standard library.
         launcher = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "msb_kernels.backends.nsinit",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            sys.executable, "-S", "-I", LAUNCHER,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
             pass_fds=(lifeline,) if lifeline is not None else (), start_new_session=True,
         )
         assert launcher.stdin and launcher.stdout

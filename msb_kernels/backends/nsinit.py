@@ -1,4 +1,4 @@
-"""The namespace sandbox's launcher and init; runs as ``python -m msb_kernels.backends.nsinit``.
+"""The namespace sandbox's launcher and init; runs as ``python -S .../nsinit.py`` (a script, for a fast start).
 
 The host side (namespace.py) writes one JSON line, the launch plan, to stdin. Then:
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import platform
 import resource
 import socket
 import struct
@@ -127,9 +126,9 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 
 def _pivot_root(new_root: str, put_old: str) -> None:
-    number = PIVOT_ROOT_SYSCALL.get(platform.machine())
+    number = PIVOT_ROOT_SYSCALL.get(os.uname().machine)
     if number is None:
-        raise OSError(f"pivot_root: unsupported architecture {platform.machine()}")
+        raise OSError(f"pivot_root: unsupported architecture {os.uname().machine}")
     _check(_libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
