@@ -97,7 +97,10 @@ def install_tslab() -> str:
     npm = shutil.which("npm")
     if npm is None:
         return "skipped node kernels: npm is not installed (install npm, then run `msb-kernels install` again)"
-    node_prefix().mkdir(parents=True, exist_ok=True)
+    try:
+        node_prefix().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"skipped node kernels: cannot create {node_prefix()} ({exc.strerror}); run `msb-kernels install` as the environment's owner"
     result = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(node_prefix()), f"tslab@{TSLAB_VERSION}"],
                             capture_output=True, text=True)
     if result.returncode != 0:

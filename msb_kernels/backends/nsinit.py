@@ -188,10 +188,6 @@ def _build_root(plan: dict) -> None:
             os.symlink(os.readlink(source), root + source)
         elif os.path.isdir(source):
             _bind(source, root + source, readonly=True)
-    for path in plan["readonly_paths"]:
-        if os.path.exists(path) and not os.path.exists(root + path):
-            _bind(path, root + path, readonly=True)
-
     os.makedirs(root + "/etc", mode=0o755, exist_ok=True)
     for name in ETC_ENTRIES:
         source = "/etc/" + name
@@ -226,6 +222,11 @@ def _build_root(plan: dict) -> None:
     _mount("tmpfs", root + SANDBOX_HOME, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={plan['tmpfs_bytes']},{owner}")
     os.makedirs(root + "/run")
     _mount("tmpfs", root + "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    # After the tmpfs mounts, so an interpreter under /tmp or /home stays visible.
+    for path in plan["readonly_paths"]:
+        if os.path.exists(path) and not os.path.exists(root + path):
+            _bind(path, root + path, readonly=True)
+
     _bind(plan["io_dir"], root + plan["guest_io_dir"], readonly=False)
     if plan.get("shared"):
         host_path, guest_path = plan["shared"]

@@ -91,10 +91,13 @@ async def test_input_is_answered_over_stdin(shared_kernel):
 async def test_interrupt_stops_a_busy_loop_and_keeps_state(start_kernel):
     km, kc = await start_kernel()
     await execute(kc, "kept = 'still here'")
-    msg_id = kc.execute("while True: pass")
-    await asyncio.sleep(1.0)
+    msg_id = kc.execute("print('looping', flush=True)\nwhile True: pass")
+    while True:  # interrupt only once the loop runs
+        message = await kc.get_iopub_msg(timeout=30)
+        if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
+            break
     await km.interrupt_kernel()
-    reply = await kc.get_shell_msg(timeout=20)
+    reply = await kc.get_shell_msg(timeout=30)
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     assert (await execute(kc, "kept")).result == "'still here'"

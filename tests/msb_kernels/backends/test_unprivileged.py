@@ -1,0 +1,119 @@
+"""The namespace backend when msb-kernels does not run as root (a user's laptop).
+
+The suite runs as root, whose Python lives in a private home, so this test builds a
+virtual environment from the system Python, installs msb-kernels into it, and runs a
+kernel as the unprivileged user `nobody`: user namespaces instead of root's setup,
+rlimits instead of cgroups, with the warning that says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or shutil.which("setpriv") is None,
+    reason="needs root (to become nobody), a system /usr/bin/python3 and setpriv",
+)
+
+SCRIPT = textwrap.dedent("""
+    import asyncio, json, logging, os, sys
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from msb_kernels.config import load_settings
+    from msb_kernels.kernelspecs import install
+    from jupyter_client.manager import AsyncKernelManager
+    install(load_settings(), prefix=os.environ["HOME"])
+    CODE = '''
+    import json, os, resource, socket
+    status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+    print(json.dumps({"uid": os.getuid(), "host": socket.gethostname(), "root": sorted(os.listdir("/")),
+        "nnp": status["NoNewPrivs"].strip(), "cpus": len(os.sched_getaffinity(0)),
+        "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "ifaces": [n for _, n in socket.if_nameindex()]}))
+    '''
+    async def main():
+        km = AsyncKernelManager(kernel_name="msb-python-small")
+        try:
+            await km.start_kernel()
+        except Exception as exc:
+            print(json.dumps({"error": str(exc)}))
+            return
+        kc = km.client(); kc.start_channels(); await kc.wait_for_ready(timeout=60)
+        out = []
+        await kc.execute_interactive(CODE, output_hook=lambda m: out.append(m["content"].get("text", "")), timeout=60)
+        kc.stop_channels(); await km.shutdown_kernel()
+        print("".join(out).strip())
+    asyncio.run(main())
+""")
+
+
+@pytest.fixture(scope="module")
+def unprivileged_python() -> Path:
+    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    venv = Path(f"/tmp/msb-unprivileged-venv-{digest}")
+    if not (venv / ".ready").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        created = subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if created.returncode != 0:
+            pytest.skip(f"the system Python cannot make a venv: {created.stderr.strip()[-300:]}")
+        installed = subprocess.run([str(venv / "bin/pip"), "install", "-q", "jupyter_client>=8.6", "ipykernel>=6.29", "traitlets", "pyzmq"],
+                                   capture_output=True, text=True, timeout=600)
+        if installed.returncode != 0:
+            pytest.skip(f"cannot install kernel packages for the system Python: {installed.stderr.strip()[-300:]}")
+        (venv / ".ready").touch()
+    # The checkout's current code, copied in, so the test never runs a stale install.
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    shutil.rmtree(site / "msb_kernels", ignore_errors=True)
+    shutil.copytree(REPO / "msb_kernels", site / "msb_kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "msb_kernels-0.0.0.dist-info").mkdir(exist_ok=True)
+    (site / "msb_kernels-0.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: msb-kernels\nVersion: 0.0.0\n")
+    (site / "msb_kernels-0.0.0.dist-info" / "entry_points.txt").write_text(
+        "[jupyter_client.kernel_provisioners]\nmsb-sandbox = msb_kernels.provisioner:SandboxProvisioner\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+@pytest.fixture
+def nobody_home():
+    """A home nobody can reach (pytest's own tmp dirs are private to root)."""
+    base = Path(tempfile.mkdtemp(prefix="msbu-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    yield base / "home"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def run_as_nobody(python: Path, home: Path, **env: str) -> tuple[dict, str]:
+    home.mkdir()
+    shutil.chown(home, "nobody", "nogroup")
+    (home / "run.py").write_text(SCRIPT)
+    environment = {"PATH": "/usr/bin:/bin", "HOME": str(home), "JUPYTER_PATH": f"{home}/share/jupyter",
+                   "MSB_RUNTIME_DIR": f"{home}/rt", "JUPYTER_RUNTIME_DIR": f"{home}/jr", **env}
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), str(home / "run.py")],
+                            capture_output=True, text=True, env=environment, cwd=home, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_unprivileged_user_gets_a_sandbox_with_rlimit_fallback(unprivileged_python, nobody_home):
+    seen, log = run_as_nobody(unprivileged_python, nobody_home)
+    assert seen["uid"] == 1000 and seen["host"] == "sandbox" and seen["nnp"] == "1"
+    assert seen["ifaces"] == ["lo"]
+    assert "root" not in seen["root"] and "work" not in seen["root"]
+    assert seen["cpus"] == 1, "small flavor is pinned to one core without cgroups"
+    assert seen["nproc"] == 256
+    assert "flavor limits are only partly enforced" in log and "not running as root" in log
+
+
+def test_require_limits_refuses_without_cgroups(unprivileged_python, nobody_home):
+    seen, _ = run_as_nobody(unprivileged_python, nobody_home, MSB_REQUIRE_LIMITS="true")
+    assert "cannot enforce flavor limits with cgroups" in seen["error"]
