@@ -281,30 +281,32 @@ async def main():
     await km.start_kernel()
     sandbox = km.provisioner.sandbox
     print(json.dumps({"kernel_id": km.kernel_id, "pids": sorted(sandbox.cgroup.pids() if sandbox.cgroup else [sandbox.init_pid]),
-                      "state_dir": str(sandbox.state_dir)}), flush=True)
-    await asyncio.sleep(3600)
+                      "state_dir": str(sandbox.state_dir),
+                      "cgroups": [str(p) for p in (sandbox.cgroup.paths.values() if sandbox.cgroup else [])]}), flush=True)
+    if sys.argv[1] == "hold":
+        await asyncio.sleep(3600)
+    await km.shutdown_kernel()
 asyncio.run(main())
 """
 
 
-async def test_kill_9_of_the_host_process_leaves_no_sandbox_after_next_start(start_kernel):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE, text=True)
+async def test_kill_9_of_the_host_process_leaves_no_sandbox_after_next_start():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True)
     try:
         started = json.loads(owner.stdout.readline())
     finally:
-        owner.kill()
+        owner.kill()  # SIGKILL: no cleanup code runs in the owner
         owner.wait()
     deadline = time.monotonic() + 10
     while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"]):
         assert time.monotonic() < deadline, "sandbox processes outlived their owner"
         await asyncio.sleep(0.1)
-    # The state is still there until msb-kernels starts again; the next start sweeps it.
+    # Its state is still on disk; the next start of msb-kernels, in a new process, sweeps it.
     assert Path(started["state_dir"]).exists()
-    from msb_kernels import provisioner
-
-    provisioner._swept_runtime_dirs.clear()
-    await start_kernel()
+    next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
+    assert next_start.returncode == 0, next_start.stderr[-2000:]
     assert not Path(started["state_dir"]).exists()
+    assert not any(Path(p).exists() for p in started["cgroups"])
 
 
 async def test_sweep_stops_a_running_sandbox_whose_owner_died(runtime_root):
