@@ -18,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -92,8 +93,6 @@ class NamespaceSandbox(Sandbox):
     def _exited(self) -> bool:
         if self.exit_code is not None:
             return True
-        import select
-
         if self.pidfd < 0 or select.select([self.pidfd], [], [], 0)[0]:
             self.exit_code = self._read_exit_code()
             return True
@@ -284,7 +283,8 @@ class NamespaceBackend(SandboxBackend):
                     os.close(fd)
             self.remove_state(state_dir, cgroup, keep_io_dir=True)
             raise
-        os.close(lifeline_read) if lifeline_read is not None else None
+        if lifeline_read is not None:
+            os.close(lifeline_read)  # init holds its own copy now
         record.update(init_pid=init_pid, init_start=process_start_time(init_pid), uid=uid, cgroup=cgroup is not None)
         self._write_state(state_dir, record)
         return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write)
