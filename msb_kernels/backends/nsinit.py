@@ -256,6 +256,9 @@ def _drop_privileges(plan: dict) -> None:
         _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(dumpable)")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
     _enter_user_namespace(0, 1000)
+    # No namespaces inside the sandbox: nested user namespaces are the door to the rest,
+    # and an unprivileged attack surface of the host kernel.
+    _write("/proc/sys/user/max_user_namespaces", "0")
 
 
 def _apply_fallback_limits(plan: dict) -> None:

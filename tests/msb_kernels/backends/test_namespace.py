@@ -332,3 +332,18 @@ async def test_sweep_stops_a_running_sandbox_whose_owner_died(runtime_root):
         assert not (runtime_root / sandbox_id).exists()
     finally:
         await sandbox.cleanup()
+
+
+async def test_no_namespaces_can_be_made_inside_the_sandbox(shared_kernel):
+    """A nested user namespace would hand the kernel capabilities (and the host kernel's attack surface)."""
+    _, kc = shared_kernel
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "outcomes = {}\n"
+        "for name, flag in [('user', 0x10000000), ('net', 0x40000000), ('mount', 0x00020000)]:\n"
+        "    outcomes[name] = 'created' if libc.unshare(flag) == 0 else os.strerror(ctypes.get_errno())\n"
+        "outcomes"
+    )
+    outcomes = (await execute(kc, code)).value
+    assert "created" not in outcomes.values(), outcomes
