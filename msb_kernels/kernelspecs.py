@@ -32,8 +32,12 @@ def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dic
         "metadata": {
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": {"flavor": flavor.name, "template": template.name}},
             "cull_idle_timeout": settings.session_timeout_seconds,
-            "msb": {"flavor": flavor.name, "cpus": flavor.cpus, "memory_mib": flavor.memory_mib, "template": template.name},
+            # The timeout install wrote: a gateway tells it from a deliberate per-kernelspec override.
+            "msb": {"flavor": flavor.name, "cpus": flavor.cpus, "memory_mib": flavor.memory_mib, "template": template.name,
+                    "installed_cull_idle_timeout": settings.session_timeout_seconds},
             "debugger": False,
+            # ipykernel >= 7.4 speaks CurveZMQ; the provisioner turns it on for kernels reached over TCP (microVMs).
+            **({"supported_encryption": "curve"} if template.name == "python" else {}),
         },
     }
 

@@ -1,0 +1,188 @@
+"""``msb-kernels serve``: a jupyter_server that runs every kernel in a sandbox.
+
+It speaks the Jupyter kernel gateway API (jupyter_server's own kernel, kernelspec and
+session handlers), so ``jupyter lab --gateway-url=http://127.0.0.1:PORT`` runs its
+kernels here; it adds /api/msb/stats and /api/msb/health, and mounts the MCP bridge at
+/mcp when mcp_bridge is installed. Only the kernel services are exposed: no contents,
+files, terminals or nbconvert, which would reach the host outside any sandbox.
+
+Settings (each also a trait, ``c.MsbGatewayApp.*`` / ``c.MsbKernelManager.*``):
+
+=========================== ============================================ ==========================
+variable                    meaning                                      default
+=========================== ============================================ ==========================
+MSB_HOST                    address to listen on                         127.0.0.1
+MSB_PORT                    TCP port                                     8765
+MSB_TOKEN                   the token clients send as                    generated and printed
+                            ``Authorization: token ...``
+MSB_CAPACITY_MEMORY_MIB     memory the flavors of all kernels may use    the host's memory
+MSB_CAPACITY_CPUS           CPUs the flavors of all kernels may use      4 x the host's CPUs
+MSB_CULL_INTERVAL_SECONDS   how often idle kernels are looked for        60
+MSB_CULL_CONNECTED          cull idle kernels that have a client         false (jupyter_server's)
+MSB_CULL_BUSY               cull busy kernels                            false (jupyter_server's)
+=========================== ============================================ ==========================
+
+A start past MSB_MAX_SESSIONS or the capacity answers HTTP 429 with a JSON body:
+``{"type": "ResourceLimitExceeded", "limit": "max_sessions" | "capacity_memory" | "capacity_cpus",
+"message": ..., "suggestions": [...]}``; an unknown kernelspec or kernel id answers 404, a bad
+KERNEL_FLAVOR 400, always as JSON and never with a traceback.
+
+Plus MSB_SESSION_TIMEOUT_SECONDS (idle time before a kernel is culled; a kernelspec's
+``metadata.cull_idle_timeout`` overrides it) and MSB_MAX_SESSIONS from msb_kernels.config.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from jupyter_server.serverapp import ServerApp
+from traitlets import Bool, Integer, Unicode, default
+
+from msb_kernels.config import load_settings
+from msb_kernels.errors import ConfigError
+from msb_kernels.gateway.cli import DEFAULT_PORT
+from msb_kernels.gateway.handlers import TokenOnlyIdentityProvider, gateway_handlers, use_json_not_found
+from msb_kernels.gateway.manager import MsbKernelManager, MsbKernelSpecManager, env_value
+
+
+def default_port() -> int:
+    return env_value("MSB_PORT", int, DEFAULT_PORT, 1, 65535, "use a TCP port from 1 to 65535")
+
+
+def default_host() -> str:
+    host = os.environ.get("MSB_HOST", "").strip()
+    if host and any(c.isspace() or c in "/?#" for c in host):
+        raise ConfigError(f"MSB_HOST={host!r} is not a host name or address; use e.g. 127.0.0.1 or 0.0.0.0")
+    return host or "127.0.0.1"
+
+
+class MsbGatewayApp(ServerApp):
+    """jupyter_server with sandboxed kernels only, limits, stats and the MCP bridge."""
+
+    name = "msb-kernels-serve"  # reads msb_kernels_serve_config.py, not a JupyterLab user's jupyter_server_config
+    description = "Serve sandboxed Jupyter kernels to JupyterLab (--gateway-url) and MCP clients."
+    # The kernel gateway's services only: contents, files, terminals and nbconvert would reach the host.
+    default_services = ("api", "auth", "kernels", "kernelspecs", "sessions")
+
+    kernel_manager_class = MsbKernelManager
+    kernel_spec_manager_class = MsbKernelSpecManager
+    identity_provider_class = TokenOnlyIdentityProvider
+    mcp_status = Unicode("not started", help="Whether /mcp is mounted, or why not.")
+
+    @default("port")
+    def _msb_port_default(self) -> int:
+        return default_port()
+
+    @default("ip")
+    def _msb_ip_default(self) -> str:
+        return default_host()
+
+    @default("port_retries")
+    def _msb_port_retries_default(self) -> int:
+        return 0  # clients are pointed at one port: fail rather than move
+
+    @default("open_browser")
+    def _msb_open_browser_default(self) -> bool:
+        return False
+
+    @default("no_browser_open_file")
+    def _msb_no_browser_file_default(self) -> bool:
+        return True
+
+    @default("default_url")
+    def _msb_default_url_default(self) -> str:
+        return "/api/msb/stats"  # the only page here; there is no JupyterLab or file browser
+
+    @default("allow_root")
+    def _msb_allow_root_default(self) -> bool:
+        return True  # kernels run in sandboxes, not as this process's user
+
+    @default("allow_unauthenticated_access")
+    def _msb_unauthenticated_default(self) -> bool:
+        return False  # every endpoint needs the token, except /api/msb/health
+
+    @default("terminals_enabled")
+    def _msb_terminals_default(self) -> bool:
+        return False
+
+    sweep_on_start = Bool(True, help="Remove sandboxes a killed msb-kernels left behind, at start.").tag(config=True)
+    shutdown_timeout = Integer(30, help="Seconds to wait for kernels to stop on SIGINT/SIGTERM.").tag(config=True)
+
+    def initialize(self, argv: list[str] | None = None, **kwargs: Any) -> None:
+        self.msb_settings = load_settings(self.config)  # a bad MSB_* value fails here, naming the variable
+        token = os.environ.get("MSB_TOKEN", "").strip()
+        if token and "token" not in self.config.IdentityProvider:
+            self.config.IdentityProvider.token = token
+        kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions
+        super().initialize(argv, **kwargs)
+        if not self.identity_provider.token:
+            raise ConfigError("the token is empty, which would let anyone run code here; "
+                              "set MSB_TOKEN to a secret, or leave it unset to have one generated")
+        km = self.kernel_manager
+        for name in ("capacity_memory_mib", "capacity_cpus", "cull_idle_timeout", "cull_interval", "cull_connected", "cull_busy"):
+            getattr(km, name)  # read every MSB_* setting now, so a bad one stops the start, not the first kernel
+        self.web_app.add_handlers(".*$", [(self.base_url.rstrip("/") + pattern, handler) for pattern, handler in gateway_handlers()])
+        use_json_not_found(self.web_app)
+        from msb_kernels.gateway.mcp import mount_mcp
+
+        self.mcp_lifespan = mount_mcp(self)
+
+    def init_signal(self) -> None:
+        """SIGINT and SIGTERM both stop the server and every sandbox; no interactive confirmation."""
+        signal.signal(signal.SIGINT, self._signal_stop)
+        signal.signal(signal.SIGTERM, self._signal_stop)
+        if hasattr(signal, "SIGUSR1"):
+            signal.signal(signal.SIGUSR1, self._signal_info)
+
+    def sweep_orphans(self) -> list[str]:
+        from msb_kernels.backends import get_backend
+
+        backend = get_backend(self.msb_settings)
+        swept = self.io_loop.run_sync(backend.sweep_orphans)
+        if swept:
+            self.log.warning("removed %d sandbox(es) a previous msb-kernels process left behind: %s", len(swept), ", ".join(swept))
+        return swept
+
+    def start_app(self) -> None:
+        if self.sweep_on_start:
+            self.sweep_orphans()
+        super().start_app()
+        print(self.banner(), flush=True)
+
+    def banner(self) -> str:
+        url = f"http://{self.ip if self.ip not in ('', '0.0.0.0') else '127.0.0.1'}:{self.port}{self.base_url.rstrip('/')}"
+        token = self.identity_provider.token
+        generated = self.identity_provider.token_generated
+        lines = [f"msb-kernels serve: listening on {url}",
+                 f"  token: {token}" if generated else "  token: the one set in MSB_TOKEN (or config)",
+                 "  clients send it as the header  Authorization: token <token>",
+                 f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token>",
+                 f"  stats: {url}/api/msb/stats   health (no token): {url}/api/msb/health",
+                 f"  MCP: {url}/mcp" if self.mcp_status == "ok" else f"  MCP: not mounted ({self.mcp_status})",
+                 "  stop with Ctrl-C or SIGTERM: every sandbox is stopped"]
+        return "\n".join(lines)
+
+    async def _post_start(self) -> None:
+        if self.mcp_lifespan is not None:
+            try:
+                await self.mcp_lifespan.startup()
+            except Exception as exc:
+                self.log.error("MCP bridge failed to start: %s", exc)
+        await super()._post_start()
+
+    async def _cleanup(self) -> None:
+        if getattr(self, "mcp_lifespan", None) is not None:
+            await self.mcp_lifespan.shutdown()
+        await super()._cleanup()
+
+    async def cleanup_kernels(self) -> None:
+        """Stop every kernel and its sandbox; kill what does not stop in time."""
+        import asyncio
+
+        try:
+            await asyncio.wait_for(super().cleanup_kernels(), self.shutdown_timeout)
+        except Exception as exc:  # a timeout included
+            self.log.warning("kernels did not all stop cleanly (%s); killing them", str(exc) or type(exc).__name__)
+            await self.kernel_manager.shutdown_all(now=True)

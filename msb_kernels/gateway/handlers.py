@@ -1,0 +1,132 @@
+"""The gateway's own HTTP handlers, on top of jupyter_server's.
+
+- ``GET /api/msb/health``: the one endpoint that answers without a token.
+- ``GET /api/msb/stats``: resource stats and one entry per kernel.
+- ``POST /api/kernels``: jupyter_server's handler, except that it passes the start request's
+  ``env`` (KERNEL_* variables, as the Jupyter kernel gateway does) to the kernel, so that
+  ``KERNEL_FLAVOR`` picks the flavor; and errors carry the MsbError's suggestions.
+- ``POST /api/sessions``: jupyter_server's handler, with the same error bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jupyter_server
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.auth.identity import IdentityProvider
+from jupyter_server.base.handlers import APIHandler, APIVersionHandler, Template404
+from jupyter_server.services.kernels.handlers import MainKernelHandler
+from jupyter_server.services.sessions.handlers import SessionRootHandler
+from jupyter_server.utils import ensure_async, url_escape, url_path_join
+from tornado import web
+
+from msb_kernels import __version__
+from msb_kernels.gateway.manager import MsbHTTPError
+
+# Variables a start request may set for its kernel, besides KERNEL_*: the notebook path for stats.
+ALLOWED_START_ENV = ("JPY_SESSION_NAME",)
+
+
+class MsbErrorsMixin:
+    """JSON error bodies with the MsbError's type, suggestions and limit; never a traceback."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        found = exc if isinstance(exc, MsbHTTPError) else getattr(exc, "__cause__", None)
+        if isinstance(found, MsbHTTPError):
+            self.set_status(found.status_code)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(found.payload))
+            return
+        super().write_error(status_code, **kwargs)  # type: ignore[misc]
+
+
+def start_env(requested: Any) -> dict[str, str]:
+    """The environment a start request may give its kernel: KERNEL_* and a few named variables."""
+    if requested is None:
+        return {}
+    if not isinstance(requested, dict):
+        raise web.HTTPError(400, "env must be a JSON object of strings")
+    return {str(k): str(v) for k, v in requested.items() if str(k).startswith("KERNEL_") or k in ALLOWED_START_ENV}
+
+
+class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        km = self.kernel_manager
+        model = self.get_json_body() or {}
+        kernel_name = str(model.get("name") or km.default_kernel_name)
+        env = {**os.environ, **start_env(model.get("env"))}
+        kernel_id = await ensure_async(km.start_kernel(kernel_name=kernel_name, path=model.get("path"),
+                                                       kernel_id=model.get("kernel_id"), env=env))
+        model = await ensure_async(km.kernel_model(kernel_id))
+        self.set_header("Location", url_path_join(self.base_url, "api", "kernels", url_escape(kernel_id)))
+        self.set_status(201)
+        self.finish(json.dumps(model, default=str))
+
+
+class MsbSessionRootHandler(MsbErrorsMixin, SessionRootHandler):
+    pass
+
+
+class StatsHandler(MsbErrorsMixin, APIHandler):
+    auth_resource = "kernels"
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        stats = await self.kernel_manager.stats(self.settings.get("session_manager"))
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(stats, default=str))
+
+
+class HealthHandler(APIHandler):
+    @allow_unauthenticated
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": "ok", "version": __version__}))
+
+
+class AuthenticatedVersionHandler(APIVersionHandler):
+    """``GET /api``: jupyter_server answers it without a token; here only health does."""
+
+    @web.authenticated
+    def get(self) -> None:
+        self.finish(json.dumps({"version": jupyter_server.__version__, "msb_kernels": __version__}))
+
+
+class JsonNotFoundHandler(APIHandler):
+    """Unknown paths: a JSON 404 (after the token check), not jupyter_server's HTML page."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        raise web.HTTPError(404, "no such endpoint: %s" % self.request.path)
+
+
+class TokenOnlyIdentityProvider(IdentityProvider):
+    """Token authentication only: no /login or /logout pages, and an empty token is refused."""
+
+    def get_handlers(self) -> list:
+        return []
+
+
+def use_json_not_found(web_app: web.Application) -> None:
+    """Swap jupyter_server's catch-all HTML 404 handler for the JSON one."""
+    for rule in web_app.wildcard_router.rules:
+        if rule.target is Template404:
+            rule.target = JsonNotFoundHandler
+
+
+def gateway_handlers() -> list[tuple[str, type]]:
+    """(pattern, handler) pairs, before base_url is added; they take precedence over jupyter_server's own."""
+    return [
+        (r"/api/?", AuthenticatedVersionHandler),
+        (r"/api/msb/health", HealthHandler),
+        (r"/api/msb/stats", StatsHandler),
+        (r"/api/kernels", MsbMainKernelHandler),
+        (r"/api/sessions", MsbSessionRootHandler),
+    ]

@@ -1,0 +1,406 @@
+"""The gateway's kernel and kernelspec managers: jupyter_server's, plus limits, capacity and stats.
+
+MsbKernelManager is jupyter_server's AsyncMappingKernelManager (so culling, activity
+tracking, restarts and the WebSocket all stay jupyter_server's) with:
+
+- a check before every start: MSB_MAX_SESSIONS, and the flavors' memory and CPUs added
+  up against the host capacity (MSB_CAPACITY_MEMORY_MIB, MSB_CAPACITY_CPUS);
+- a record of each kernel's flavor, template and start time, for /api/msb/stats;
+- culling settings read from MSB_* variables, with the per-kernelspec
+  ``metadata.cull_idle_timeout`` override that jupyter_server already honours.
+
+MsbKernelSpecManager offers only sandboxed (msb-sandbox provisioner) kernelspecs, so
+nothing started through the gateway runs outside a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from jupyter_server.utils import ensure_async
+from tornado import web
+from tornado.ioloop import PeriodicCallback
+from traitlets import Integer, default
+
+from msb_kernels.config import load_settings
+from msb_kernels.errors import (BackendUnavailable, ConfigError, InvalidRequest, MsbError, ResourceLimitExceeded,
+                                SandboxError, SessionNotFound)
+from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
+from msb_kernels.kernelspecs import PROVISIONER_NAME, kernel_name as msb_kernel_name
+
+# HTTP status for each error class. A start past a limit answers 429 (documented in the README).
+STATUS_FOR = {ResourceLimitExceeded: 429, InvalidRequest: 400, ConfigError: 400, SessionNotFound: 404,
+              BackendUnavailable: 503, SandboxError: 500}
+RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
+
+
+class MsbHTTPError(web.HTTPError):
+    """An HTTP error whose JSON body carries the MsbError's message, type, suggestions and limit."""
+
+    def __init__(self, error: MsbError, status: int | None = None, limit: str | None = None):
+        status = status or next((code for cls, code in STATUS_FOR.items() if isinstance(error, cls)), 500)
+        super().__init__(status, "%s", error.message)
+        self.error = error
+        self.payload = {
+            **error.to_dict(),
+            # "message" and "reason" are what jupyter_server's GatewayClient passes on: the advice goes in too.
+            "message": error.message + (f" (try: {'; '.join(error.suggestions)})" if error.suggestions else ""),
+            "reason": error.error_type,
+        }
+        if limit:
+            self.payload["limit"] = limit
+
+
+# -- settings from the environment --------------------------------------------------
+
+
+def env_value(name: str, parse: type, default: Any, minimum: int | None = None, maximum: int | None = None,
+              accepted: str = "") -> Any:
+    """An MSB_* variable parsed as int or bool; a bad value raises ConfigError naming it and what it accepts."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if parse is bool:
+        lowered = raw.strip().lower()
+        if lowered not in ("1", "0", "true", "false", "yes", "no"):
+            raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
+        return lowered in ("1", "true", "yes")
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number; {accepted}") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ConfigError(f"{name}={raw!r} is out of range; {accepted}")
+    return value
+
+
+def host_memory_mib() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4096
+
+
+def host_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+CPU_OVERCOMMIT = 4  # CPU time is shared, memory is not: the default CPU capacity is 4 x the host's cores
+
+
+def _is_sandboxed(resource_dir: str) -> bool:
+    try:
+        spec = json.loads((Path(resource_dir) / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return spec.get("metadata", {}).get("kernel_provisioner", {}).get("provisioner_name") == PROVISIONER_NAME
+
+
+class MsbKernelSpecManager(KernelSpecManager):
+    """Only kernelspecs that run in a sandbox: a plain python3 spec would run on the host."""
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        return {name: path for name, path in super().find_kernel_specs().items() if _is_sandboxed(path)}
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        spec = super().get_kernel_spec(kernel_name)
+        if spec.metadata.get("kernel_provisioner", {}).get("provisioner_name") != PROVISIONER_NAME:
+            raise NoSuchKernel(kernel_name)
+        metadata = spec.metadata
+        if "cull_idle_timeout" in metadata and metadata["cull_idle_timeout"] == metadata.get("msb", {}).get("installed_cull_idle_timeout"):
+            # Only what install wrote, not an override: this server's MSB_SESSION_TIMEOUT_SECONDS decides.
+            del metadata["cull_idle_timeout"]
+        return spec
+
+
+@dataclass
+class Allocation:
+    """What one kernel holds: counted against the limits from its start request until it stops."""
+
+    kernel_id: str
+    kernel_name: str
+    flavor: Flavor
+    template: str
+    created: float = field(default_factory=time.time)
+    notebook_path: str | None = None
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat()
+
+
+STATUS_OF_STATE = {"starting": "creating", "restarting": "creating", "autorestarting": "creating",
+                   "idle": "ready", "busy": "running", "dead": "error"}
+
+
+class MsbKernelManager(AsyncMappingKernelManager):
+    """jupyter_server's kernel manager, with sandbox limits and stats."""
+
+    capacity_memory_mib = Integer(help="Memory (MiB) the flavors of all running kernels may add up to. "
+                                       "Env MSB_CAPACITY_MEMORY_MIB; default: the host's memory.").tag(config=True)
+    capacity_cpus = Integer(help="CPUs the flavors of all running kernels may add up to. "
+                                 f"Env MSB_CAPACITY_CPUS; default: {CPU_OVERCOMMIT} x the host's CPUs.").tag(config=True)
+
+    @default("capacity_memory_mib")
+    def _capacity_memory_default(self) -> int:
+        return env_value("MSB_CAPACITY_MEMORY_MIB", int, host_memory_mib(), 1, None, "use a whole number of MiB >= 1")
+
+    @default("capacity_cpus")
+    def _capacity_cpus_default(self) -> int:
+        return env_value("MSB_CAPACITY_CPUS", int, CPU_OVERCOMMIT * host_cpus(), 1, None, "use a whole number of CPUs >= 1")
+
+    # jupyter_server's culling traits, with defaults from MSB_* variables.
+    @default("cull_idle_timeout")
+    def _cull_idle_timeout_default(self) -> int:
+        return self.msb_settings.session_timeout_seconds
+
+    @default("cull_interval")
+    def _cull_interval_default(self) -> int:
+        return env_value("MSB_CULL_INTERVAL_SECONDS", int, 60, 1, None, "use a whole number of seconds >= 1")
+
+    @default("cull_connected")
+    def _cull_connected_default(self) -> bool:
+        return env_value("MSB_CULL_CONNECTED", bool, False)
+
+    @default("cull_busy")
+    def _cull_busy_default(self) -> bool:
+        return env_value("MSB_CULL_BUSY", bool, False)
+
+    @default("default_kernel_name")
+    def _default_kernel_name_default(self) -> str:
+        return msb_kernel_name("python", self.msb_settings.default_flavor)
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.msb_settings = load_settings(self.config)
+        self.allocations: dict[str, Allocation] = {}
+        self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
+        self._stop_reasons: dict[str, str] = {}
+
+    # -- limits -------------------------------------------------------------------
+
+    def allocated(self) -> tuple[int, int]:
+        """Memory (MiB) and CPUs the flavors of all kernels (running or starting) add up to."""
+        return (sum(a.flavor.memory_mib for a in self.allocations.values()),
+                sum(a.flavor.cpus for a in self.allocations.values()))
+
+    def check_limits(self, flavor: Flavor) -> None:
+        """Raise MsbHTTPError (429) when one more kernel of this flavor would pass a limit."""
+        active = len(self.allocations)
+        if active >= self.msb_settings.max_sessions:
+            raise MsbHTTPError(ResourceLimitExceeded(
+                f"session limit reached: {active} of MSB_MAX_SESSIONS={self.msb_settings.max_sessions} sandboxed kernels run",
+                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"]),
+                limit="max_sessions")
+        memory, cpus = self.allocated()
+        over = []
+        if memory + flavor.memory_mib > self.capacity_memory_mib:
+            over.append(("capacity_memory", f"memory {memory} + {flavor.memory_mib} MiB > MSB_CAPACITY_MEMORY_MIB={self.capacity_memory_mib}"))
+        if cpus + flavor.cpus > self.capacity_cpus:
+            over.append(("capacity_cpus", f"CPUs {cpus} + {flavor.cpus} > MSB_CAPACITY_CPUS={self.capacity_cpus}"))
+        if not over:
+            return
+        fitting = [f for f in FLAVORS.values() if f.memory_mib < flavor.memory_mib
+                   and memory + f.memory_mib <= self.capacity_memory_mib and cpus + f.cpus <= self.capacity_cpus]
+        suggestions = ["stop a session you no longer need (DELETE /api/kernels/<id>)"]
+        if fitting:
+            suggestions.append("pick a smaller flavor: " + ", ".join(f"{f.name} ({f.cpus} CPU, {f.memory_mib} MiB)" for f in fitting))
+        raise MsbHTTPError(ResourceLimitExceeded(
+            f"host capacity reached: a {flavor.name} kernel ({flavor.cpus} CPU, {flavor.memory_mib} MiB) does not fit: "
+            + "; ".join(text for _, text in over), suggestions), limit=over[0][0])
+
+    def flavor_for(self, kernel_name: str, env: dict[str, str]) -> tuple[Flavor, str]:
+        """The flavor and template a start request gets: KERNEL_FLAVOR in its env, else the kernelspec's."""
+        try:
+            spec = self.kernel_spec_manager.get_kernel_spec(kernel_name)
+        except NoSuchKernel:
+            names = sorted(self.kernel_spec_manager.find_kernel_specs())
+            raise MsbHTTPError(InvalidRequest(
+                f"no sandboxed kernelspec named {kernel_name!r}",
+                [f"use one of: {', '.join(names)}" if names else "run `msb-kernels install` first"]), status=404) from None
+        config = spec.metadata.get("kernel_provisioner", {}).get("config", {})
+        try:
+            if env.get("KERNEL_FLAVOR"):
+                flavor = get_flavor(env["KERNEL_FLAVOR"], argument="KERNEL_FLAVOR")
+            else:
+                flavor = get_flavor(config.get("flavor") or self.msb_settings.default_flavor)
+        except MsbError as exc:
+            raise MsbHTTPError(exc) from None
+        return flavor, config.get("template", "python")
+
+    # -- kernel lifecycle -----------------------------------------------------------
+
+    async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any) -> str:  # type: ignore[override]
+        if kernel_id is not None and kernel_id in self:
+            return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+        kernel_name = kwargs.pop("kernel_name", None) or self.default_kernel_name
+        env = kwargs.get("env") or {}
+        flavor, template = self.flavor_for(kernel_name, env)
+        kernel_id = kernel_id or self.new_kernel_id()
+        self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
+        allocation = Allocation(kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None)
+        self.allocations[kernel_id] = allocation
+        try:
+            return await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
+        except BaseException as exc:
+            self.allocations.pop(kernel_id, None)
+            reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
+            self._record_stop(allocation, "error", f"start failed: {reason}")
+            if isinstance(exc, MsbError):
+                raise MsbHTTPError(exc) from exc
+            if isinstance(exc, web.HTTPError) or not isinstance(exc, Exception):  # HTTP errors, cancellation
+                raise
+            self.log.error("kernel %s did not start: %s", kernel_id, exc, exc_info=exc)
+            raise MsbHTTPError(SandboxError(f"the {kernel_name} kernel did not start: {type(exc).__name__}: {exc}",
+                                            ["run `msb-kernels doctor` to check this host"])) from exc
+
+    def remove_kernel(self, kernel_id: str):  # type: ignore[override]
+        """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
+        km = super().remove_kernel(kernel_id)
+        allocation = self.allocations.pop(kernel_id, None)
+        if allocation is not None:
+            reason = self._stop_reasons.pop(kernel_id, "shut down")
+            exit_reason = getattr(getattr(km, "provisioner", None), "last_exit_reason", None)
+            self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason)
+        return km
+
+    def _record_stop(self, allocation: Allocation, status: str, reason: str) -> None:
+        self.stopped.append({"id": allocation.kernel_id, "kernel_name": allocation.kernel_name,
+                             "flavor": allocation.flavor.name, "template": allocation.template,
+                             "created": _iso(allocation.created), "stopped": _iso(time.time()),
+                             "status": status, "reason": reason})
+
+    def _handle_kernel_died(self, kernel_id: str) -> None:
+        self._stop_reasons[kernel_id] = "died"
+        super()._handle_kernel_died(kernel_id)
+
+    def initialize_culler(self) -> None:
+        """Poll for idle kernels even when the default timeout is 0 (never): a kernelspec may set its own."""
+        if self.cull_idle_timeout > 0 or self._initialized_culler or self._culler_callback is not None:
+            super().initialize_culler()
+            return
+        self._culler_callback = PeriodicCallback(self.cull_kernels, 1000 * self.cull_interval)
+        self._culler_callback.start()
+        self._initialized_culler = True
+
+    def effective_cull_timeout(self, kernel_id: str) -> int:
+        kernel = self._kernels[kernel_id]
+        return int(kernel.kernel_spec.metadata.get("cull_idle_timeout", self.cull_idle_timeout) or 0)
+
+    async def cull_kernel_if_idle(self, kernel_id: str) -> None:
+        kernel = self._kernels.get(kernel_id)
+        if kernel is None:
+            return
+        if getattr(kernel, "execution_state", None) != "dead" and self.effective_cull_timeout(kernel_id) <= 0:
+            return  # 0 means never, for the server default and for a kernelspec's override alike
+        self._stop_reasons[kernel_id] = "culled after being idle"
+        try:
+            await super().cull_kernel_if_idle(kernel_id)
+        finally:
+            if kernel_id in self:
+                self._stop_reasons.pop(kernel_id, None)
+
+    # -- stats ----------------------------------------------------------------------
+
+    def kernel_status(self, kernel_id: str) -> str:
+        if kernel_id not in self._kernels:
+            return "creating"
+        return STATUS_OF_STATE.get(getattr(self._kernels[kernel_id], "execution_state", "starting"), "ready")
+
+    async def stats(self, session_manager: Any = None) -> dict:
+        """The design's ResourceStats, plus one entry per kernel."""
+        paths: dict[str, str] = {}
+        if session_manager is not None:
+            for session in await ensure_async(session_manager.list_sessions()):
+                kernel = session.get("kernel") or {}
+                if kernel.get("id") and session.get("path"):
+                    paths[kernel["id"]] = session["path"]
+        memory, cpus = self.allocated()
+        active = len(self.allocations)
+        ports = port_stats(self.msb_settings)
+        kernels = []
+        for kernel_id, allocation in list(self.allocations.items()):
+            km = self._kernels.get(kernel_id)
+            sandbox = getattr(getattr(km, "provisioner", None), "sandbox", None)
+            info = sandbox.info() if sandbox is not None else {}
+            last = getattr(km, "last_activity", None)
+            memory_bytes = None
+            if sandbox is not None and hasattr(sandbox, "memory_bytes"):
+                try:
+                    memory_bytes = sandbox.memory_bytes()
+                except OSError:
+                    memory_bytes = None
+            kernels.append({
+                "id": kernel_id,
+                "kernel_name": allocation.kernel_name,
+                "flavor": allocation.flavor.name,
+                "template": allocation.template,
+                "backend": info.get("backend"),
+                "created": _iso(allocation.created),
+                "last_activity": last.isoformat() if last is not None else None,
+                "status": self.kernel_status(kernel_id),
+                "execution_state": getattr(km, "execution_state", "starting") if km is not None else "starting",
+                "connections": self._kernel_connections.get(kernel_id, 0),
+                "notebook_path": paths.get(kernel_id) or allocation.notebook_path,
+                "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
+                "memory_bytes": memory_bytes,
+            })
+
+        def percent(used: float, total: float) -> float:
+            return round(100.0 * used / total, 1) if total else 0.0
+
+        return {
+            "active_sessions": active,
+            "max_sessions": self.msb_settings.max_sessions,
+            "allocated_ports": ports["allocated"],
+            "available_ports": ports["available"],
+            "ports": ports,
+            "total_memory_mb": memory,
+            "total_cpus": cpus,
+            "capacity": {"memory_mb": self.capacity_memory_mib, "cpus": self.capacity_cpus},
+            "available": {"memory_mb": max(0, self.capacity_memory_mib - memory), "cpus": max(0, self.capacity_cpus - cpus)},
+            "flavor_counts": {name: sum(1 for a in self.allocations.values() if a.flavor.name == name) for name in FLAVORS},
+            "utilization": {
+                "sessions": percent(active, self.msb_settings.max_sessions),
+                "ports": percent(ports["allocated"], ports["allocated"] + ports["available"]),
+                "memory": percent(memory, self.capacity_memory_mib),
+                "cpus": percent(cpus, self.capacity_cpus),
+            },
+            "culling": {"idle_timeout": self.cull_idle_timeout, "interval": self.cull_interval,
+                        "connected": self.cull_connected, "busy": self.cull_busy},
+            "kernels": kernels,
+            "recently_stopped": list(self.stopped),
+        }
+
+
+def port_stats(settings: Any) -> dict:
+    """Host ports from the backend (a microVM backend publishes 5 per kernel); the namespace backend uses none."""
+    try:
+        from msb_kernels.backends import get_backend
+
+        backend = get_backend(settings)
+        ports = dict((backend.stats() if hasattr(backend, "stats") else {}).get("ports") or {})
+    except Exception as exc:  # stats must answer even when the backend cannot
+        return {"allocated": 0, "available": 0, "note": f"no backend: {exc}"}
+    if {"allocated", "available"} <= set(ports):
+        return {**ports, "backend": backend.name}
+    return {"allocated": 0, "available": 0, "backend": backend.name,
+            "note": f"the {backend.name} backend talks to kernels over ZMQ ipc sockets, so it holds no TCP ports"}

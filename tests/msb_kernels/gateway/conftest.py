@@ -1,0 +1,315 @@
+"""Real processes for the gateway tests: `msb-kernels serve`, and `jupyter server --gateway-url` in front of it.
+
+Each `msb-kernels serve` gets its own MSB_RUNTIME_DIR, so what a test finds there
+(``get_backend(...).list_sandboxes()``) is exactly what that server left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from tests.conftest import TEST_BASE, VENV_BIN
+
+START_TIMEOUT = 60.0  # kernel and server starts: the test machine is small and shared
+_counter = itertools.count(1)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def sandbox_records(runtime_dir: Path) -> list:
+    """Every sandbox under runtime_dir, as the backend sees them (live or orphaned)."""
+    from traitlets.config import Config
+
+    from msb_kernels.backends.namespace import NamespaceBackend
+    from msb_kernels.config import MsbSettings
+
+    settings = MsbSettings(config=Config({"MsbSettings": {"runtime_dir": str(runtime_dir)}}))
+    return NamespaceBackend(settings).list_sandboxes()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class Response:
+    code: int
+    body: bytes
+    headers: dict
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class HttpServer:
+    """A server process reached over HTTP with a token."""
+
+    def __init__(self, port: int, token: str, process: subprocess.Popen, log_path: Path):
+        self.port = port
+        self.token = token
+        self.process = process
+        self.log_path = log_path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    async def request(self, method: str, path: str, body: Any = None, token: str | None = "default",
+                      headers: dict | None = None, timeout: float = START_TIMEOUT) -> Response:
+        all_headers = dict(headers or {})
+        token = self.token if token == "default" else token
+        if token is not None:
+            all_headers["Authorization"] = f"token {token}"
+        data = None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
+        if data is None and method in ("POST", "PUT", "PATCH"):
+            data = ""
+        request = HTTPRequest(self.url + path, method=method, body=data, headers=all_headers,
+                              request_timeout=timeout, connect_timeout=10)
+        response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        if response.code == 599:
+            raise ConnectionError(f"{method} {path}: {response.error}")
+        return Response(response.code, response.body or b"", dict(response.headers))
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 45) -> int:
+        if self.running():
+            self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"server did not stop within {timeout} s after signal {signum}:\n{self.log()[-3000:]}")
+
+
+class Gateway(HttpServer):
+    """A running `msb-kernels serve`."""
+
+    def __init__(self, *args: Any, runtime_dir: Path, env: dict):
+        super().__init__(*args)
+        self.runtime_dir = runtime_dir
+        self.env = env
+
+    async def start_kernel(self, name: str = "msb-python-small", env: dict | None = None) -> str:
+        response = await self.request("POST", "/api/kernels", {"name": name, **({"env": env} if env else {})})
+        assert response.code == 201, (response.code, response.body)
+        return response.json["id"]
+
+    async def stats(self) -> dict:
+        response = await self.request("GET", "/api/msb/stats")
+        assert response.code == 200, response.body
+        return response.json
+
+    def sandboxes(self) -> list:
+        return sandbox_records(self.runtime_dir)
+
+
+def _start_process(argv: list[str], env: dict, log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "wb")
+    try:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(TEST_BASE))
+    finally:
+        log.close()
+
+
+async def _wait_for_http(server: HttpServer, path: str, token: str | None) -> None:
+    async def up() -> bool:
+        if not server.running():
+            raise AssertionError(f"{server.process.args[:3]} exited with {server.process.returncode}:\n{server.log()[-3000:]}")
+        try:
+            return (await server.request("GET", path, token=token, timeout=5)).code == 200
+        except (ConnectionError, OSError):
+            return False
+
+    await wait_until(up, START_TIMEOUT, f"{server.url}{path}", interval=0.25)
+
+
+async def launch_gateway(extra_env: dict | None = None, runtime_dir: Path | None = None, args: list[str] | None = None) -> Gateway:
+    number = next(_counter)
+    runtime_dir = runtime_dir or TEST_BASE / f"g{number}"  # short: ipc socket paths must fit in 107 bytes
+    token = secrets.token_hex(16)
+    port = free_port()
+    env = {**os.environ, "MSB_RUNTIME_DIR": str(runtime_dir), "MSB_TOKEN": token, **(extra_env or {})}
+    log_path = TEST_BASE / f"serve-{number}-{port}.log"
+    process = _start_process([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), *(args or [])], env, log_path)
+    gateway = Gateway(port, token, process, log_path, runtime_dir=runtime_dir, env=env)
+    await _wait_for_http(gateway, "/api/msb/health", token=None)
+    return gateway
+
+
+@pytest.fixture
+async def gateway_factory() -> AsyncIterator[Callable]:
+    """Start `msb-kernels serve` processes; each is stopped (SIGKILL if it hangs) at the end of the test."""
+    started: list[Gateway] = []
+
+    async def factory(**kwargs: Any) -> Gateway:
+        gateway = await launch_gateway(**kwargs)
+        started.append(gateway)
+        return gateway
+
+    yield factory
+    for gateway in started:
+        with contextlib.suppress(AssertionError):
+            gateway.stop()
+
+
+@pytest.fixture(scope="module")
+async def gateway() -> AsyncIterator[Gateway]:
+    """One `msb-kernels serve` for the tests of a module that only add and remove their own kernels."""
+    server = await launch_gateway()
+    yield server
+    server.stop()
+
+
+async def launch_jupyter_server(gateway: Gateway) -> HttpServer:
+    """`jupyter server --gateway-url=...`: jupyter_server's GatewayClient, as JupyterLab uses it."""
+    port = free_port()
+    token = secrets.token_hex(16)
+    root = TEST_BASE / f"js-root-{port}"
+    (root / "work").mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSB_", "JUPYTER_GATEWAY"))}
+    log_path = TEST_BASE / f"jupyter-server-{port}.log"
+    argv = [str(VENV_BIN / "jupyter"), "server", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+            f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
+            f"--gateway-url={gateway.url}", f"--GatewayClient.auth_token={gateway.token}",
+            "--GatewayClient.request_timeout=90", "--GatewayClient.connect_timeout=60",
+            "--GatewayClient.allowed_envs=JPY_SESSION_NAME"]
+    server = HttpServer(port, token, _start_process(argv, env, log_path), log_path)
+    await _wait_for_http(server, "/api/status", token=token)
+    return server
+
+
+@pytest.fixture(scope="module")
+async def jupyter_server(gateway: Gateway) -> AsyncIterator[HttpServer]:
+    server = await launch_jupyter_server(gateway)
+    yield server
+    server.stop()
+
+
+# -- the Jupyter kernel WebSocket protocol (JSON messages, as jupyter_server relays them) --------
+
+
+@dataclass
+class Reply:
+    messages: list[dict] = field(default_factory=list)
+    reply: dict | None = None
+
+    @property
+    def stdout(self) -> str:
+        return "".join(m["content"]["text"] for m in self.messages
+                       if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+
+    @property
+    def error(self) -> dict | None:
+        errors = [m["content"] for m in self.messages if m["msg_type"] == "error"]
+        return errors[0] if errors else None
+
+    @property
+    def result(self) -> str | None:
+        results = [m["content"]["data"]["text/plain"] for m in self.messages if m["msg_type"] == "execute_result"]
+        return results[0] if results else None
+
+
+class KernelSocket:
+    """A kernel's /api/kernels/{id}/channels WebSocket."""
+
+    def __init__(self, connection: Any):
+        self.connection = connection
+        self.session = uuid.uuid4().hex
+
+    @classmethod
+    async def open(cls, server: HttpServer, kernel_id: str) -> KernelSocket:
+        url = f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?session_id={uuid.uuid4().hex}"
+        request = HTTPRequest(url, headers={"Authorization": f"token {server.token}"}, connect_timeout=START_TIMEOUT,
+                              request_timeout=START_TIMEOUT)
+        return cls(await asyncio.wait_for(websocket_connect(request), START_TIMEOUT))
+
+    def send(self, msg_type: str, content: dict, channel: str = "shell") -> str:
+        msg_id = uuid.uuid4().hex
+        header = {"msg_id": msg_id, "msg_type": msg_type, "session": self.session, "username": "test",
+                  "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}
+        self.connection.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {},
+                                                  "content": content, "channel": channel, "buffers": []}))
+        return msg_id
+
+    async def receive(self, timeout: float) -> dict:
+        raw = await asyncio.wait_for(self.connection.read_message(), timeout)
+        if raw is None:
+            raise ConnectionError("the kernel WebSocket closed")
+        message = json.loads(raw)
+        message.setdefault("msg_type", message["header"]["msg_type"])
+        return message
+
+    async def wait_for(self, msg_id: str, predicate: Callable[[dict], bool], timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            message = await self.receive(max(0.1, deadline - time.monotonic()))
+            if message.get("parent_header", {}).get("msg_id") == msg_id and predicate(message):
+                return message
+
+    async def execute(self, code: str, timeout: float = START_TIMEOUT) -> Reply:
+        msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": True,
+                                               "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+        reply = Reply()
+        deadline = time.monotonic() + timeout
+        idle = False
+        while not (idle and reply.reply is not None):
+            message = await self.receive(max(0.1, deadline - time.monotonic()))
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if message["msg_type"] == "status":
+                idle = message["content"]["execution_state"] == "idle"
+            elif message["msg_type"] == "execute_reply":
+                reply.reply = message
+            else:
+                reply.messages.append(message)
+        return reply
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,319 @@
+"""`msb-kernels serve` end to end: real servers, real sandboxes, real WebSockets.
+
+jupyter_server's GatewayClient (`jupyter server --gateway-url`, what JupyterLab runs) drives
+the first test; the rest talk to the gateway's REST API directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_BASE, VENV_BIN
+from tests.msb_kernels.gateway.conftest import (Gateway, KernelSocket, launch_jupyter_server, pid_alive,
+                                                wait_until)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def init_pids(gateway: Gateway) -> dict[str, int]:
+    return {r.sandbox_id: r.details["init_pid"] for r in gateway.sandboxes() if r.details.get("init_pid")}
+
+
+# -- through jupyter_server's GatewayClient ---------------------------------------------------
+
+
+async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway, jupyter_server) -> None:
+    js = jupyter_server
+    # kernelspecs: only sandboxed ones, with their flavors
+    specs = (await js.request("GET", "/api/kernelspecs")).json
+    assert {"msb-python-small", "msb-python-medium", "msb-python-large"} <= set(specs["kernelspecs"])
+    assert all(name.startswith("msb-") for name in specs["kernelspecs"]), "a kernelspec that runs outside a sandbox is offered"
+    # jupyter_server takes the gateway's default from its first fetch on (it answers its own the first time)
+    assert (await js.request("GET", "/api/kernelspecs")).json["default"] == "msb-python-small"
+    assert specs["kernelspecs"]["msb-python-medium"]["spec"]["metadata"]["msb"]["flavor"] == "medium"
+
+    # start a kernel for a notebook (a Jupyter session, as JupyterLab opens one)
+    created = await js.request("POST", "/api/sessions", {"path": "work/analysis.ipynb", "type": "notebook",
+                                                         "name": "analysis.ipynb", "kernel": {"name": "msb-python-small"}})
+    assert created.code == 201, created.body
+    session_id, kernel_id = created.json["id"], created.json["kernel"]["id"]
+    assert [k["id"] for k in (await gateway.request("GET", "/api/kernels")).json] == [kernel_id]
+    assert kernel_id in init_pids(gateway), "no sandbox on the gateway for the new kernel"
+
+    # execute over the WebSocket that jupyter_server relays to the gateway
+    ws = await KernelSocket.open(js, kernel_id)
+    reply = await ws.execute("import os, socket\nx = 6 * 7\nprint(x, os.environ.get('MSB_SANDBOX'), socket.gethostname())")
+    assert reply.reply["content"]["status"] == "ok", reply.error
+    assert reply.stdout.split() == ["42", "namespace", "sandbox"]
+
+    stats = await gateway.stats()
+    (entry,) = [k for k in stats["kernels"] if k["id"] == kernel_id]
+    assert entry["flavor"] == "small" and entry["template"] == "python" and entry["backend"] == "namespace"
+    assert entry["status"] == "ready"
+    assert entry["notebook_path"].endswith("work/analysis.ipynb")  # jupyter_server sends the full path
+
+    # interrupt a long cell
+    msg_id = ws.send("execute_request", {"code": "import time\ntime.sleep(120)", "silent": False, "store_history": True,
+                                         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    await ws.wait_for(msg_id, lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "busy", 30)
+    await asyncio.sleep(0.5)
+    assert [k["status"] for k in (await gateway.stats())["kernels"]] == ["running"]
+    started = time.monotonic()
+    interrupted = await js.request("POST", f"/api/kernels/{kernel_id}/interrupt")
+    assert interrupted.code == 204, interrupted.body
+    error = await ws.wait_for(msg_id, lambda m: m["msg_type"] == "error", 30)
+    assert error["content"]["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - started < 30
+    await ws.wait_for(msg_id, lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle", 30)
+    await asyncio.sleep(1)  # ipykernel aborts requests that arrive just after an error
+    assert "42" in (await ws.execute("print(x)")).stdout, "the interrupt lost the kernel's state"
+    ws.close()
+
+    # restart: a fresh interpreter in a fresh sandbox
+    pid_before = init_pids(gateway)[kernel_id]
+    restarted = await js.request("POST", f"/api/kernels/{kernel_id}/restart", timeout=90)
+    assert restarted.code == 200, restarted.body
+    ws = await KernelSocket.open(js, kernel_id)
+    reply = await ws.execute("print('x' in globals())")
+    assert reply.stdout.strip() == "False"
+    pid_after = init_pids(gateway)[kernel_id]
+    assert pid_after != pid_before
+    assert not pid_alive(pid_before)
+    ws.close()
+
+    # delete the session and its kernel: the sandbox goes too
+    deleted = await js.request("DELETE", f"/api/sessions/{session_id}")
+    assert deleted.code == 204, deleted.body
+    assert (await gateway.request("GET", "/api/kernels")).json == []
+    await wait_until(lambda: not gateway.sandboxes(), 15, "the sandbox to be removed")
+    assert not pid_alive(pid_after)
+    stats = await gateway.stats()
+    assert stats["active_sessions"] == 0 and stats["total_memory_mb"] == 0
+    assert [s["id"] for s in stats["recently_stopped"] if s["status"] == "stopped"][-1] == kernel_id
+
+
+async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
+    """KERNEL_FLAVOR in the start request's env, the stats, interrupt/restart/delete and JSON 404s."""
+    kernel_id = await gateway.start_kernel("msb-python-small", env={"KERNEL_FLAVOR": "medium", "NOT_KERNEL": "x"})
+    try:
+        ws = await KernelSocket.open(gateway, kernel_id)
+        reply = await ws.execute("import os\nprint(os.environ['MSB_FLAVOR'], os.environ.get('NOT_KERNEL'), "
+                                 "os.environ.get('MSB_TOKEN'), os.environ.get('KERNEL_FLAVOR'))")
+        assert reply.stdout.split() == ["medium", "None", "None", "medium"]  # the gateway's token stays out
+        ws.close()
+        stats = await gateway.stats()
+        assert stats["active_sessions"] == 1
+        assert stats["flavor_counts"] == {"small": 0, "medium": 1, "large": 0}
+        assert (stats["total_memory_mb"], stats["total_cpus"]) == (2048, 2)
+        (entry,) = stats["kernels"]
+        assert entry["id"] == kernel_id and entry["flavor"] == "medium" and entry["status"] in ("ready", "running")
+        assert entry["memory_bytes"] is None or entry["memory_bytes"] > 0
+        assert (await gateway.request("POST", f"/api/kernels/{kernel_id}/interrupt")).code == 204
+        assert (await gateway.request("POST", f"/api/kernels/{kernel_id}/restart", timeout=90)).code == 200
+        assert (await gateway.request("GET", f"/api/kernels/{kernel_id}")).json["id"] == kernel_id
+    finally:
+        assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+    assert not gateway.sandboxes()
+
+    missing = await gateway.request("GET", "/api/kernels/00000000-0000-4000-8000-000000000000")
+    assert missing.code == 404 and "does not exist" in missing.json["message"]
+    assert (await gateway.request("DELETE", "/api/kernels/00000000-0000-4000-8000-000000000000")).code == 404
+    unknown = await gateway.request("GET", "/api/no/such/thing")
+    assert unknown.code == 404 and unknown.json["message"]
+    for refused in ("python3", "msb-python-huge"):
+        response = await gateway.request("POST", "/api/kernels", {"name": refused})
+        assert response.code == 404, response.body
+        assert "msb-python-small" in " ".join(response.json["suggestions"])
+    bad_flavor = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small", "env": {"KERNEL_FLAVOR": "xl"}})
+    assert bad_flavor.code == 400 and "KERNEL_FLAVOR" in bad_flavor.json["message"]
+    assert "traceback" not in bad_flavor.body.decode().lower()
+    # the host's files and terminals are not served: they would bypass every sandbox
+    for path in ("/api/contents", "/api/terminals", "/files/etc/passwd", "/api/nbconvert"):
+        assert (await gateway.request("GET", path)).code == 404, path
+
+
+async def test_every_endpoint_but_health_needs_the_token(gateway: Gateway) -> None:
+    health = await gateway.request("GET", "/api/msb/health", token=None)
+    assert health.code == 200 and health.json["status"] == "ok"
+    for method, path in (("GET", "/api"), ("GET", "/api/kernels"), ("GET", "/api/kernelspecs"), ("GET", "/api/sessions"),
+                         ("GET", "/api/msb/stats"), ("POST", "/api/kernels"), ("GET", "/api/status"),
+                         ("GET", "/api/no/such/thing"), ("GET", "/login"), ("POST", "/mcp")):
+        for token in (None, "wrong-token"):
+            response = await gateway.request(method, path, token=token)
+            assert response.code in (401, 403, 404), (method, path, token, response.code)
+            assert b"kernelspecs" not in response.body and b"active_sessions" not in response.body
+    socket_refused = False
+    try:
+        import tornado.websocket
+        from tornado.httpclient import HTTPRequest
+
+        await tornado.websocket.websocket_connect(HTTPRequest(
+            f"ws://127.0.0.1:{gateway.port}/api/kernels/00000000-0000-4000-8000-000000000000/channels"))
+    except Exception:
+        socket_refused = True
+    assert socket_refused
+    assert (await gateway.request("GET", "/api/kernels")).code == 200
+    assert (await gateway.request("GET", "/api/kernels", token=None, headers={"Authorization": f"Bearer {gateway.token}"})).code == 200
+
+
+# -- limits, culling, stopping -------------------------------------------------------------
+
+
+async def test_max_sessions_and_capacity_refusals(gateway_factory) -> None:
+    gateway = await gateway_factory(extra_env={"MSB_MAX_SESSIONS": "2", "MSB_CAPACITY_MEMORY_MIB": "3072",
+                                               "MSB_CAPACITY_CPUS": "8"})
+    medium = await gateway.start_kernel("msb-python-medium")
+    refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-medium"})
+    assert refused.code == 429, refused.body
+    body = refused.json
+    assert body["type"] == body["reason"] == "ResourceLimitExceeded"
+    assert body["limit"] == "capacity_memory"
+    assert "MSB_CAPACITY_MEMORY_MIB=3072" in body["message"]
+    assert any("stop a session" in s for s in body["suggestions"])
+    assert any("smaller flavor" in s and "small" in s for s in body["suggestions"])
+    # KERNEL_FLAVOR asks for more than the kernelspec: the same check
+    env_refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small", "env": {"KERNEL_FLAVOR": "large"}})
+    assert env_refused.code == 429 and env_refused.json["limit"] == "capacity_memory"
+
+    small = await gateway.start_kernel("msb-python-small")
+    refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"})
+    assert refused.code == 429 and refused.json["limit"] == "max_sessions", refused.body
+    assert "MSB_MAX_SESSIONS=2" in refused.json["message"]
+    assert any("stop a session" in s for s in refused.json["suggestions"])
+    stats = await gateway.stats()
+    assert stats["active_sessions"] == 2 and stats["max_sessions"] == 2
+    assert (stats["total_memory_mb"], stats["total_cpus"]) == (3072, 3)
+    assert stats["available"] == {"memory_mb": 0, "cpus": 5}
+    assert stats["utilization"]["sessions"] == 100.0 and stats["utilization"]["memory"] == 100.0
+    assert len(gateway.sandboxes()) == 2, "a refused start left a sandbox"
+
+    # stopping a session frees its share: the refused start now works
+    assert (await gateway.request("DELETE", f"/api/kernels/{medium}")).code == 204
+    again = await gateway.start_kernel("msb-python-medium")
+    assert {k["id"] for k in (await gateway.stats())["kernels"]} == {small, again}
+
+    # a refusal through jupyter_server's GatewayClient reaches its user with the reason and the advice
+    js = await launch_jupyter_server(gateway)
+    try:
+        response = await js.request("POST", "/api/kernels", {"name": "msb-python-small"})
+        assert response.code == 429, response.body
+        # jupyter_server 2.21 sends its client the unformatted "Error from Gateway: [%s] %s" (its own bug),
+        # and logs the gateway's message and advice in full:
+        await wait_until(lambda: "MSB_MAX_SESSIONS=2" in js.log(), 5, "the refusal in jupyter_server's log")
+        assert "stop a session" in js.log() and "ResourceLimitExceeded" in js.log()
+    finally:
+        js.stop()
+
+
+async def test_idle_kernels_are_culled_honouring_the_kernelspec_override(gateway_factory, installed_kernelspecs: Path) -> None:
+    # The installed kernelspecs carry the timeout install wrote (1800): the server's MSB_SESSION_TIMEOUT_SECONDS
+    # decides for them. A kernelspec whose cull_idle_timeout was edited by hand overrides it.
+    spec_dir = installed_kernelspecs / "msb-python-keep-meta"
+    spec_dir.mkdir(exist_ok=True)
+    spec = json.loads((installed_kernelspecs / "msb-python-small" / "kernel.json").read_text())
+    assert spec["metadata"]["cull_idle_timeout"] == spec["metadata"]["msb"]["installed_cull_idle_timeout"] == 1800
+    spec["metadata"]["cull_idle_timeout"] = 3600
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+
+    gateway = await gateway_factory(extra_env={"MSB_SESSION_TIMEOUT_SECONDS": "3", "MSB_CULL_INTERVAL_SECONDS": "1"})
+    culled = await gateway.start_kernel("msb-python-small")
+    kept = await gateway.start_kernel("msb-python-keep-meta")  # its kernelspec says 3600 s: the override wins
+    pid = init_pids(gateway)[culled]
+    await wait_until(lambda: culled not in init_pids(gateway), 40, "the idle kernel to be culled")
+    assert not pid_alive(pid), "culling left the sandbox's processes"
+    ids = [k["id"] for k in (await gateway.request("GET", "/api/kernels")).json]
+    assert ids == [kept]
+    stats = await gateway.stats()
+    assert stats["active_sessions"] == 1 and stats["total_memory_mb"] == 1024
+    (stopped,) = [s for s in stats["recently_stopped"] if s["id"] == culled]
+    assert stopped["status"] == "stopped" and "culled" in stopped["reason"]
+    assert stats["culling"] == {"idle_timeout": 3, "interval": 1, "connected": False, "busy": False}
+    (entry,) = stats["kernels"]
+    assert entry["cull_idle_timeout"] == 3600
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_clean_stop_leaves_no_sandbox(gateway_factory, signum: int) -> None:
+    gateway = await gateway_factory()
+    kernel_id = await gateway.start_kernel()
+    pids = init_pids(gateway)
+    assert list(pids) == [kernel_id]
+    ws = await KernelSocket.open(gateway, kernel_id)
+    await ws.execute("import subprocess\nchild = subprocess.Popen(['sleep', '600'])")  # something more to stop
+    assert gateway.stop(signum) == 0, gateway.log()[-3000:]
+    assert not gateway.sandboxes(), "a sandbox outlived the server"
+    assert not any(pid_alive(pid) for pid in pids.values())
+    assert not list(gateway.runtime_dir.glob("*/state.json"))
+
+
+async def test_restart_after_kill_9_leaves_no_orphan(gateway_factory) -> None:
+    gateway = await gateway_factory()
+    kernel_id = await gateway.start_kernel()
+    pid = init_pids(gateway)[kernel_id]
+    gateway.process.kill()
+    gateway.process.wait(10)
+    await wait_until(lambda: not pid_alive(pid), 20, "the sandbox to die with its owner")
+    (record,) = gateway.sandboxes()
+    assert not record.owner_alive  # state a killed process could not remove (its init may linger as a zombie)
+
+    again = await gateway_factory(runtime_dir=gateway.runtime_dir)
+    assert not again.sandboxes(), "the restarted server left an orphan"
+    assert "left behind" in again.log()
+    assert (await again.stats())["active_sessions"] == 0
+
+
+def test_bad_settings_stop_the_start_with_a_clear_message(tmp_path: Path) -> None:
+    for variable, value in (("MSB_CAPACITY_CPUS", "many"), ("MSB_PORT", "99999"), ("MSB_CULL_BUSY", "maybe"),
+                            ("MSB_MAX_SESSIONS", "0")):
+        result = subprocess.run([str(VENV_BIN / "msb-kernels"), "serve"], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, variable: value, "MSB_RUNTIME_DIR": str(TEST_BASE / "bad")})
+        assert result.returncode == 2, (variable, result.stderr)
+        assert variable in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def _jsonrpc(response) -> dict:
+    """A JSON-RPC reply, sent as JSON or as one server-sent event."""
+    text = response.body.decode()
+    if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return json.loads(text)
+
+
+async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> None:
+    pytest.importorskip("mcp_bridge.http", reason="mcp_bridge.http is not importable, so /mcp is not mounted")
+    if "MCP streamable HTTP at" not in gateway.log():
+        pytest.skip(f"the gateway did not mount /mcp: {gateway.log()[-1500:]}")
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+               "Authorization": f"Bearer {gateway.token}"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                             "clientInfo": {"name": "gateway-test", "version": "0"}}}
+    refused = await gateway.request("POST", "/mcp", initialize, token=None,
+                                    headers={k: v for k, v in headers.items() if k != "Authorization"})
+    assert refused.code in (401, 403)
+    response = await gateway.request("POST", "/mcp", initialize, token=None, headers=headers)
+    assert response.code == 200, response.body
+    assert _jsonrpc(response)["result"]["serverInfo"]["name"]
+    session = {k: v for k, v in response.headers.items() if k.lower() == "mcp-session-id"}
+    headers.update(session)
+    await gateway.request("POST", "/mcp", {"jsonrpc": "2.0", "method": "notifications/initialized"}, token=None, headers=headers)
+
+    # a kernel started over the Jupyter API is an MCP session too: one process, one set of kernels
+    kernel_id = await gateway.start_kernel()
+    try:
+        listed = await gateway.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                                        "params": {"name": "get_sessions", "arguments": {}}},
+                                       token=None, headers=headers)
+        assert listed.code == 200, listed.body
+        assert kernel_id in json.dumps(_jsonrpc(listed)), listed.body[:2000]
+    finally:
+        assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
