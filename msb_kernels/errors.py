@@ -54,3 +54,24 @@ class SandboxError(MsbError):
 
 class BackendUnavailable(SandboxError):
     """The chosen backend cannot run on this host; the message says why."""
+
+
+class CompilationError(MsbError):
+    """The code did not compile (Python SyntaxError/IndentationError, JavaScript SyntaxError); nothing ran."""
+
+    error_type = "CompilationError"
+    default_suggestions = ("fix the syntax error at the line and column shown, then run the code again",)
+
+
+class CodeRuntimeError(MsbError):
+    """The code raised an exception while it ran, or a command exited with a nonzero status (the design's RuntimeError)."""
+
+    error_type = "RuntimeError"
+    default_suggestions = ("read the traceback in stderr, fix the code, and run it again; the session keeps its state",)
+
+
+class ExecutionTimeout(MsbError):
+    """An execution ran past its timeout; the kernel was interrupted, not restarted."""
+
+    error_type = "ExecutionTimeout"
+    default_suggestions = ("pass a larger timeout (seconds)", "split the work into smaller steps; variables defined before are kept")

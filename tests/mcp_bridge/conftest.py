@@ -1,0 +1,105 @@
+"""MCP bridge fixtures: real kernels behind a real MCP server, reached by a real MCP client.
+
+tests/conftest.py already isolates the environment (runtime dir, Jupyter paths) and
+installs the msb kernelspecs once per session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from mcp_bridge.options import BridgeOptions
+from mcp_bridge.server import build_server
+from mcp_bridge.sessions import ManagedKernelSessions
+from msb_kernels.config import load_settings
+
+VENV_BIN = Path(sys.executable).parent
+
+# Short waits so the long-run and timeout paths run in seconds, not minutes.
+TEST_OPTIONS = BridgeOptions(running_after_seconds=3.0, default_timeout_seconds=60.0, progress_interval_seconds=1.0,
+                             max_output_chars=20_000, max_code_chars=100_000, kernel_start_timeout_seconds=60.0)
+
+
+def result_error(result) -> dict:
+    assert result.is_error, f"expected a tool error, got {result.content[0].text}"
+    error = (result.structured_content or {}).get("error")
+    assert error and error["type"] and error["message"] and error["suggestions"], result.structured_content
+    text = result.content[0].text
+    for server_side in ("mcp_bridge/", "site-packages/mcp", "jupyter_client/", "pydantic"):
+        assert server_side not in text, f"a server-side traceback or internals reached the client: {text}"
+    return error
+
+
+@pytest.fixture(scope="module")
+async def mcp_sessions() -> AsyncIterator[ManagedKernelSessions]:
+    """Standalone sessions (an in-process AsyncMultiKernelManager), as `msb-mcp` uses them."""
+    sessions = ManagedKernelSessions(start_timeout=60)
+    yield sessions
+    await sessions.close()
+
+
+@pytest.fixture(scope="module")
+def mcp_server(mcp_sessions):
+    server = build_server(mcp_sessions, load_settings(), TEST_OPTIONS)
+    yield server
+
+
+@pytest.fixture(scope="module")
+async def python_session(mcp_server) -> str:
+    """One Python session for tests that only add uniquely named state to it."""
+    from mcp import Client
+
+    async with Client(mcp_server) as client:
+        result = await client.call_tool("execute_code", {"code": "pass"})
+    assert not result.is_error, result.content[0].text
+    return result.structured_content["session_id"]
+
+
+@pytest.fixture(scope="module")
+async def node_session(mcp_server) -> str:
+    from mcp import Client
+
+    from msb_kernels.templates import TEMPLATES
+
+    reason = TEMPLATES["node"].unavailable_reason()
+    if reason:
+        pytest.skip(f"node sessions need node and tslab: {reason}")
+    async with Client(mcp_server) as client:
+        result = await client.call_tool("execute_code", {"code": "1", "language": "node"})
+    assert not result.is_error, result.content[0].text
+    return result.structured_content["session_id"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port} after {timeout} s")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+    for name, value in TEST_OPTIONS.__dict__.items():
+        env["MSB_MCP_" + name.upper()] = str(value)
+    env.update(extra)
+    return env
