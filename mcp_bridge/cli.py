@@ -62,12 +62,13 @@ async def serve(args: argparse.Namespace) -> int:
     from mcp_bridge.server import bridge_of, build_server
 
     settings = load_settings()
-    options = BridgeOptions.from_env()
+    options = BridgeOptions.from_settings(settings)
     if args.gateway:
         sessions: KernelSessions = GatewayKernelSessions(args.gateway, args.token, start_timeout=options.kernel_start_timeout_seconds)
     else:
         ensure_kernelspecs(settings)
         sessions = ManagedKernelSessions(start_timeout=options.kernel_start_timeout_seconds)
+        sessions.kernel_manager.pool.fill()  # the first execute_code then gets a kernel that is already running
 
     loop = asyncio.get_running_loop()
     stopping = False

@@ -1,54 +1,29 @@
-"""Settings of the MCP bridge itself (waits, caps), read from ``MSB_MCP_*`` variables.
+"""How tool calls behave (waits, caps): the ``mcp_*`` settings of msb_kernels.config, as one value.
 
-The sandbox settings (flavors, session limits, shared volume) stay in
-:mod:`msb_kernels.config`; these only shape how tool calls behave.
+The settings themselves (``MSB_MCP_*`` variables, ``c.MsbSettings.mcp_*``), their defaults
+and their checks are defined once, in :class:`msb_kernels.config.MsbSettings`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
-from msb_kernels.errors import ConfigError
+from msb_kernels.config import MsbSettings, load_settings
 
 
 @dataclass(frozen=True)
 class BridgeOptions:
-    # A call returns status "running" (with an execution id) after this many seconds.
-    running_after_seconds: float = 50.0
-    # Timeout of an execution that names none; past it the kernel is interrupted.
-    default_timeout_seconds: float = 300.0
-    # The largest timeout a caller may ask for.
-    max_timeout_seconds: float = 86400.0
-    # Characters of stdout+stderr kept per execution; past it output is truncated with a note.
-    max_output_chars: int = 200_000
-    # Largest code (or command line) accepted, in characters.
-    max_code_chars: int = 1_000_000
-    # Progress notifications go out at least this often while code runs (seconds, at most 10).
-    progress_interval_seconds: float = 5.0
-    # Finished executions kept per session for get_execution_output.
-    kept_executions: int = 16
-    # Seconds to wait for a kernel to start.
-    kernel_start_timeout_seconds: float = 60.0
+    running_after_seconds: float  # a call returns status "running" (with an execution id) after this long
+    default_timeout_seconds: float  # timeout of an execution that names none; then the kernel is interrupted
+    max_timeout_seconds: float  # the largest timeout a caller may ask for
+    max_output_chars: int  # output kept per execution; past it, truncated with a note
+    max_code_chars: int  # largest code (or command line) accepted
+    progress_interval_seconds: float  # progress notifications at least this often while code runs
+    kept_executions: int  # finished executions kept per session for get_execution_output
+    kernel_start_timeout_seconds: float  # seconds to wait for a kernel to start
 
     @classmethod
-    def from_env(cls, **overrides) -> BridgeOptions:
-        values = {}
-        for field in fields(cls):
-            variable = "MSB_MCP_" + field.name.upper()
-            raw = os.environ.get(variable)
-            if raw is None or raw.strip() == "":
-                continue
-            kind = int if field.type in ("int", int) else float
-            try:
-                value = kind(raw.strip())
-            except ValueError:
-                raise ConfigError(f"{variable}={raw!r} is not a number; use a positive {'whole ' if kind is int else ''}number") from None
-            if value <= 0:
-                raise ConfigError(f"{variable}={raw!r} must be greater than 0")
-            values[field.name] = value
-        values.update(overrides)
-        options = cls(**values)
-        if options.progress_interval_seconds > 10:
-            raise ConfigError("MSB_MCP_PROGRESS_INTERVAL_SECONDS must be at most 10 (clients expect a sign of life every 10 s)")
-        return options
+    def from_settings(cls, settings: MsbSettings | None = None, **overrides) -> BridgeOptions:
+        settings = settings or load_settings()
+        values = {field.name: getattr(settings, "mcp_" + field.name) for field in fields(cls)}
+        return cls(**{**values, **overrides})

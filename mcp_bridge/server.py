@@ -476,7 +476,7 @@ def build_server(sessions: KernelSessions, settings: MsbSettings | None = None, 
                  *, name: str = "msb-kernels") -> MCPServer:
     """The MCP server over ``sessions``. ``server.bridge`` holds the state (for shutdown)."""
     settings = settings or load_settings()
-    options = options or BridgeOptions.from_env()
+    options = options or BridgeOptions.from_settings(settings)
     bridge = Bridge(sessions, settings, options)
     server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
     server.bridge = bridge  # type: ignore[attr-defined]

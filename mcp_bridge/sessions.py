@@ -255,18 +255,23 @@ class ManagedConnection(KernelConnection):
 
 
 def standalone_kernel_manager() -> Any:
-    """An AsyncMultiKernelManager that keeps connection files in the Jupyter runtime dir (not the cwd)."""
+    """A kernel manager with a warm pool (MSB_POOL_SIZE), connection files in the Jupyter runtime dir."""
     import os
 
-    from jupyter_client.multikernelmanager import AsyncMultiKernelManager
     from jupyter_core.paths import jupyter_runtime_dir
+
+    from msb_kernels.config import load_settings
+    from msb_kernels.pool import KernelPool, PooledMultiKernelManager, parse_pool_sizes
 
     runtime = jupyter_runtime_dir()
     os.makedirs(runtime, mode=0o700, exist_ok=True)
     kernel_log = logging.getLogger("mcp_bridge.kernels")
     if not any(isinstance(f, _NoTracebackForMsbErrors) for f in kernel_log.filters):
         kernel_log.addFilter(_NoTracebackForMsbErrors())
-    return AsyncMultiKernelManager(connection_dir=runtime, log=kernel_log)
+    manager = PooledMultiKernelManager(connection_dir=runtime, log=kernel_log)
+    settings = load_settings()
+    manager.pool = KernelPool(manager, parse_pool_sizes(settings.pool_size), settings.pool_counts_as_sessions)
+    return manager
 
 
 class _NoTracebackForMsbErrors(logging.Filter):
@@ -287,6 +292,7 @@ class ManagedKernelSessions(KernelSessions):
 
     def __init__(self, kernel_manager: Any = None, session_manager: Any = None, *, start_timeout: float = 60.0):
         super().__init__()
+        self.owns_kernel_manager = kernel_manager is None
         if kernel_manager is None:
             kernel_manager = standalone_kernel_manager()
         self.kernel_manager = kernel_manager
@@ -425,6 +431,9 @@ class ManagedKernelSessions(KernelSessions):
             self.started.discard(session_id)
 
         await asyncio.gather(*[shutdown(session_id) for session_id in list(self.started)])
+        pool = getattr(self.kernel_manager, "pool", None)
+        if self.owns_kernel_manager and pool is not None:
+            await pool.shutdown()
 
 
 # -- a remote gateway (Jupyter REST + websocket) -------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError
+from msb_kernels.gateway.cli import add_serve_parser
 
 DEFAULT_NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "hello.ipynb"
 
@@ -92,8 +93,46 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for template in TEMPLATES.values():
         reason = template.unavailable_reason()
         print(f"template {template.name}: {'ok' if reason is None else reason}")
+    _print_microsandbox_report(settings)
     chosen, why = choose_backend(settings.backend)
     print(f"-> {why}")
+    return 0
+
+
+def _print_microsandbox_report(settings) -> None:
+    """What the microVM backend needs: msb doctor's verdict and hints, its images, ports and network."""
+    try:
+        from msb_kernels.backends import microsandbox as msb_backend
+    except ImportError:
+        return
+    ok, reason, hints = msb_backend.run_doctor()
+    print(f"msb doctor: {'ok' if ok else 'failed'} - {reason}")
+    for hint in hints:
+        print(f"  hint: {hint}")
+    try:
+        from msb_kernels.images import image_present
+
+        for template in ("python", "node"):
+            image = msb_backend.image_for(settings, template)
+            print(f"microVM image {template}: {image} {'present' if image_present(image) else f'missing (msb-kernels image build {template})'}")
+    except MsbError as exc:
+        print(f"microVM images: cannot list them: {exc.message}")
+    print(f"microVM ports: {settings.port_range} (5 per kernel); outbound network: {'public internet' if settings.allow_network else 'denied'}")
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from msb_kernels import images
+    from msb_kernels.backends.microsandbox import image_for
+
+    settings = load_settings()
+    tag = args.tag or image_for(settings, args.template)
+    if args.online:
+        result = images.build_online(args.template, tag, base=args.base)
+    else:
+        result = images.build_offline(args.template, tag, suite=args.suite, mirror=args.mirror, keep_archive=args.save_archive)
+    print(result.report())
+    if args.tag and args.tag != image_for(settings, args.template):
+        print(f"use it with MSB_{args.template.upper()}_IMAGE={args.tag}")
     return 0
 
 
@@ -135,10 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("doctor", help="say which sandbox backends and limits work on this host")
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("image", help="build the microVM kernel images")
+    image_sub = p.add_subparsers(dest="image_command", required=True)
+    b = image_sub.add_parser("build", help="build and `msb load` the python or node kernel image")
+    b.add_argument("template", choices=["python", "node"])
+    b.add_argument("--online", action="store_true", help="pip/npm install on a base image in a builder microVM (needs a host that boots microVMs)")
+    b.add_argument("--tag", help="image reference (default: MSB_PYTHON_IMAGE / MSB_NODE_IMAGE)")
+    b.add_argument("--base", help="--online: the base image (default python:3.12-slim or node:20-slim)")
+    b.add_argument("--suite", help="offline: the Debian suite (default: this host's)")
+    b.add_argument("--mirror", help="offline: the Debian mirror (default: apt's configured one)")
+    b.add_argument("--save-archive", metavar="PATH", type=Path, help="offline: also keep the image tar (Docker-save format) at PATH")
+    b.set_defaults(func=cmd_image_build)
     p = sub.add_parser("sweep", help="stop sandboxes whose owning process is gone")
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("list", help="list this host's sandboxes")
     p.set_defaults(func=cmd_list)
+    add_serve_parser(sub)
     return parser
 
 

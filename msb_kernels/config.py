@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from traitlets import Bool, Int, Unicode
+from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import Config, Configurable
 
 from msb_kernels.errors import ConfigError, MsbError
@@ -41,6 +41,33 @@ class MsbSettings(Configurable):
     max_processes = Int(256, help="Most processes (and threads) one sandbox may hold; contains fork bombs.").tag(config=True)
     runtime_dir = Unicode(None, allow_none=True, help="Host directory for sandbox state and kernel sockets.").tag(config=True)
     require_limits = Bool(False, help="Refuse to start a sandbox whose flavor limits cannot all be enforced with cgroups.").tag(config=True)
+    port_range = Unicode("8000-9000", help="Host TCP ports for microVM kernels' ZMQ channels, as FIRST-LAST (5 per kernel).").tag(config=True)
+    allow_network = Bool(False, help="Let microVM kernels reach the public internet (outbound); inbound stays limited to their ports.").tag(config=True)
+    python_image = Unicode("msb-kernels/python:latest", help="microVM image for python kernels (build it with `msb-kernels image build python`).").tag(config=True)
+    node_image = Unicode("msb-kernels/node:latest", help="microVM image for node kernels (build it with `msb-kernels image build node`).").tag(config=True)
+    boot_timeout_seconds = Int(30, help="Seconds a microVM (and the smoke boot of MSB_BACKEND=auto) may take to start.").tag(config=True)
+
+    # msb-kernels serve (the gateway)
+    host = Unicode("127.0.0.1", help="Address msb-kernels serve listens on.").tag(config=True)
+    port = Int(8765, help="TCP port msb-kernels serve listens on.").tag(config=True)
+    token = Unicode(None, allow_none=True, help="Token clients send (Authorization: token ...); unset = generated and printed.").tag(config=True)
+    capacity_memory_mib = Int(None, allow_none=True, help="Memory (MiB) the flavors of all kernels may add up to; unset = the host's memory.").tag(config=True)
+    capacity_cpus = Int(None, allow_none=True, help="CPUs the flavors of all kernels may add up to; unset = 4 x the host's CPUs.").tag(config=True)
+    cull_interval_seconds = Int(60, help="How often the gateway looks for idle kernels.").tag(config=True)
+    cull_connected = Bool(False, help="Cull idle kernels that still have a client connected (jupyter_server's default: no).").tag(config=True)
+    cull_busy = Bool(False, help="Cull kernels that are busy (jupyter_server's default: no).").tag(config=True)
+    # warm pool
+    pool_size = Unicode("python-small=1", help="Kernels kept started per kernelspec, as TEMPLATE-FLAVOR=COUNT,...").tag(config=True)
+    pool_counts_as_sessions = Bool(False, help="Count waiting pooled kernels toward MSB_MAX_SESSIONS and the capacity.").tag(config=True)
+    # the MCP bridge
+    mcp_running_after_seconds = Float(50.0, help="A tool call returns status running (with an execution id) after this long.").tag(config=True)
+    mcp_default_timeout_seconds = Float(300.0, help="Timeout of an execution that names none; past it the kernel is interrupted.").tag(config=True)
+    mcp_max_timeout_seconds = Float(86400.0, help="The largest timeout a caller may ask for.").tag(config=True)
+    mcp_max_output_chars = Int(200_000, help="Characters of output kept per execution; more is truncated with a note.").tag(config=True)
+    mcp_max_code_chars = Int(1_000_000, help="Largest code or command line accepted, in characters.").tag(config=True)
+    mcp_progress_interval_seconds = Float(5.0, help="Progress notifications go out at least this often while code runs.").tag(config=True)
+    mcp_kept_executions = Int(16, help="Finished executions kept per session for get_execution_output.").tag(config=True)
+    mcp_kernel_start_timeout_seconds = Float(60.0, help="Seconds to wait for a kernel to start.").tag(config=True)
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -59,18 +86,19 @@ class MsbSettings(Configurable):
     def _assign(self, name: str, raw: str, *, from_env: bool) -> None:
         trait = self.traits()[name]
         value: Any = raw
-        if isinstance(trait, Int):
+        if raw.strip() == "" and trait.allow_none:
+            value = None
+        elif isinstance(trait, (Int, Float)):
+            kind, noun = (int, "a whole number") if isinstance(trait, Int) else (float, "a number")
             try:
-                value = int(raw.strip())
+                value = kind(raw.strip())
             except ValueError:
-                raise ConfigError(f"{self._where(name)}={raw!r} is not a whole number; {_ACCEPTED[name]}") from None
+                raise ConfigError(f"{self._where(name)}={raw!r} is not {noun}; {_ACCEPTED[name]}") from None
         elif isinstance(trait, Bool):
             lowered = raw.strip().lower()
             if lowered not in ("1", "0", "true", "false", "yes", "no", ""):
                 raise ConfigError(f"{self._where(name)}={raw!r} is not a boolean; use true or false")
             value = lowered in ("1", "true", "yes")
-        elif raw.strip() == "" and trait.allow_none:
-            value = None
         setattr(self, name, value)
 
     def _check(self, name: str, value: Any) -> None:
@@ -82,6 +110,11 @@ class MsbSettings(Configurable):
             raise ConfigError(f"{self._where(name)}={value!r} {problem}; {_ACCEPTED[name]}")
 
     # -- derived values -------------------------------------------------------
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        """MSB_PORT_RANGE as (first, last), both included."""
+        return _parse_port_range(self.port_range)  # checked at start, so this does not raise
 
     @property
     def shared_volume(self) -> Path | None:
@@ -125,7 +158,67 @@ def _check_shared_path(value: str) -> str | None:
     return None
 
 
+def _parse_port_range(value: str) -> tuple[int, int]:
+    first, separator, last = str(value).strip().partition("-")
+    if not separator:
+        raise ValueError("is not a range FIRST-LAST")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        raise ValueError("is not a range of whole numbers") from None
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError("is outside 1024-65535 or has FIRST > LAST")
+    if high - low + 1 < 5:
+        raise ValueError("holds fewer than 5 ports (one kernel needs 5)")
+    return low, high
+
+
+def _check_port_range(value: str) -> str | None:
+    try:
+        _parse_port_range(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _check_image(value: str) -> str | None:
+    return "is empty" if not value.strip() else None
+
+
+def _check_pool_size(value: str) -> str | None:
+    from msb_kernels.pool import parse_pool_sizes
+
+    try:
+        parse_pool_sizes(value)
+    except MsbError as exc:
+        return "is not a pool size (" + exc.message.split(": ", 1)[-1].split(";")[0] + ")"
+    return None
+
+
+def _check_host(value: str) -> str | None:
+    return "is not a host name or address" if not value.strip() or any(c.isspace() or c in "/?#" for c in value) else None
+
+
+def _at_least(minimum: float) -> Callable[[Any], str | None]:
+    return lambda v: f"is less than {minimum:g}" if v < minimum else None
+
+
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "host": _check_host,
+    "port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
+    "token": lambda v: "is empty, which would let anyone run code" if not v.strip() else None,
+    "capacity_memory_mib": _at_least(1),
+    "capacity_cpus": _at_least(1),
+    "cull_interval_seconds": _at_least(1),
+    "pool_size": _check_pool_size,
+    "mcp_running_after_seconds": _at_least(0.1),
+    "mcp_default_timeout_seconds": _at_least(0.1),
+    "mcp_max_timeout_seconds": _at_least(0.1),
+    "mcp_max_output_chars": _at_least(100),
+    "mcp_max_code_chars": _at_least(100),
+    "mcp_progress_interval_seconds": lambda v: None if 0.1 <= v <= 10 else "is not between 0.1 and 10 (clients expect a sign of life every 10 s)",
+    "mcp_kept_executions": _at_least(1),
+    "mcp_kernel_start_timeout_seconds": _at_least(1),
     "default_flavor": _check_flavor,
     "session_timeout_seconds": lambda v: "is negative" if v < 0 else None,
     "max_sessions": lambda v: "is less than 1" if v < 1 else None,
@@ -133,9 +226,31 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "backend": lambda v: None if v in BACKENDS else "is not a backend",
     "shared_volume_path": _check_shared_path,
     "shared_volume_guest_path": _check_guest_path,
+    "port_range": _check_port_range,
+    "python_image": _check_image,
+    "node_image": _check_image,
+    "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
 }
 
 _ACCEPTED: dict[str, str] = {
+    "host": "use a host name or address such as 127.0.0.1 (or 0.0.0.0 for every interface)",
+    "port": "use a TCP port from 1 to 65535",
+    "token": "set a long random secret, or leave it unset to have one generated",
+    "capacity_memory_mib": "use a whole number of MiB >= 1, or leave it unset for the host's memory",
+    "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for 4 x the host's CPUs",
+    "cull_interval_seconds": "use a whole number of seconds >= 1",
+    "cull_connected": "use true or false",
+    "cull_busy": "use true or false",
+    "pool_size": "use TEMPLATE-FLAVOR=COUNT pairs such as python-small=1,node-small=0 (0 everywhere turns the pool off)",
+    "pool_counts_as_sessions": "use true or false",
+    "mcp_running_after_seconds": "use a number of seconds > 0",
+    "mcp_default_timeout_seconds": "use a number of seconds > 0",
+    "mcp_max_timeout_seconds": "use a number of seconds > 0",
+    "mcp_max_output_chars": "use a whole number >= 100",
+    "mcp_max_code_chars": "use a whole number >= 100",
+    "mcp_progress_interval_seconds": "use a number of seconds from 0.1 to 10",
+    "mcp_kept_executions": "use a whole number >= 1",
+    "mcp_kernel_start_timeout_seconds": "use a number of seconds >= 1",
     "default_flavor": f"use one of {', '.join(FLAVORS)}",
     "session_timeout_seconds": "use a whole number of seconds >= 0 (0 never culls)",
     "max_sessions": "use a whole number >= 1",
@@ -145,6 +260,11 @@ _ACCEPTED: dict[str, str] = {
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "runtime_dir": "use a writable directory with a short path",
     "require_limits": "use true or false",
+    "port_range": "use FIRST-LAST with 1024 <= FIRST <= LAST <= 65535 and at least 5 ports, such as 8000-9000",
+    "allow_network": "use true or false",
+    "python_image": "use an image reference such as msb-kernels/python:latest",
+    "node_image": "use an image reference such as msb-kernels/node:latest",
+    "boot_timeout_seconds": "use a whole number of seconds >= 1",
 }
 
 

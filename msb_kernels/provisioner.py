@@ -25,7 +25,7 @@ from traitlets import Unicode
 from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
 from msb_kernels.backends.base import SharedVolume
 from msb_kernels.config import MsbSettings, load_settings
-from msb_kernels.errors import InvalidRequest, ResourceLimitExceeded
+from msb_kernels.errors import InvalidRequest, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.templates import Template, get_template
 
@@ -39,6 +39,8 @@ NEVER_PASSED = ("JPY_PARENT_PID", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH",
 
 # Kernels this process runs, by kernel id: MSB_MAX_SESSIONS counts these.
 live_sandboxes: dict[str, Sandbox] = {}
+# Kernels waiting in a warm pool (msb_kernels.pool): no one's session yet, so not counted unless configured.
+pooled_kernel_ids: set[str] = set()
 _swept_runtime_dirs: set[str] = set()
 
 _MEMORY_HINT = """\
@@ -105,21 +107,61 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
         self.backend: SandboxBackend = get_backend(self.settings)
         await self._sweep_once()
-        others = [k for k in live_sandboxes if k != self.kernel_id]
-        if len(others) >= self.settings.max_sessions:
+        others = [k for k in live_sandboxes if k != self.kernel_id and k not in pooled_kernel_ids]
+        if self.kernel_id not in pooled_kernel_ids and len(others) >= self.settings.max_sessions:
             raise ResourceLimitExceeded(
                 f"MSB_MAX_SESSIONS={self.settings.max_sessions} sandboxed kernels already run; stop one before starting another")
 
         self.io_dir = self.backend.io_dir_for(self.kernel_id)
         km.transport = self.backend.transport
-        if self.backend.transport == "ipc":
-            km.ip = str(self.io_dir / "kernel")
-        extra_arguments = kwargs.pop("extra_arguments", [])
-        km.write_connection_file(jupyter_session=start_env.get("JPY_SESSION_NAME", ""))
-        self.connection_info = km.get_connection_info()
-        self._write_guest_files()
-        cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
+        try:
+            if self.backend.transport == "ipc":
+                km.ip = str(self.io_dir / "kernel")
+            else:
+                self._use_reserved_ports(km)
+            await self._set_up_encryption(km)
+            extra_arguments = kwargs.pop("extra_arguments", [])
+            km.write_connection_file(jupyter_session=start_env.get("JPY_SESSION_NAME", ""))
+            self.connection_info = km.get_connection_info()
+            self._write_guest_files()
+            cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
+        except BaseException:
+            self.backend.release_ports(self.kernel_id)
+            raise
         return await super().pre_launch(cmd=cmd, **kwargs)
+
+    def _use_reserved_ports(self, km: Any) -> None:
+        """tcp: connect to the backend's host ports (published at the same numbers in the guest)."""
+        km.ip = self.backend.host_ip
+        ports = self.backend.reserve_ports(self.kernel_id)
+        if not ports:
+            return
+        names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+        if [getattr(km, name) for name in names] != list(ports):
+            km.cleanup_connection_file()  # ports changed (a first start, or a restart after a failed one)
+            for name, port in zip(names, ports):
+                setattr(km, name, port)
+
+    async def _set_up_encryption(self, km: Any) -> None:
+        """CurveZMQ on the kernel's channels: always over tcp where the kernel can, else as km.transport_encryption says."""
+        import zmq
+
+        if not hasattr(km, "curve_publickey") or not hasattr(km, "_kernel_supports_curve_encryption"):
+            return  # a jupyter_client without transport encryption
+        policy = km._transport_encryption_policy() if hasattr(km, "_transport_encryption_policy") else "disabled"
+        wanted = policy in ("auto", "required") or self.backend.transport == "tcp"
+        supported = bool(zmq.has("curve")) and km._kernel_supports_curve_encryption() and await self.backend.supports_curve(self.template_spec.name)
+        if wanted and supported:
+            if km.curve_publickey is None:  # a restart keeps the keys, as it keeps the session key
+                km.curve_publickey, km.curve_secretkey = zmq.curve_keypair()
+                km.cleanup_connection_file()
+        elif policy == "required":
+            raise SandboxError(f"transport_encryption='required' but the {self.template_spec.name} kernel of the "
+                               f"{self.backend.name} backend cannot use CurveZMQ")
+        elif wanted and self.backend.transport == "tcp":
+            log.warning("kernel %s: its TCP channels are signed (HMAC) but not encrypted: the %s kernel does not speak "
+                        "CurveZMQ (rebuild the image with `msb-kernels image build %s --online`)",
+                        self.kernel_id, self.template_spec.name, self.template_spec.name)
 
     async def _sweep_once(self) -> None:
         """The first start in a process removes sandboxes that a dead process left behind."""
@@ -136,6 +178,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         for key in ("key", "curve_publickey", "curve_secretkey", "curve_serverkey"):
             if isinstance(info.get(key), bytes):
                 info[key] = info[key].decode()
+        if self.backend.transport == "tcp":
+            info["ip"] = self.backend.guest_ip
         if self.backend.transport == "ipc":
             info["ip"] = self._guest_path("kernel")
             separator = self.template_spec.ipc_port_separator
@@ -202,19 +246,24 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             max_processes=self.settings.max_processes,
             owner_pid=os.getpid(),
         )
-        self.sandbox = await self.backend.create(spec)
+        try:
+            self.sandbox = await self.backend.create(spec)
+        except BaseException:
+            self.backend.release_ports(self.kernel_id)  # jupyter_client does not clean up after a failed start
+            raise
         live_sandboxes[self.kernel_id] = self.sandbox
         log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
                  self.flavor_spec.name, self.flavor_spec.cpus, self.flavor_spec.memory_mib)
         return self.connection_info
 
     async def cleanup(self, restart: bool = False) -> None:
-        if self.sandbox is None:
-            return
-        sandbox, self.sandbox = self.sandbox, None
-        live_sandboxes.pop(self.kernel_id, None)
-        self.last_exit_reason = sandbox.exit_reason()
-        await sandbox.cleanup(keep_io_dir=restart)
+        if self.sandbox is not None:
+            sandbox, self.sandbox = self.sandbox, None
+            live_sandboxes.pop(self.kernel_id, None)
+            self.last_exit_reason = sandbox.exit_reason()
+            await sandbox.cleanup(keep_io_dir=restart)
+        if not restart and hasattr(self, "backend"):
+            self.backend.release_ports(self.kernel_id)  # shutdown, cull, or the end after a crash
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         return recommended

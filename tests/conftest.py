@@ -25,6 +25,8 @@ def _isolate_environment() -> Path:
     # Short path: ZMQ ipc socket paths must fit in 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="msbt-", dir="/tmp"))
     os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
+    # Tests that count sandboxes must not see pool kernels; the pool's own tests turn it on.
+    os.environ["MSB_POOL_SIZE"] = "0"
     os.environ["JUPYTER_RUNTIME_DIR"] = str(base / "jr")
     os.environ["JUPYTER_DATA_DIR"] = str(base / "data")
     os.environ["JUPYTER_CONFIG_DIR"] = str(base / "config")

@@ -127,3 +127,24 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def sweep_orphans(self) -> list[str]:
         """Stop and remove sandboxes whose owner is gone; return their ids."""
+
+    # -- optional hooks for tcp backends (defaults suit a backend the host reaches over ipc) --
+
+    host_ip: ClassVar[str] = "127.0.0.1"  # tcp: where the host connects to the kernel's published ports
+    guest_ip: ClassVar[str] = "0.0.0.0"  # tcp: the address the kernel binds inside the guest
+
+    def reserve_ports(self, sandbox_id: str) -> list[int] | None:
+        """tcp: the host ports for shell, iopub, stdin, control and hb, published at the same numbers in
+        the guest and held until release_ports (a restart gets the same ones). None: jupyter_client picks."""
+        return None
+
+    def release_ports(self, sandbox_id: str) -> None:
+        """Give back what reserve_ports held; called on every way a kernel ends, harmless twice."""
+
+    async def supports_curve(self, template: str) -> bool:
+        """Whether the kernel this backend runs for template can speak CurveZMQ (for transport encryption)."""
+        return True
+
+    def stats(self) -> dict:
+        """Backend counters for stats endpoints (for example host ports allocated and available)."""
+        return {}

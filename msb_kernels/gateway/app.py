@@ -33,7 +33,6 @@ Plus MSB_SESSION_TIMEOUT_SECONDS (idle time before a kernel is culled; a kernels
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any
 
@@ -42,20 +41,8 @@ from traitlets import Bool, Integer, Unicode, default
 
 from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError
-from msb_kernels.gateway.cli import DEFAULT_PORT
 from msb_kernels.gateway.handlers import TokenOnlyIdentityProvider, gateway_handlers, use_json_not_found
-from msb_kernels.gateway.manager import MsbKernelManager, MsbKernelSpecManager, env_value
-
-
-def default_port() -> int:
-    return env_value("MSB_PORT", int, DEFAULT_PORT, 1, 65535, "use a TCP port from 1 to 65535")
-
-
-def default_host() -> str:
-    host = os.environ.get("MSB_HOST", "").strip()
-    if host and any(c.isspace() or c in "/?#" for c in host):
-        raise ConfigError(f"MSB_HOST={host!r} is not a host name or address; use e.g. 127.0.0.1 or 0.0.0.0")
-    return host or "127.0.0.1"
+from msb_kernels.gateway.manager import MsbKernelManager, MsbKernelSpecManager
 
 
 class MsbGatewayApp(ServerApp):
@@ -73,11 +60,11 @@ class MsbGatewayApp(ServerApp):
 
     @default("port")
     def _msb_port_default(self) -> int:
-        return default_port()
+        return self.msb_settings.port
 
     @default("ip")
     def _msb_ip_default(self) -> str:
-        return default_host()
+        return self.msb_settings.host
 
     @default("port_retries")
     def _msb_port_retries_default(self) -> int:
@@ -112,9 +99,8 @@ class MsbGatewayApp(ServerApp):
 
     def initialize(self, argv: list[str] | None = None, **kwargs: Any) -> None:
         self.msb_settings = load_settings(self.config)  # a bad MSB_* value fails here, naming the variable
-        token = os.environ.get("MSB_TOKEN", "").strip()
-        if token and "token" not in self.config.IdentityProvider:
-            self.config.IdentityProvider.token = token
+        if self.msb_settings.token and "token" not in self.config.IdentityProvider:
+            self.config.IdentityProvider.token = self.msb_settings.token
         kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions
         super().initialize(argv, **kwargs)
         if not self.identity_provider.token:
@@ -165,6 +151,7 @@ class MsbGatewayApp(ServerApp):
         return "\n".join(lines)
 
     async def _post_start(self) -> None:
+        self.kernel_manager.pool.fill()  # MSB_POOL_SIZE kernels start now, so the first sessions need not wait
         if self.mcp_lifespan is not None:
             try:
                 await self.mcp_lifespan.startup()
@@ -181,6 +168,7 @@ class MsbGatewayApp(ServerApp):
         """Stop every kernel and its sandbox; kill what does not stop in time."""
         import asyncio
 
+        await self.kernel_manager.pool.shutdown()
         try:
             await asyncio.wait_for(super().cleanup_kernels(), self.shutdown_timeout)
         except Exception as exc:  # a timeout included

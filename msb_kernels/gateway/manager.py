@@ -31,6 +31,7 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Integer, default
 
 from msb_kernels.config import load_settings
+from msb_kernels.pool import KernelPool, PooledMultiKernelManager, parse_pool_sizes
 from msb_kernels.errors import (BackendUnavailable, ConfigError, InvalidRequest, MsbError, ResourceLimitExceeded,
                                 SandboxError, SessionNotFound)
 from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
@@ -60,26 +61,6 @@ class MsbHTTPError(web.HTTPError):
 
 
 # -- settings from the environment --------------------------------------------------
-
-
-def env_value(name: str, parse: type, default: Any, minimum: int | None = None, maximum: int | None = None,
-              accepted: str = "") -> Any:
-    """An MSB_* variable parsed as int or bool; a bad value raises ConfigError naming it and what it accepts."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    if parse is bool:
-        lowered = raw.strip().lower()
-        if lowered not in ("1", "0", "true", "false", "yes", "no"):
-            raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
-        return lowered in ("1", "true", "yes")
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number; {accepted}") from None
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ConfigError(f"{name}={raw!r} is out of range; {accepted}")
-    return value
 
 
 def host_memory_mib() -> int:
@@ -161,11 +142,11 @@ class MsbKernelManager(AsyncMappingKernelManager):
 
     @default("capacity_memory_mib")
     def _capacity_memory_default(self) -> int:
-        return env_value("MSB_CAPACITY_MEMORY_MIB", int, host_memory_mib(), 1, None, "use a whole number of MiB >= 1")
+        return self.msb_settings.capacity_memory_mib or host_memory_mib()
 
     @default("capacity_cpus")
     def _capacity_cpus_default(self) -> int:
-        return env_value("MSB_CAPACITY_CPUS", int, CPU_OVERCOMMIT * host_cpus(), 1, None, "use a whole number of CPUs >= 1")
+        return self.msb_settings.capacity_cpus or CPU_OVERCOMMIT * host_cpus()
 
     # jupyter_server's culling traits, with defaults from MSB_* variables.
     @default("cull_idle_timeout")
@@ -174,15 +155,15 @@ class MsbKernelManager(AsyncMappingKernelManager):
 
     @default("cull_interval")
     def _cull_interval_default(self) -> int:
-        return env_value("MSB_CULL_INTERVAL_SECONDS", int, 60, 1, None, "use a whole number of seconds >= 1")
+        return self.msb_settings.cull_interval_seconds
 
     @default("cull_connected")
     def _cull_connected_default(self) -> bool:
-        return env_value("MSB_CULL_CONNECTED", bool, False)
+        return self.msb_settings.cull_connected
 
     @default("cull_busy")
     def _cull_busy_default(self) -> bool:
-        return env_value("MSB_CULL_BUSY", bool, False)
+        return self.msb_settings.cull_busy
 
     @default("default_kernel_name")
     def _default_kernel_name_default(self) -> str:
@@ -191,20 +172,28 @@ class MsbKernelManager(AsyncMappingKernelManager):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self.msb_settings = load_settings(self.config)
+        # jupyter_server starts kernels through pinned_superclass._async_start_kernel: that is where the pool serves them.
+        self.pinned_superclass = PooledMultiKernelManager
+        self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
         self.allocations: dict[str, Allocation] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
         self._stop_reasons: dict[str, str] = {}
 
     # -- limits -------------------------------------------------------------------
 
+    def counted_flavors(self) -> list[Flavor]:
+        """Every kernel the limits count: sessions, and waiting pooled kernels if MSB_POOL_COUNTS_AS_SESSIONS."""
+        pooled = self.pool.waiting_flavors() if self.pool.counts_as_sessions else []
+        return [a.flavor for a in self.allocations.values()] + pooled
+
     def allocated(self) -> tuple[int, int]:
-        """Memory (MiB) and CPUs the flavors of all kernels (running or starting) add up to."""
-        return (sum(a.flavor.memory_mib for a in self.allocations.values()),
-                sum(a.flavor.cpus for a in self.allocations.values()))
+        """Memory (MiB) and CPUs the counted kernels' flavors add up to."""
+        flavors = self.counted_flavors()
+        return sum(f.memory_mib for f in flavors), sum(f.cpus for f in flavors)
 
     def check_limits(self, flavor: Flavor) -> None:
         """Raise MsbHTTPError (429) when one more kernel of this flavor would pass a limit."""
-        active = len(self.allocations)
+        active = len(self.counted_flavors())
         if active >= self.msb_settings.max_sessions:
             raise MsbHTTPError(ResourceLimitExceeded(
                 f"session limit reached: {active} of MSB_MAX_SESSIONS={self.msb_settings.max_sessions} sandboxed kernels run",
@@ -254,14 +243,17 @@ class MsbKernelManager(AsyncMappingKernelManager):
         kernel_name = kwargs.pop("kernel_name", None) or self.default_kernel_name
         env = kwargs.get("env") or {}
         flavor, template = self.flavor_for(kernel_name, env)
-        kernel_id = kernel_id or self.new_kernel_id()
-        self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
+        from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)
+        if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
+            self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
+        kernel_id = (self.pool.reserve(kernel_name, kwargs) if from_pool else None) or kernel_id or self.new_kernel_id()
         allocation = Allocation(kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None)
         self.allocations[kernel_id] = allocation
         try:
             return await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
         except BaseException as exc:
             self.allocations.pop(kernel_id, None)
+            await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
             self._record_stop(allocation, "error", f"start failed: {reason}")
             if isinstance(exc, MsbError):
@@ -386,6 +378,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
             },
             "culling": {"idle_timeout": self.cull_idle_timeout, "interval": self.cull_interval,
                         "connected": self.cull_connected, "busy": self.cull_busy},
+            "pool": self.pool.stats(),
             "kernels": kernels,
             "recently_stopped": list(self.stopped),
         }

@@ -25,8 +25,8 @@ from msb_kernels.config import load_settings
 VENV_BIN = Path(sys.executable).parent
 
 # Short waits so the long-run and timeout paths run in seconds, not minutes.
-TEST_OPTIONS = BridgeOptions(running_after_seconds=3.0, default_timeout_seconds=60.0, progress_interval_seconds=1.0,
-                             max_output_chars=20_000, max_code_chars=100_000, kernel_start_timeout_seconds=60.0)
+TEST_OPTIONS = BridgeOptions.from_settings(None, running_after_seconds=3.0, default_timeout_seconds=60.0, progress_interval_seconds=1.0,
+                                           max_output_chars=20_000, max_code_chars=100_000, kernel_start_timeout_seconds=60.0)
 
 
 def result_error(result) -> dict:

@@ -317,3 +317,30 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
         assert kernel_id in json.dumps(_jsonrpc(listed)), listed.body[:2000]
     finally:
         assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+
+
+async def test_a_new_session_is_served_from_the_warm_pool(gateway_factory) -> None:
+    gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "1"})
+    for _ in range(600):
+        stats = await gateway.stats()
+        if stats["pool"]["waiting"]["msb-python-small"] == 1:
+            break
+        await asyncio.sleep(0.1)
+    (pooled,) = gateway.sandboxes()
+    assert stats["active_sessions"] == 0, "a waiting pooled kernel is nobody's session"
+    assert stats["pool"]["sizes"] == {"msb-python-small": 1}
+
+    kernel_id = await gateway.start_kernel()
+    assert kernel_id == pooled.sandbox_id, "the session did not get the pooled kernel"
+    ws = await KernelSocket.open(gateway, kernel_id)
+    reply = await ws.execute("len(In)")
+    assert reply.result == "2", "the pooled kernel had run code before"
+    ws.close()
+    stats = await gateway.stats()
+    assert stats["active_sessions"] == 1 and stats["pool"]["handed_out"] == 1
+    # Refilled in the background, even at MSB_MAX_SESSIONS: the pool is not counted (MSB_POOL_COUNTS_AS_SESSIONS=false).
+    await wait_until(lambda: len(gateway.sandboxes()) == 2, 60, "the pool to refill")
+    refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"})
+    assert refused.code == 429 and refused.json["limit"] == "max_sessions"
+    assert gateway.stop() == 0, gateway.log()[-3000:]
+    assert not gateway.sandboxes(), "pooled kernels outlived the server"

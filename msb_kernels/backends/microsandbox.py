@@ -1,0 +1,644 @@
+"""The microsandbox backend: each kernel in its own microVM (PyPI ``microsandbox`` 0.7).
+
+The host reaches a microVM only through TCP ports published on 127.0.0.1, so the
+kernel's five ZMQ channels are published at the same numbers in the guest (from
+the PortManager, MSB_PORT_RANGE) and the kernel binds 0.0.0.0 inside. The guest
+sees the kernel's io dir (connection file, startup file) at /run/kernel, owned by its user.
+
+    flavor            -> cpus, memory (MiB)
+    template          -> image (MSB_PYTHON_IMAGE / MSB_NODE_IMAGE, built by `msb-kernels image build`)
+    MSB_ALLOW_NETWORK -> outbound denied (default) or public internet only; inbound always allowed
+                         (Network.none() would also close the published ports)
+    shared volume     -> bind mount at its guest path
+    labels            -> msb-kernels=1 plus owner pid/start/host, for the orphan sweep
+    idle_timeout      -> off: Jupyter's culler is the one source of session timeouts
+
+The kernel runs as a managed job (exec_detached), which outlives the exec handle,
+and whose signals go to its process group in the guest: that is how SIGINT
+(interrupt) crosses the VM boundary.
+
+Whether this backend can run is ``msb doctor`` (exit 0) plus a smoke boot under
+MSB_BOOT_TIMEOUT_SECONDS; both run in a subprocess, once per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from msb_kernels.backends.base import SANDBOX_LABEL, Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.namespace import process_alive, process_start_time
+from msb_kernels.config import MsbSettings, load_settings
+from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.ports import PortManager
+
+log = logging.getLogger("msb_kernels")
+
+GUEST_IO_DIR = "/run/kernel"
+GUEST_USER = "sandbox"  # the images' unprivileged user (uid 1000, home /home/sandbox)
+GUEST_UID = 1000
+GUEST_HOME = "/home/sandbox"
+GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
+SWEEP_INTERVAL = 600.0  # seconds between orphan sweeps, as the design asks
+NAME_PREFIX = "msbk-"
+SMOKE_PREFIX = "msbk-smoke-"
+SMOKE_MEMORY_MIB = 256
+
+LABEL_OWNER_PID = "msb-kernels.owner-pid"
+LABEL_OWNER_START = "msb-kernels.owner-start"
+LABEL_HOST = "msb-kernels.host"
+LABEL_KERNEL = "msb-kernels.kernel-id"
+LABEL_FLAVOR = "msb-kernels.flavor"
+LABEL_TEMPLATE = "msb-kernels.template"
+LABEL_CREATED = "msb-kernels.created"
+LOCAL_IMAGE_PREFIX = "msb-kernels/"  # images `msb-kernels image build` tags
+IMAGE_CURVE_LABEL = "org.msb-kernels.curve"  # "true" when the image's kernel speaks CurveZMQ
+
+T = TypeVar("T")
+
+
+# -- msb doctor ----------------------------------------------------------------
+
+
+def msb_binary() -> str | None:
+    """The `msb` runtime CLI: the one beside this Python, else on PATH, else the wheel's bundled binary."""
+    beside = Path(sys.executable).parent / "msb"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("msb")
+    if found:
+        return found
+    try:
+        from microsandbox._runtime import msb_path
+    except ImportError:
+        return None
+    bundled = msb_path()
+    return str(bundled) if bundled.is_file() else None
+
+
+def parse_doctor(returncode: int, output: str) -> tuple[bool, str, list[str]]:
+    """`msb doctor`'s verdict from its exit status and text (it has no JSON): ok, reason, hints.
+
+    Its text is check lines (✓/✗), then `warn:` and `error:` lines, each followed by `→` hints;
+    the reason is the first error (else the failed checks) and the hints are that error's.
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if returncode == 0:
+        return True, "msb doctor: all checks passed", []
+    reason, hints, in_error = None, [], False
+    for line in lines:
+        if line.lower().startswith("error:"):
+            if reason is not None:
+                break
+            reason, in_error = line.split(":", 1)[1].strip(), True
+        elif line.lower().startswith("warn:"):
+            in_error = False
+        elif line.startswith(("→", "->")) and in_error:
+            hints.append(line.lstrip("→->").strip())
+    if reason is None:
+        failed = [re.sub(r"\s{2,}", ": ", line.lstrip("✗").strip()) for line in lines if line.startswith("✗")]
+        reason = "; ".join(failed) or (lines[-1] if lines else f"msb doctor exited {returncode}")
+    return False, reason, hints
+
+
+def run_doctor(timeout: float = 30) -> tuple[bool, str, list[str]]:
+    """Run `msb doctor` and say whether microVMs can run here, why not, and the hints it printed."""
+    msb = msb_binary()
+    if msb is None:
+        return False, "the msb runtime is not installed (pip install 'microsandbox>=0.7,<0.8')", []
+    try:
+        result = subprocess.run([msb, "doctor"], capture_output=True, text=True, timeout=timeout,
+                                env={**os.environ, "NO_COLOR": "1"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"msb doctor did not run: {exc}", []
+    return parse_doctor(result.returncode, result.stdout + "\n" + result.stderr)
+
+
+# -- create arguments (a pure function of the spec and the settings) -------------
+
+
+def image_for(settings: MsbSettings, template: str) -> str:
+    return settings.node_image if template == "node" else settings.python_image
+
+
+def network_for(settings: MsbSettings) -> Any:
+    """Outbound denied unless MSB_ALLOW_NETWORK, and then only to the public internet (not the host or
+    its LAN); inbound allowed, because the kernel's published ports are inbound."""
+    from microsandbox import Action, DestGroup, Destination, Network, NetworkPolicy, Rule
+
+    if settings.allow_network:
+        rules = (*Rule.allow_dns(), Rule.allow(destination=Destination.group(DestGroup.PUBLIC)))
+        return Network(policy=NetworkPolicy(default_egress=Action.DENY, default_ingress=Action.ALLOW, rules=rules))
+    return Network(policy=NetworkPolicy(default_egress=Action.DENY, default_ingress=Action.ALLOW, rules=()))
+
+
+def pull_policy_for(image: str) -> Any:
+    """Never pull our own image names (`msb-kernels image build` makes them; a registry must not supply them)."""
+    from microsandbox import PullPolicy
+
+    return PullPolicy.NEVER if image.startswith(LOCAL_IMAGE_PREFIX) else PullPolicy.IF_MISSING
+
+
+def labels_for(spec: SandboxSpec, hostname: str | None = None) -> dict[str, str]:
+    labels = {
+        SANDBOX_LABEL: "1",
+        LABEL_KERNEL: spec.sandbox_id,
+        LABEL_HOST: hostname or socket.gethostname(),
+        LABEL_FLAVOR: spec.flavor.name,
+        LABEL_TEMPLATE: spec.template,
+        LABEL_CREATED: f"{time.time():.3f}",
+    }
+    if spec.owner_pid is not None:
+        labels[LABEL_OWNER_PID] = str(spec.owner_pid)
+        labels[LABEL_OWNER_START] = str(process_start_time(spec.owner_pid) or "")
+    return labels
+
+
+def guest_argv(spec: SandboxSpec) -> list[str]:
+    """The kernel command in the image: its python3 or tslab, not the host's interpreter paths."""
+    argv = list(spec.argv)
+    if spec.template == "node":
+        rest = argv[argv.index("kernel"):] if "kernel" in argv else argv[2:]
+        return ["tslab", *rest]
+    return ["python3", *argv[1:]]
+
+
+def guest_env(spec: SandboxSpec) -> dict[str, str]:
+    env = dict(spec.env)
+    env["PATH"] = GUEST_PATH
+    env["HOME"] = GUEST_HOME
+    return env
+
+
+def sandbox_name(sandbox_id: str) -> str:
+    return NAME_PREFIX + sandbox_id
+
+
+def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *, hostname: str | None = None) -> dict[str, Any]:
+    """The keyword arguments for microsandbox.Sandbox.create(sandbox_name(id), **these)."""
+    from microsandbox import PortBinding, Volume
+
+    # Writable: ipykernel rewrites its connection file at start (Debian's 6.17 does, even when nothing changed),
+    # and dies if it cannot. The dir is this kernel's own and the host only ever writes it.
+    volumes = {GUEST_IO_DIR: Volume.bind(str(spec.io_dir), readonly=False, uid=GUEST_UID, gid=GUEST_UID)}
+    if spec.shared_volume is not None:
+        volumes[spec.shared_volume.guest_path] = Volume.bind(str(spec.shared_volume.host_path), readonly=False,
+                                                             uid=GUEST_UID, gid=GUEST_UID)
+    return {
+        "image": image_for(settings, spec.template),
+        "cpus": spec.flavor.cpus,
+        "memory": spec.flavor.memory_mib,
+        "hostname": "sandbox",
+        "ports": [PortBinding.tcp(port, port, bind="127.0.0.1") for port in ports],
+        "volumes": volumes,
+        "network": network_for(settings),
+        "labels": labels_for(spec, hostname),
+        "idle_timeout": None,  # off: the VM's idle clock does not see ZMQ traffic; Jupyter culls idle kernels
+        "max_duration": None,
+        "pull_policy": pull_policy_for(image_for(settings, spec.template)),
+        "replace": True,  # a restart reuses the kernel's name
+        "detached": True,  # the VM outlives this handle; labels and sweeps find it if we die
+    }
+
+
+# -- the sandbox -----------------------------------------------------------------
+
+
+class MicrosandboxSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec, backend: MicrosandboxBackend, vm: Any, job: Any, ports: list[int]):
+        super().__init__(spec)
+        self.backend = backend
+        self.vm = vm
+        self.job = job
+        self.ports = ports
+        self.name = sandbox_name(spec.sandbox_id)
+        self.exit_code: int | None = None
+        self._killed_by_us = False
+        self._lost = False
+        self._memory_bytes: int | None = None
+        self._metrics_task: asyncio.Task | None = None
+
+    def _record_exit(self, code: int | None, *, lost: bool = False) -> int:
+        if self.exit_code is None:
+            self.exit_code = code if code is not None else -signal.SIGKILL
+            self._lost = lost
+        return self.exit_code
+
+    async def poll(self) -> int | None:
+        if self.exit_code is not None:
+            return self.exit_code
+        try:
+            info = await asyncio.wait_for(self.job.inspect(), 10)
+        except asyncio.TimeoutError:
+            return None  # a slow agent is not a dead kernel
+        except Exception:  # the VM or its agent is gone
+            return self._record_exit(None, lost=True)
+        if info.state in ("exited", "failed", "lost"):
+            return self._record_exit(info.exit_code)
+        return None
+
+    async def wait(self) -> int | None:
+        if self.exit_code is not None:
+            return self.exit_code
+        try:
+            result = await self.job.wait()
+        except Exception:
+            return self._record_exit(None, lost=True)
+        return self._record_exit(result.code)
+
+    async def send_signal(self, signum: int) -> None:
+        """Signals go to the kernel's process group inside the guest (SIGINT interrupts it)."""
+        if self.exit_code is None:
+            with contextlib.suppress(Exception):
+                await self.job.signal(signum)
+
+    async def kill(self) -> None:
+        self._killed_by_us = True
+        with contextlib.suppress(Exception):
+            await self.job.kill()
+        with contextlib.suppress(Exception):
+            await self.vm.kill(timeout=10)
+
+    async def terminate(self) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+    def exit_reason(self) -> str | None:
+        if self._killed_by_us or self.exit_code is None:
+            return None
+        if self._lost:
+            return f"the microVM stopped under the kernel (crashed, or {self.spec.flavor.out_of_memory_message()})"
+        # Nothing but the guest's OOM killer sends SIGKILL to the kernel when we did not.
+        if self.exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return self.spec.flavor.out_of_memory_message()
+        return None
+
+    def memory_bytes(self) -> int | None:
+        """The VM's memory use as last measured; each call schedules a fresh measurement (stats call this)."""
+        with contextlib.suppress(RuntimeError):  # no running loop: keep the last value
+            if self._metrics_task is None or self._metrics_task.done():
+                self._metrics_task = asyncio.get_running_loop().create_task(self._measure())
+        return self._memory_bytes
+
+    async def _measure(self) -> None:
+        with contextlib.suppress(Exception):
+            self._memory_bytes = (await asyncio.wait_for(self.vm.metrics(), 10)).memory_bytes
+
+    async def cleanup(self, keep_io_dir: bool = False) -> None:
+        if self.exit_code is None:
+            self._killed_by_us = True
+        reason = self.exit_reason()
+        if reason:
+            log.warning("kernel %s: %s", self.sandbox_id, reason)
+        await self.backend.destroy_vm(self.name, self.vm)
+        self.backend.remove_state(self.sandbox_id, keep_io_dir=keep_io_dir)
+        if not keep_io_dir:
+            self.backend.release_ports(self.sandbox_id)
+
+    def info(self) -> dict:
+        return {**super().info(), "backend": "microsandbox", "vm": self.name, "ports": self.ports,
+                "image": image_for(self.backend.settings, self.spec.template)}
+
+
+# -- the backend -------------------------------------------------------------------
+
+
+def _run_coroutine(factory: Callable[[], Awaitable[T]], timeout: float = 60) -> T:
+    """Run SDK coroutines from sync code, also when an event loop already runs in this thread."""
+    result: dict[str, Any] = {}
+
+    async def run() -> T:
+        return await asyncio.wait_for(factory(), timeout)  # the SDK needs a running loop when called
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(run())
+        except BaseException as exc:  # handed to the caller
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout + 5)
+    if "error" in result:
+        raise result["error"]
+    if "value" not in result:
+        raise TimeoutError(f"microsandbox did not answer within {timeout:.0f} s")
+    return result["value"]
+
+
+class MicrosandboxBackend(SandboxBackend):
+    name = "microsandbox"
+    transport = "tcp"
+    guest_io_dir = GUEST_IO_DIR
+    _availability: Availability | None = None
+
+    def __init__(self, settings: MsbSettings):
+        self.settings = settings
+        self.root = settings.runtime_root() / "microvm"
+        self.ports = PortManager(*settings.ports, lock_dir=settings.runtime_root() / "ports")
+        self._curve: dict[str, bool] = {}
+        self._sweeper: asyncio.Task | None = None
+
+    # -- availability ----------------------------------------------------------
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if cls._availability is None:
+            cls._availability = cls._probe(load_settings())
+        return cls._availability
+
+    @classmethod
+    def _probe(cls, settings: MsbSettings) -> Availability:
+        try:
+            import microsandbox  # noqa: F401
+        except ImportError:
+            return Availability(False, "the microsandbox package is not installed (pip install 'microsandbox>=0.7,<0.8')")
+        ok, reason, hints = run_doctor()
+        if not ok:
+            return Availability(False, f"msb doctor: {reason}" + (f" ({'; '.join(hints)})" if hints else ""))
+        booted, why = smoke_boot(image_for(settings, "python"), settings.boot_timeout_seconds)
+        if not booted:
+            image = image_for(settings, "python")
+            if "not cached" in why or "not found" in why.lower():
+                why += f" (build the image: msb-kernels image build python, or set MSB_PYTHON_IMAGE; now {image})"
+            return Availability(False, f"msb doctor passed but a smoke boot failed: {why}")
+        return Availability(True, f"microVMs boot here ({why})")
+
+    # -- ports, curve, stats -------------------------------------------------------
+
+    def reserve_ports(self, sandbox_id: str) -> list[int]:
+        return self.ports.allocate(sandbox_id)
+
+    def release_ports(self, sandbox_id: str) -> None:
+        self.ports.release(sandbox_id)
+
+    async def supports_curve(self, template: str) -> bool:
+        """True when the template's image says (by label, set at build) its kernel speaks CurveZMQ."""
+        image = image_for(self.settings, template)
+        if image not in self._curve:
+            self._curve[image] = await image_supports_curve(image)
+        return self._curve[image]
+
+    def stats(self) -> dict:
+        return {"ports": self.ports.stats()}
+
+    # -- state on the host ------------------------------------------------------------
+
+    def io_dir_for(self, sandbox_id: str) -> Path:
+        io_dir = self.root / sandbox_id / "io"
+        io_dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.root, io_dir.parent, io_dir):
+            os.chmod(path, 0o700)
+        return io_dir
+
+    def _write_state(self, spec: SandboxSpec) -> None:
+        record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(), "owner_pid": spec.owner_pid,
+                  "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+                  "flavor": spec.flavor.name, "template": spec.template, "vm": sandbox_name(spec.sandbox_id)}
+        state = self.root / spec.sandbox_id / "state.json"
+        state.with_suffix(".tmp").write_text(json.dumps(record))
+        state.with_suffix(".tmp").replace(state)
+
+    def remove_state(self, sandbox_id: str, *, keep_io_dir: bool) -> None:
+        state_dir = self.root / sandbox_id
+        if keep_io_dir:
+            with contextlib.suppress(FileNotFoundError):
+                (state_dir / "state.json").unlink()
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    # -- create ----------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> MicrosandboxSandbox:
+        availability = self.availability()
+        if not availability.ok:
+            raise BackendUnavailable(f"the microsandbox backend cannot run here: {availability.reason}",
+                                     ["run `msb-kernels doctor`", "or set MSB_BACKEND=namespace"])
+        from microsandbox import Sandbox as VM
+
+        self._ensure_sweeper()
+        ports = self.ports.owned(spec.sandbox_id) or self.ports.allocate(spec.sandbox_id)
+        kwargs = create_kwargs(spec, self.settings, ports)
+        name = sandbox_name(spec.sandbox_id)
+        self._write_state(spec)
+        vm = None
+        try:
+            vm = await asyncio.wait_for(VM.create(name, **kwargs), self.settings.boot_timeout_seconds)
+            argv = guest_argv(spec)
+            job = await vm.exec_detached(argv[0], argv[1:], env=guest_env(spec), cwd=GUEST_HOME, user=GUEST_USER)
+        except BaseException as exc:
+            await self.destroy_vm(name, vm)
+            self.remove_state(spec.sandbox_id, keep_io_dir=True)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise SandboxError(f"the microVM for kernel {spec.sandbox_id} did not boot within "
+                                   f"{self.settings.boot_timeout_seconds} s (MSB_BOOT_TIMEOUT_SECONDS)") from None
+            if isinstance(exc, Exception):
+                raise SandboxError(f"cannot start the microVM for kernel {spec.sandbox_id}: {exc}",
+                                   [f"build the image: msb-kernels image build {spec.template}", "run `msb-kernels doctor`"]) from exc
+            raise
+        return MicrosandboxSandbox(spec, self, vm, job, ports)
+
+    async def destroy_vm(self, name: str, vm: Any = None) -> None:
+        from microsandbox import Sandbox as VM
+
+        if vm is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(vm.kill(timeout=10), 15)
+        else:
+            with contextlib.suppress(Exception):
+                handle = await VM.get(name)
+                await asyncio.wait_for(handle.kill(timeout=10), 15)
+        with contextlib.suppress(Exception):
+            await VM.remove(name)
+
+    # -- orphans ------------------------------------------------------------------------
+
+    def _ensure_sweeper(self) -> None:
+        """Sweep orphans every SWEEP_INTERVAL seconds while this process runs kernels."""
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            try:
+                await self.sweep_orphans()
+            except Exception as exc:  # a failed sweep must not end the sweeps
+                log.warning("orphan sweep failed: %s", exc)
+
+    async def _vm_records(self) -> list[SandboxRecord]:
+        from microsandbox import Sandbox as VM
+
+        records = []
+        cursor = None
+        while True:
+            page = await VM.list_with(labels={SANDBOX_LABEL: "1"}, cursor=cursor)
+            for handle in page.sandboxes:
+                records.append(_record_from_handle(handle, self.name))
+            cursor = page.next_cursor
+            if not cursor:
+                return records
+
+    def _dir_records(self, seen: set[str]) -> list[SandboxRecord]:
+        records = []
+        for state_file in self.root.glob("*/state.json") if self.root.is_dir() else []:
+            try:
+                data = json.loads(state_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("sandbox_id") in seen:
+                continue
+            alive = owner_alive(data.get("owner_pid"), data.get("owner_start"))
+            records.append(SandboxRecord(data["sandbox_id"], self.name, alive, False, data.get("created", 0.0), data))
+        return records
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        try:
+            import microsandbox  # noqa: F401
+        except ImportError:
+            vms = []
+        else:
+            vms = _run_coroutine(self._vm_records, timeout=30)
+        return vms + self._dir_records({record.sandbox_id for record in vms})
+
+    async def sweep_orphans(self) -> list[str]:
+        """Stop and remove this host's labelled VMs whose owner is gone, and their state dirs.
+
+        The first call (the provisioner's, at the first kernel start) also starts the sweeps every
+        SWEEP_INTERVAL seconds for as long as this event loop runs."""
+        self._ensure_sweeper()
+        try:
+            vms = await self._vm_records()
+        except ImportError:
+            vms = []
+        except Exception as exc:  # a sweep that cannot list VMs must not stop a kernel from starting
+            log.warning("cannot list microVM sandboxes for the orphan sweep: %s", exc)
+            vms = []
+        here = socket.gethostname()
+        swept = []
+        for record in vms + self._dir_records({record.sandbox_id for record in vms}):
+            if record.owner_alive or record.details.get("host", here) != here:
+                continue
+            if record.details.get("owner_pid") is None and record.running:
+                continue  # started with no owner on purpose
+            if "vm" in record.details:
+                await self.destroy_vm(record.details["vm"])
+            self.remove_state(record.sandbox_id, keep_io_dir=False)
+            self.ports.release(record.sandbox_id)
+            swept.append(record.sandbox_id)
+        if swept:
+            log.info("swept %d orphaned microVM sandbox(es): %s", len(swept), ", ".join(swept))
+        return swept
+
+
+def owner_alive(pid: int | None, start: int | None) -> bool:
+    """Whether the process that started a sandbox still runs: pid and start tick where /proc has them
+    (a reused pid does not count), the pid alone where it does not (macOS)."""
+    if pid is None:
+        return False
+    if start is not None or os.path.isdir("/proc/self"):
+        return process_alive(pid, start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _record_from_handle(handle: Any, backend: str) -> SandboxRecord:
+    config = {}
+    with contextlib.suppress(Exception):
+        config = handle.config() or {}
+    labels = dict(config.get("labels") or {})
+    owner_pid = int(labels[LABEL_OWNER_PID]) if labels.get(LABEL_OWNER_PID, "").isdigit() else None
+    owner_start = int(labels[LABEL_OWNER_START]) if labels.get(LABEL_OWNER_START, "").isdigit() else None
+    kernel_id = labels.get(LABEL_KERNEL) or handle.name.removeprefix(NAME_PREFIX)
+    status = str(getattr(handle, "status", ""))
+    details = {"vm": handle.name, "status": status, "labels": labels, "owner_pid": owner_pid, "owner_start": owner_start,
+               "host": labels.get(LABEL_HOST), "flavor": labels.get(LABEL_FLAVOR), "template": labels.get(LABEL_TEMPLATE)}
+    created = handle.created_at or float(labels.get(LABEL_CREATED) or 0)
+    return SandboxRecord(kernel_id, backend, owner_alive(owner_pid, owner_start), status in ("running", "starting", "draining"),
+                         created, details)
+
+
+async def image_supports_curve(image: str) -> bool:
+    try:
+        from microsandbox import Image
+
+        detail = await Image.inspect(image)
+    except Exception:
+        return False
+    labels = (detail.config.labels if detail.config else None) or {}
+    return str(labels.get(IMAGE_CURVE_LABEL, "")).lower() == "true"
+
+
+# -- the smoke boot ----------------------------------------------------------------------
+
+
+async def _smoke(image: str) -> str:
+    from microsandbox import Network, PullPolicy, Sandbox as VM
+
+    name = f"{SMOKE_PREFIX}{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    # Labelled like a kernel owned by this short-lived process, so a sweep removes it if we are killed.
+    labels = {SANDBOX_LABEL: "1", LABEL_KERNEL: name, LABEL_HOST: socket.gethostname(), LABEL_OWNER_PID: str(os.getpid()),
+              LABEL_OWNER_START: str(process_start_time(os.getpid()) or "")}
+    vm = None
+    try:
+        vm = await VM.create(name, image=image, cpus=1, memory=SMOKE_MEMORY_MIB, network=Network.none(), labels=labels,
+                             replace=True, pull_policy=PullPolicy.NEVER)
+        output = await vm.exec("python3", ["-c", "import ipykernel; print('ok')"], timeout=30)
+        if "ok" not in output.stdout_text:
+            raise RuntimeError(f"image {image} has no ipykernel: {output.stderr_text.strip()[-300:]}")
+        return f"smoke boot of {image} in {time.monotonic() - started:.1f} s"
+    finally:
+        if vm is not None:
+            with contextlib.suppress(Exception):
+                await vm.kill(timeout=10)
+        with contextlib.suppress(Exception):
+            await VM.remove(name)
+
+
+def smoke_boot(image: str, timeout: float) -> tuple[bool, str]:
+    """Boot a throwaway microVM from image in a subprocess, under timeout; (ok, what happened)."""
+    try:
+        result = subprocess.run([sys.executable, "-m", "msb_kernels.backends.microsandbox", "smoke", image],
+                                capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"no microVM booted within {timeout:.0f} s (MSB_BOOT_TIMEOUT_SECONDS)"
+    lines = (result.stdout.strip() or result.stderr.strip() or "no output").splitlines()
+    return result.returncode == 0, lines[-1]
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "smoke":
+        try:
+            print(asyncio.run(_smoke(argv[1])))
+        except Exception as exc:
+            message = str(exc).strip().splitlines()
+            print(f"{type(exc).__name__}: {message[0] if message else ''}"[:500])
+            return 1
+        return 0
+    print("usage: python -m msb_kernels.backends.microsandbox smoke IMAGE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,219 @@
+"""A warm pool: sandboxed kernels started ahead of time, handed out whole.
+
+A new session then gets a kernel that already answered kernel_info, instead of
+waiting for a sandbox and an interpreter to start. A pooled kernel has never run
+user code; it belongs to no session until it is taken, and is never handed out twice.
+
+The pool plugs into jupyter_client's AsyncMultiKernelManager (and so into
+jupyter_server's kernel manager): ``start_from_pool`` registers a pooled kernel
+under its own id where a fresh start would have registered a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.multikernelmanager import AsyncMultiKernelManager
+
+from msb_kernels import provisioner
+from msb_kernels.errors import ConfigError
+from msb_kernels.flavors import FLAVORS, Flavor
+from msb_kernels.kernelspecs import kernel_name as msb_kernel_name
+from msb_kernels.templates import TEMPLATES
+
+log = logging.getLogger("msb_kernels")
+
+# Start-request variables a pooled kernel can do without (it was started before the request).
+POOL_COMPATIBLE_ENV = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
+READY_TIMEOUT = 120.0
+RETRY_SECONDS = 10.0
+
+
+def parse_pool_sizes(value: str, variable: str = "MSB_POOL_SIZE") -> dict[str, int]:
+    """'python-small=2,node-small=1' (or a bare number for python-small) -> {kernelspec name: size}."""
+    text = str(value).strip()
+    if text.isdigit():
+        text = f"python-small={text}"
+    sizes: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, separator, count = item.partition("=")
+        template, _, flavor = key.strip().partition("-")
+        if not separator or template not in TEMPLATES or flavor not in FLAVORS or not count.strip().isdigit():
+            raise ConfigError(f"{variable}={value!r}: {item!r} is not TEMPLATE-FLAVOR=COUNT; use e.g. python-small=1,node-small=0 "
+                              f"(templates: {', '.join(TEMPLATES)}; flavors: {', '.join(FLAVORS)})")
+        sizes[msb_kernel_name(template, flavor)] = int(count)
+    return {name: size for name, size in sizes.items() if size > 0}
+
+
+class KernelPool:
+    """Keeps `sizes[kernel_name]` started, idle kernels per kernelspec, refilled in the background."""
+
+    def __init__(self, manager: AsyncMultiKernelManager, sizes: dict[str, int], counts_as_sessions: bool = False):
+        self.manager = manager
+        self.sizes = dict(sizes)
+        self.counts_as_sessions = counts_as_sessions
+        self.ready: dict[str, list[AsyncKernelManager]] = {name: [] for name in self.sizes}
+        self.starting: dict[str, int] = {name: 0 for name in self.sizes}
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self.handed_out = 0
+        self.reserved: dict[str, AsyncKernelManager] = {}
+
+    # -- filling --------------------------------------------------------------------
+
+    def fill(self) -> None:
+        """Start whatever is missing, in the background."""
+        if self._closed:
+            return
+        for name, size in self.sizes.items():
+            for _ in range(size - len(self.ready[name]) - self.starting[name]):
+                self.starting[name] += 1
+                task = asyncio.ensure_future(self._start_one(name))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _start_one(self, kernel_name: str) -> None:
+        km = None
+        try:
+            km, _, kernel_id = self.manager.pre_start_kernel(kernel_name, {})
+            if not self.counts_as_sessions:
+                provisioner.pooled_kernel_ids.add(kernel_id)
+            await km.start_kernel(kernel_id=kernel_id, env=os.environ.copy())
+            client = km.client()
+            client.start_channels()
+            try:
+                await client.wait_for_ready(timeout=READY_TIMEOUT)
+            finally:
+                client.stop_channels()
+            if self._closed:
+                raise asyncio.CancelledError
+            self.ready[kernel_name].append(km)
+            log.info("warm pool: %s kernel %s ready (%d waiting)", kernel_name, kernel_id, len(self.ready[kernel_name]))
+        except BaseException as exc:
+            if km is not None:
+                provisioner.pooled_kernel_ids.discard(km.kernel_id)
+                with contextlib.suppress(Exception):
+                    await km.shutdown_kernel(now=True)
+            if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)) and not self._closed:
+                log.warning("warm pool: could not start a %s kernel (%s); retrying in %.0f s", kernel_name, exc, RETRY_SECONDS)
+                self.starting[kernel_name] += 1
+                self._later(RETRY_SECONDS, kernel_name)
+        finally:
+            self.starting[kernel_name] -= 1
+
+    def _later(self, delay: float, kernel_name: str) -> None:
+        async def retry() -> None:
+            await asyncio.sleep(delay)
+            self.starting[kernel_name] -= 1
+            self.fill()
+
+        task = asyncio.ensure_future(retry())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- taking -------------------------------------------------------------------
+
+    def can_serve(self, kernel_name: str, kwargs: dict[str, Any]) -> bool:
+        """Whether a waiting kernel fits this start request (one started before it, with no special env)."""
+        if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
+            return False
+        env = kwargs.get("env") or {}
+        extra = {k for k, v in env.items() if os.environ.get(k) != v and k not in POOL_COMPATIBLE_ENV}
+        flavor = env.get("KERNEL_FLAVOR")
+        return not extra and not (flavor and not kernel_name.endswith("-" + flavor.strip().lower()))
+
+    def take(self, kernel_name: str, kwargs: dict[str, Any]) -> AsyncKernelManager | None:
+        """A ready kernel for this start request, or None when the request must start its own."""
+        if not self.can_serve(kernel_name, kwargs):
+            return None
+        waiting = self.ready[kernel_name]
+        while waiting:
+            km = waiting.pop(0)
+            provisioner.pooled_kernel_ids.discard(km.kernel_id)
+            if km.has_kernel and km.provisioner is not None and km.provisioner.sandbox is not None:
+                self.handed_out += 1
+                self.fill()
+                return km
+        self.fill()
+        return None
+
+    def reserve(self, kernel_name: str, kwargs: dict[str, Any]) -> str | None:
+        """Take a kernel for a start that is about to happen under its id (as jupyter_server starts them)."""
+        km = self.take(kernel_name, kwargs)
+        if km is None:
+            return None
+        self.reserved[km.kernel_id] = km
+        return km.kernel_id
+
+    async def release(self, kernel_id: str) -> None:
+        """A reserved kernel whose start failed: stop it."""
+        km = self.reserved.pop(kernel_id, None)
+        if km is not None:
+            await km.shutdown_kernel(now=True)
+
+    def waiting(self) -> int:
+        return sum(len(kernels) for kernels in self.ready.values())
+
+    def waiting_flavors(self) -> list[Flavor]:
+        """The flavors of the waiting kernels, for limits that count them (MSB_POOL_COUNTS_AS_SESSIONS)."""
+        return [FLAVORS[name.rsplit("-", 1)[1]] for name, kernels in self.ready.items() for _ in kernels]
+
+    def kernel_ids(self) -> set[str]:
+        return {km.kernel_id for kernels in self.ready.values() for km in kernels}
+
+    def stats(self) -> dict:
+        return {"sizes": self.sizes, "waiting": {name: len(k) for name, k in self.ready.items()},
+                "starting": dict(self.starting), "handed_out": self.handed_out, "counts_as_sessions": self.counts_as_sessions}
+
+    # -- stopping -------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop every pooled kernel and any start under way."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        kernels = [km for waiting in self.ready.values() for km in waiting] + list(self.reserved.values())
+        for waiting in self.ready.values():
+            waiting.clear()
+        self.reserved.clear()
+        for km in kernels:
+            provisioner.pooled_kernel_ids.discard(km.kernel_id)
+        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in kernels), return_exceptions=True)
+
+
+async def start_from_pool(manager: AsyncMultiKernelManager, pool: KernelPool | None, kernel_name: str | None,
+                          kwargs: dict[str, Any], start: Callable) -> str:
+    """AsyncMultiKernelManager._async_start_kernel, served from the pool when it can be."""
+    name = kernel_name or manager.default_kernel_name
+    km = None
+    if pool is not None:
+        km = pool.reserved.pop(kwargs.get("kernel_id"), None) or pool.take(name, kwargs)
+    if km is None:
+        return await start(manager, kernel_name=kernel_name, **kwargs)
+    manager._kernels[km.kernel_id] = km
+    return km.kernel_id
+
+
+class PooledMultiKernelManager(AsyncMultiKernelManager):
+    """An AsyncMultiKernelManager that serves starts from a warm pool (for msb-mcp standalone)."""
+
+    pool: KernelPool | None = None
+
+    async def _async_start_kernel(self, *, kernel_name: str | None = None, **kwargs: Any) -> str:
+        return await start_from_pool(self, self.pool, kernel_name, kwargs, AsyncMultiKernelManager._async_start_kernel)
+
+    start_kernel = _async_start_kernel  # type: ignore[assignment]
+
+    async def _async_shutdown_all(self, now: bool = False) -> None:
+        if self.pool is not None:
+            await self.pool.shutdown()
+        await super()._async_shutdown_all(now=now)
+
+    shutdown_all = _async_shutdown_all  # type: ignore[assignment]

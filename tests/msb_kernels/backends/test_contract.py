@@ -1,0 +1,187 @@
+"""The contract every sandbox backend keeps: the kernel protocol and isolation, per backend.
+
+Each test runs once per backend (MSB_BACKEND=namespace, MSB_BACKEND=microsandbox).
+A backend that cannot run on this host is skipped with its reason, which for the
+microVM backend is `msb doctor`'s (for example "CPU virtualization is not
+available"), so `pytest -ra` prints why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from msb_kernels.backends import backend_classes
+from tests.conftest import REPO, KernelFactory
+from tests.kernel_helpers import execute
+
+pytestmark = pytest.mark.asyncio
+
+BACKENDS = ["namespace", "microsandbox"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request):
+    """MSB_BACKEND=<param> for the tests that use it, or a skip that says why the backend cannot run here."""
+    classes = backend_classes()
+    if request.param not in classes:
+        pytest.skip(f"{request.param} backend is not installed")
+    availability = classes[request.param].availability()
+    if not availability.ok:
+        pytest.skip(f"{request.param} backend cannot run on this host: {availability.reason}")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MSB_BACKEND", request.param)
+    yield request.param
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+async def contract_kernel(backend):
+    factory = KernelFactory()
+    yield await factory(env={"MSB_BACKEND": backend})
+    await factory.close()
+
+
+@pytest.fixture
+async def fresh_kernel(backend, start_kernel):
+    return await start_kernel(env={"MSB_BACKEND": backend})
+
+
+async def test_the_kernel_runs_in_the_requested_backend(contract_kernel, backend):
+    km, kc = contract_kernel
+    assert km.provisioner.backend.name == backend
+    assert km.transport == km.provisioner.backend.transport
+    assert (await execute(kc, "import os; os.environ['MSB_SANDBOX']")).value == backend
+
+
+async def test_execute_keeps_state_and_streams_output(contract_kernel):
+    _, kc = contract_kernel
+    await execute(kc, "counter = 41")
+    code = "import sys, time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.4)\nprint('oops', file=sys.stderr)\ncounter + 1"
+    result = await execute(kc, code)
+    assert result.status == "ok"
+    assert result.stdout == "line 0\nline 1\nline 2\n" and result.stderr == "oops\n"
+    assert result.result == "42"
+    streams = [t for m, t in zip(result.messages, result.arrival) if m["msg_type"] == "stream"]
+    assert streams[-1] - streams[0] > 0.6, "stdout arrived in one burst instead of as it was printed"
+
+
+async def test_display_png(contract_kernel):
+    _, kc = contract_kernel
+    result = await execute(kc, "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    assert result.status == "ok", result.error
+    images = [m["content"]["data"]["image/png"] for m in result.of_type("display_data") if "image/png" in m["content"]["data"]]
+    assert images and base64.b64decode(images[0]).startswith(b"\x89PNG")
+
+
+async def test_host_home_and_checkout_are_invisible(contract_kernel):
+    _, kc = contract_kernel
+    secret = Path.home() / f"msb-secret-{uuid.uuid4().hex}"
+    secret.write_text("host secret")
+    try:
+        code = (
+            "def probe(path):\n"
+            "    try:\n"
+            "        return open(path).read()\n"
+            "    except OSError as exc:\n"
+            "        return type(exc).__name__\n"
+            f"[probe({str(secret)!r}), probe({str(REPO / 'pyproject.toml')!r})]"
+        )
+        assert (await execute(kc, code)).value == ["FileNotFoundError"] * 2
+    finally:
+        secret.unlink()
+
+
+async def test_network_is_blocked(contract_kernel):
+    _, kc = contract_kernel
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted: list = []
+    stop = threading.Event()
+
+    def accept_loop():
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept_loop, daemon=True)
+    thread.start()
+    try:
+        host_address = socket.gethostbyname(socket.gethostname())
+        code = (
+            "import socket\n"
+            "def attempt(host, port):\n"
+            "    try:\n"
+            "        socket.create_connection((host, port), timeout=3).close()\n"
+            "        return 'connected'\n"
+            "    except OSError as exc:\n"
+            "        return type(exc).__name__\n"
+            f"[attempt('127.0.0.1', {port}), attempt({host_address!r}, {port}), attempt('1.1.1.1', 53), attempt('8.8.8.8', 443)]"
+        )
+        outcomes = (await execute(kc, code)).value
+        assert all(outcome != "connected" for outcome in outcomes), outcomes
+        await asyncio.sleep(0.3)
+        assert accepted == [], "the sandbox reached a port open on the host"
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+async def test_interrupt_stops_a_busy_loop_and_keeps_state(fresh_kernel):
+    km, kc = fresh_kernel
+    await execute(kc, "kept = 'still here'")
+    msg_id = kc.execute("while True: pass")
+    await asyncio.sleep(1.0)
+    await km.interrupt_kernel()
+    reply = await kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert (await execute(kc, "kept")).result == "'still here'"
+
+
+async def test_restart_forgets_state_in_a_fresh_sandbox(fresh_kernel):
+    km, kc = fresh_kernel
+    await execute(kc, "x = 1")
+    first_sandbox = km.provisioner.sandbox
+    await km.restart_kernel()
+    await kc.wait_for_ready(timeout=120)
+    assert km.provisioner.sandbox is not first_sandbox
+    result = await execute(kc, "x")
+    assert result.status == "error" and result.error["ename"] == "NameError"
+    assert (await execute(kc, "40 + 2")).result == "42"
+
+
+async def test_curve_encryption_over_tcp_or_when_asked(backend, start_kernel):
+    """tcp backends turn CurveZMQ on by themselves; any backend does under transport_encryption='auto'.
+    A client without the keys then gets no answer: the channels really are encrypted."""
+    from msb_kernels.backends import get_backend
+    from msb_kernels.config import load_settings
+
+    if not await get_backend(load_settings()).supports_curve("python"):
+        pytest.skip(f"the {backend} backend's python kernel does not speak CurveZMQ (an offline Debian image has "
+                    "ipykernel 6.17; `msb-kernels image build python --online` installs one that does)")
+    km, kc = await start_kernel(env={"MSB_BACKEND": backend}, transport_encryption="auto")
+    assert km.curve_publickey is not None and km.curve_secretkey is not None
+    guest_file = json.loads((km.provisioner.io_dir / "connection.json").read_text())
+    assert guest_file["curve_publickey"] == km.curve_publickey.decode()
+    assert (await execute(kc, "6 * 7")).result == "42"
+    plain = km.client(curve_publickey=None, curve_secretkey=None)
+    plain.start_channels()
+    try:
+        with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+            await plain.kernel_info(reply=True, timeout=3)
+    finally:
+        plain.stop_channels()

@@ -1,0 +1,93 @@
+"""The warm pool, with real sandboxed kernels behind a real AsyncMultiKernelManager."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from msb_kernels import provisioner
+from msb_kernels.errors import ConfigError
+from msb_kernels.pool import KernelPool, PooledMultiKernelManager, parse_pool_sizes
+from tests.kernel_helpers import execute
+
+
+
+async def wait_for(predicate, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_pool_sizes_parse_and_reject_bad_values():
+    assert parse_pool_sizes("python-small=1,node-medium=2,python-large=0") == {"msb-python-small": 1, "msb-node-medium": 2}
+    assert parse_pool_sizes("3") == {"msb-python-small": 3}
+    assert parse_pool_sizes("") == {}
+    with pytest.raises(ConfigError, match="'python-huge=1' is not TEMPLATE-FLAVOR=COUNT"):
+        parse_pool_sizes("python-huge=1")
+
+
+@pytest.fixture
+async def pooled_manager():
+    manager = PooledMultiKernelManager()
+    manager.pool = KernelPool(manager, {"msb-python-small": 1})
+    manager.pool.fill()
+    yield manager
+    await manager.shutdown_all(now=True)
+
+
+async def test_a_new_session_gets_a_running_pooled_kernel_with_no_past(pooled_manager, monkeypatch):
+    pool = pooled_manager.pool
+    await wait_for(lambda: pool.waiting() == 1)
+    (pooled_id,) = pool.kernel_ids()
+    monkeypatch.setenv("MSB_MAX_SESSIONS", "1")  # the waiting kernel is nobody's session: it does not count
+
+    kernel_id = await pooled_manager.start_kernel(kernel_name="msb-python-small")
+    assert kernel_id == pooled_id and kernel_id in pooled_manager.list_kernel_ids()
+    kc = pooled_manager.get_kernel(kernel_id).client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=30)
+    fresh = await execute(kc, "[len(In), len(Out), sorted(k for k in globals() if not k.startswith('_') and k not in ('In', 'Out', 'get_ipython', 'exit', 'quit', 'open'))]")
+    assert fresh.value == [2, 0, []]
+    await execute(kc, "secret = 'session one'")
+    kc.stop_channels()
+
+    await wait_for(lambda: pool.waiting() == 1)  # refilled in the background, at MSB_MAX_SESSIONS
+    (refill_id,) = pool.kernel_ids()
+    assert refill_id != kernel_id
+    monkeypatch.setenv("MSB_MAX_SESSIONS", "2")
+    second = await pooled_manager.start_kernel(kernel_name="msb-python-small")
+    assert second == refill_id != kernel_id
+    kc2 = pooled_manager.get_kernel(second).client()
+    kc2.start_channels()
+    await kc2.wait_for_ready(timeout=30)
+    assert (await execute(kc2, "'secret' in globals()")).result == "False"
+    kc2.stop_channels()
+
+
+async def test_requests_the_pool_cannot_serve_start_their_own_kernel(pooled_manager):
+    pool = pooled_manager.pool
+    await wait_for(lambda: pool.waiting() == 1)
+    (pooled_id,) = pool.kernel_ids()
+    medium = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, "KERNEL_FLAVOR": "medium"})
+    assert medium != pooled_id
+    assert pooled_manager.get_kernel(medium).provisioner.flavor_spec.name == "medium"
+    custom = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, "KERNEL_USERNAME": "alice"})
+    assert custom != pooled_id
+    assert pool.kernel_ids() == {pooled_id}
+
+
+async def test_shutdown_stops_pooled_kernels_too():
+    manager = PooledMultiKernelManager()
+    manager.pool = KernelPool(manager, {"msb-python-small": 1})
+    manager.pool.fill()
+    await wait_for(lambda: manager.pool.waiting() == 1)
+    (pooled,) = manager.pool.ready["msb-python-small"]
+    sandbox = pooled.provisioner.sandbox
+    await manager.shutdown_all(now=True)
+    assert await sandbox.poll() is not None
+    assert not sandbox.state_dir.exists()
+    assert pooled.kernel_id not in provisioner.live_sandboxes and pooled.kernel_id not in provisioner.pooled_kernel_ids
