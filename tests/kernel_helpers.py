@@ -90,3 +90,77 @@ async def execute(kc: AsyncKernelClient, code: str, timeout: float = 60, stdin_a
         if reply["parent_header"].get("msg_id") == msg_id:
             execution.reply = reply
             return execution
+
+
+async def open_outcomes(kc: AsyncKernelClient, paths: list[str]) -> list[str]:
+    """Try to read each path inside the kernel: its content, or the name of the error."""
+    code = (
+        "def _msb_probe(path):\n"
+        "    try:\n"
+        "        return open(path).read()\n"
+        "    except OSError as exc:\n"
+        "        return type(exc).__name__\n"
+        f"[_msb_probe(p) for p in {paths!r}]"
+    )
+    return (await execute(kc, code)).value
+
+
+async def connect_outcomes(kc: AsyncKernelClient, targets: list[tuple[str, int]], timeout: float = 3) -> list[str]:
+    """Try a TCP connection to each (host, port) from inside the kernel: 'connected' or the error's name."""
+    code = (
+        "import socket\n"
+        "def _msb_attempt(host, port):\n"
+        "    try:\n"
+        f"        socket.create_connection((host, port), timeout={timeout}).close()\n"
+        "        return 'connected'\n"
+        "    except OSError as exc:\n"
+        "        return type(exc).__name__\n"
+        f"[_msb_attempt(h, p) for h, p in {targets!r}]"
+    )
+    return (await execute(kc, code, timeout=60)).value
+
+
+class HostListener:
+    """A TCP port open on the host (every interface) that records whoever connects."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.server = socket.socket()
+        self.server.bind(("0.0.0.0", 0))
+        self.server.listen()
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.accepted: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.accepted.append(self.server.accept())
+            except OSError:
+                pass
+
+    def __enter__(self) -> HostListener:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.server.close()
+
+
+async def interrupt_busy_loop(km: Any, kc: AsyncKernelClient) -> dict:
+    """Start `while True: pass`, interrupt it once it runs, and return the execute reply."""
+    msg_id = kc.execute("print('looping', flush=True)\nwhile True: pass")
+    while True:  # interrupt only once the loop runs
+        message = await kc.get_iopub_msg(timeout=60)
+        if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
+            break
+    await km.interrupt_kernel()
+    reply = await kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    return reply

@@ -252,12 +252,6 @@ class JupyterWebsocket:
 @pytest.fixture(scope="module")
 def gateway():
     """`msb-kernels serve` in a subprocess (the gateway this bridge mounts into and attaches to)."""
-    try:
-        import jupyter_server  # noqa: F401
-
-        from msb_kernels.gateway import app  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"the gateway (msb-kernels serve) is not available: {exc}")
     port = free_port()
     token_file = Path(os.environ["MSB_RUNTIME_DIR"]).parent / f"gateway-token-{port}"
     token_file.write_text(TOKEN)

@@ -1,9 +1,11 @@
-"""The standard kernel protocol, spoken to a real kernel in a real namespace sandbox."""
+"""The standard kernel protocol, spoken to a real kernel in a real sandbox.
+
+Execute with streamed output, display_data, interrupt and restart are in
+backends/test_contract.py, which runs them for every backend.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import os
 import uuid
 
@@ -14,28 +16,6 @@ from msb_kernels.provisioner import live_sandboxes
 from tests.kernel_helpers import execute
 
 pytestmark = pytest.mark.asyncio
-
-
-async def test_execute_keeps_state_and_streams_output_as_it_comes(shared_kernel):
-    _, kc = shared_kernel
-    await execute(kc, "counter = 41")
-    code = "import sys, time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.4)\nprint('oops', file=sys.stderr)\ncounter + 1"
-    result = await execute(kc, code)
-    assert result.status == "ok"
-    assert result.stdout == "line 0\nline 1\nline 2\n"
-    assert result.stderr == "oops\n"
-    assert result.result == "42"
-    streams = [t for m, t in zip(result.messages, result.arrival) if m["msg_type"] == "stream"]
-    assert streams[-1] - streams[0] > 0.6, "stdout arrived in one burst instead of as it was printed"
-
-
-async def test_matplotlib_png_arrives_as_display_data(shared_kernel):
-    _, kc = shared_kernel
-    code = "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"
-    result = await execute(kc, code)
-    assert result.status == "ok", result.error
-    images = [m["content"]["data"]["image/png"] for m in result.of_type("display_data") if "image/png" in m["content"]["data"]]
-    assert images and base64.b64decode(images[0]).startswith(b"\x89PNG")
 
 
 async def test_errors_come_with_tracebacks(shared_kernel):
@@ -86,34 +66,6 @@ async def test_input_is_answered_over_stdin(shared_kernel):
     result = await execute(kc, "name = input('who? ')\nprint('hello', name)", stdin_answer="sandbox user")
     assert any(m["msg_type"] == "input_request" and m["content"]["prompt"] == "who? " for m in result.messages)
     assert "hello sandbox user" in result.stdout
-
-
-async def test_interrupt_stops_a_busy_loop_and_keeps_state(start_kernel):
-    km, kc = await start_kernel()
-    await execute(kc, "kept = 'still here'")
-    msg_id = kc.execute("print('looping', flush=True)\nwhile True: pass")
-    while True:  # interrupt only once the loop runs
-        message = await kc.get_iopub_msg(timeout=30)
-        if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
-            break
-    await km.interrupt_kernel()
-    reply = await kc.get_shell_msg(timeout=30)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    assert (await execute(kc, "kept")).result == "'still here'"
-
-
-async def test_restart_forgets_state_and_keeps_the_kernel_alive(start_kernel):
-    km, kc = await start_kernel()
-    await execute(kc, "x = 1")
-    first_sandbox = km.provisioner.sandbox
-    await km.restart_kernel()
-    await kc.wait_for_ready(timeout=60)
-    assert await km.is_alive()
-    assert km.provisioner.sandbox is not first_sandbox, "a restart must start a fresh sandbox"
-    result = await execute(kc, "x")
-    assert result.status == "error" and result.error["ename"] == "NameError"
-    assert (await execute(kc, "40 + 2")).result == "42"
 
 
 async def test_shutdown_removes_the_sandbox(start_kernel, runtime_root):

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import json
 import socket
-import threading
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from msb_kernels.backends import backend_classes
 from tests.conftest import REPO, KernelFactory
-from tests.kernel_helpers import execute
+from tests.kernel_helpers import HostListener, connect_outcomes, execute, interrupt_busy_loop, open_outcomes
 
 pytestmark = pytest.mark.asyncio
 
@@ -86,68 +85,28 @@ async def test_host_home_and_checkout_are_invisible(contract_kernel):
     secret = Path.home() / f"msb-secret-{uuid.uuid4().hex}"
     secret.write_text("host secret")
     try:
-        code = (
-            "def probe(path):\n"
-            "    try:\n"
-            "        return open(path).read()\n"
-            "    except OSError as exc:\n"
-            "        return type(exc).__name__\n"
-            f"[probe({str(secret)!r}), probe({str(REPO / 'pyproject.toml')!r})]"
-        )
-        assert (await execute(kc, code)).value == ["FileNotFoundError"] * 2
+        paths = [str(secret), str(REPO / "README.md"), str(REPO / "pyproject.toml"), "/etc/shadow"]
+        assert await open_outcomes(kc, paths) == ["FileNotFoundError"] * 4
     finally:
         secret.unlink()
 
 
 async def test_network_is_blocked(contract_kernel):
+    """No route anywhere: not the host's loopback (the gateway listens there), its other addresses, or the internet."""
     _, kc = contract_kernel
-    server = socket.socket()
-    server.bind(("0.0.0.0", 0))
-    server.listen()
-    server.settimeout(0.2)
-    port = server.getsockname()[1]
-    accepted: list = []
-    stop = threading.Event()
-
-    def accept_loop():
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=accept_loop, daemon=True)
-    thread.start()
-    try:
+    with HostListener() as listener:
         host_address = socket.gethostbyname(socket.gethostname())
-        code = (
-            "import socket\n"
-            "def attempt(host, port):\n"
-            "    try:\n"
-            "        socket.create_connection((host, port), timeout=3).close()\n"
-            "        return 'connected'\n"
-            "    except OSError as exc:\n"
-            "        return type(exc).__name__\n"
-            f"[attempt('127.0.0.1', {port}), attempt({host_address!r}, {port}), attempt('1.1.1.1', 53), attempt('8.8.8.8', 443)]"
-        )
-        outcomes = (await execute(kc, code)).value
+        targets = [("127.0.0.1", listener.port), (host_address, listener.port), ("1.1.1.1", 53), ("8.8.8.8", 443)]
+        outcomes = await connect_outcomes(kc, targets)
         assert all(outcome != "connected" for outcome in outcomes), outcomes
         await asyncio.sleep(0.3)
-        assert accepted == [], "the sandbox reached a port open on the host"
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
+        assert listener.accepted == [], "the sandbox reached a port open on the host"
 
 
 async def test_interrupt_stops_a_busy_loop_and_keeps_state(fresh_kernel):
     km, kc = fresh_kernel
     await execute(kc, "kept = 'still here'")
-    msg_id = kc.execute("while True: pass")
-    await asyncio.sleep(1.0)
-    await km.interrupt_kernel()
-    reply = await kc.get_shell_msg(timeout=30)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = await interrupt_busy_loop(km, kc)
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     assert (await execute(kc, "kept")).result == "'still here'"
 
