@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from msb_kernels.backends.base import SANDBOX_LABEL, Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
-from msb_kernels.backends.namespace import process_alive, process_start_time
+from msb_kernels.backends.processes import owner_alive, process_start_time
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.ports import PortManager
@@ -544,22 +544,6 @@ class MicrosandboxBackend(SandboxBackend):
         if swept:
             log.info("swept %d orphaned microVM sandbox(es): %s", len(swept), ", ".join(swept))
         return swept
-
-
-def owner_alive(pid: int | None, start: int | None) -> bool:
-    """Whether the process that started a sandbox still runs: pid and start tick where /proc has them
-    (a reused pid does not count), the pid alone where it does not (macOS)."""
-    if pid is None:
-        return False
-    if start is not None or os.path.isdir("/proc/self"):
-        return process_alive(pid, start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _record_from_handle(handle: Any, backend: str) -> SandboxRecord:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from msb_kernels.backends import cgroups
 from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.processes import process_alive, process_start_time
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 
@@ -48,19 +49,6 @@ if os.geteuid() != 0:
 if libc.unshare(flags) != 0:
     sys.exit(os.strerror(ctypes.get_errno()))
 """
-
-
-def process_start_time(pid: int) -> int | None:
-    """The kernel's start tick for pid: with the pid, it names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_alive(pid: int | None, start_time: int | None) -> bool:
-    return pid is not None and start_time is not None and process_start_time(pid) == start_time
 
 
 def python_readonly_paths(executable: str = sys.executable) -> list[str]:

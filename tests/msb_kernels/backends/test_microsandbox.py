@@ -44,7 +44,7 @@ from msb_kernels.backends.microsandbox import (  # noqa: E402
     run_doctor,
     sandbox_name,
 )
-from msb_kernels.backends.namespace import process_start_time  # noqa: E402
+from msb_kernels.backends.processes import process_start_time  # noqa: E402
 
 CPU_VIRT = any(flag in open("/proc/cpuinfo").read().split() for flag in ("vmx", "svm"))
 MSB = backend_module.msb_binary()
