@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(serve(args))
     except MsbError as exc:
-        print(f"msb-mcp: {exc.message}", file=sys.stderr)
-        for suggestion in exc.suggestions:
-            print(f"  - {suggestion}", file=sys.stderr)
+        print(exc.report("msb-mcp"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -143,9 +143,24 @@ class KernelSessions(abc.ABC):
 
     def __init__(self) -> None:
         self.last_accessed: dict[str, float] = {}
+        self.started: set[str] = set()  # the kernels this bridge started (and stops on close)
+        self.first_seen: dict[str, float] = {}
 
     def touch(self, session_id: str) -> None:
         self.last_accessed[session_id] = time.time()
+
+    async def _connect_new(self, session_id: str) -> str:
+        """Record a kernel this bridge just started and connect to it; stop it if that fails."""
+        self.started.add(session_id)
+        self.first_seen[session_id] = time.time()
+        self.touch(session_id)
+        try:
+            await self.connection(session_id)
+        except MsbError:
+            with contextlib.suppress(Exception):
+                await self.stop(session_id)
+            raise
+        return session_id
 
     @abc.abstractmethod
     async def create(self, template: Template, flavor: Flavor) -> str:
@@ -298,8 +313,6 @@ class ManagedKernelSessions(KernelSessions):
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self.start_timeout = start_timeout
-        self.started: set[str] = set()
-        self.first_seen: dict[str, float] = {}
         self.connections: dict[str, ManagedConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
 
@@ -320,16 +333,7 @@ class ManagedKernelSessions(KernelSessions):
             raise
         except Exception as exc:
             raise SandboxError(f"could not start a {template.name} kernel ({flavor.name}): {exc}") from None
-        self.started.add(session_id)
-        self.first_seen[session_id] = time.time()
-        self.touch(session_id)
-        try:
-            await self.connection(session_id)
-        except MsbError:
-            with contextlib.suppress(Exception):
-                await self.stop(session_id)
-            raise
-        return session_id
+        return await self._connect_new(session_id)
 
     async def _notebook_paths(self) -> dict[str, str]:
         if self.session_manager is None:
@@ -544,8 +548,6 @@ class GatewayKernelSessions(KernelSessions):
         self.token = token
         self.start_timeout = start_timeout
         self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers(), timeout=httpx.Timeout(start_timeout + 30))
-        self.started: set[str] = set()
-        self.first_seen: dict[str, float] = {}
         self.connections: dict[str, GatewayConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
 
@@ -600,16 +602,7 @@ class GatewayKernelSessions(KernelSessions):
                 raise InvalidRequest(f"the gateway cannot start {name}: {message}")
             raise SandboxError(f"the gateway could not start {name}: {message}")
         session_id = response.json()["id"]
-        self.started.add(session_id)
-        self.first_seen[session_id] = time.time()
-        self.touch(session_id)
-        try:
-            await self.connection(session_id)
-        except MsbError:
-            with contextlib.suppress(Exception):
-                await self.stop(session_id)
-            raise
-        return session_id
+        return await self._connect_new(session_id)
 
     def _describe(self, model: dict, paths: dict[str, str], stats: dict[str, dict]) -> SessionInfo:
         session_id = model["id"]

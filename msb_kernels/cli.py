@@ -199,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except MsbError as exc:
-        print(f"msb-kernels: error: {exc.message}", file=sys.stderr)
-        for suggestion in exc.suggestions:
-            print(f"  try: {suggestion}", file=sys.stderr)
+        print(exc.report("msb-kernels"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

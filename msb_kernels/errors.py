@@ -25,6 +25,10 @@ class MsbError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def report(self, program: str) -> str:
+        """The error as a command prints it: the message, then what to try."""
+        return "\n".join([f"{program}: error: {self.message}", *(f"  try: {s}" for s in self.suggestions)])
+
 
 class ConfigError(MsbError):
     """A setting has a bad value; raised at start, before anything runs."""
