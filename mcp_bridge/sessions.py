@@ -201,6 +201,36 @@ def not_found(session_id: str) -> SessionNotFound:
 # -- in-process kernels (jupyter_client) -------------------------------------------------------
 
 
+async def wait_until_connected(kc: Any, timeout: float, is_alive: Callable) -> None:
+    """Send kernel_info until its reply arrives on shell and a status message on iopub.
+
+    jupyter_client's wait_for_ready also checks iopub, but gives it 0.2 s after each reply, and a
+    just-made SUB socket usually misses the first status: a warm (pooled) kernel then takes 200 ms
+    to "connect". A short, growing interval finds both channels working within a few ms.
+    """
+    deadline = time.monotonic() + timeout
+    replied = subscribed = False
+    interval = 0.01
+    while not (replied and subscribed):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the kernel did not answer within {timeout:.0f} s")
+        if not await is_alive():
+            raise RuntimeError("the kernel died before it answered")
+        kc.kernel_info()
+        until = time.monotonic() + interval
+        while not (replied and subscribed) and (remaining := until - time.monotonic()) > 0:
+            get = kc.get_iopub_msg if replied else kc.get_shell_msg
+            try:
+                message = await get(timeout=remaining)
+            except (queue.Empty, asyncio.TimeoutError, TimeoutError):
+                break
+            if replied:
+                subscribed = True
+            else:
+                replied = message["msg_type"] == "kernel_info_reply"
+        interval = min(interval * 2, 0.5)
+
+
 class ManagedConnection(KernelConnection):
     """A jupyter_client kernel client on a kernel of a local kernel manager."""
 
@@ -219,7 +249,7 @@ class ManagedConnection(KernelConnection):
     async def open(self, timeout: float) -> None:
         self.kc.start_channels()
         try:
-            await self.kc.wait_for_ready(timeout=timeout)
+            await wait_until_connected(self.kc, timeout, self.km.is_alive)
         except Exception:
             self.kc.stop_channels()
             raise

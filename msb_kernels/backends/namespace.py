@@ -81,10 +81,16 @@ class NamespaceSandbox(Sandbox):
     def _exited(self) -> bool:
         if self.exit_code is not None:
             return True
-        if self.pidfd < 0 or select.select([self.pidfd], [], [], 0)[0]:
+        if self.pidfd < 0 or self._pidfd_readable():
             self.exit_code = self._read_exit_code()
             return True
         return False
+
+    def _pidfd_readable(self) -> bool:
+        """poll(), not select(): a process holding many kernels has descriptors past select's 1024."""
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def _read_exit_code(self) -> int:
         try:

@@ -82,7 +82,9 @@ wake_r, wake_w = os.pipe()
 os.set_blocking(wake_w, False)
 signal.set_wakeup_fd(wake_w)
 signal.signal(signal.SIGCHLD, lambda *a: None)
-watched = [wake_r] + ([lifeline] if lifeline >= 0 else [])
+poller = select.poll()  # not select(): the lifeline may be numbered past 1024
+for fd in [wake_r] + ([lifeline] if lifeline >= 0 else []):
+    poller.register(fd, select.POLLIN)
 while True:
     while True:
         try:
@@ -99,7 +101,7 @@ while True:
             except OSError:
                 pass
             os._exit(code if code >= 0 else 128 - code)
-    ready = select.select(watched, [], [])[0]
+    ready = [fd for fd, _ in poller.poll()]
     if wake_r in ready:
         os.read(wake_r, 512)
     if lifeline in ready and not os.read(lifeline, 64):

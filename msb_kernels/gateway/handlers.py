@@ -18,7 +18,8 @@ import jupyter_server
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.auth.identity import IdentityProvider
 from jupyter_server.base.handlers import APIHandler, APIVersionHandler, Template404
-from jupyter_server.services.kernels.handlers import MainKernelHandler
+from jupyter_server.services.kernels.handlers import MainKernelHandler, _kernel_id_regex
+from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.services.sessions.handlers import SessionRootHandler
 from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
@@ -121,6 +122,15 @@ def use_json_not_found(web_app: web.Application) -> None:
             rule.target = JsonNotFoundHandler
 
 
+class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):
+    """Kernel channels with TCP_NODELAY: a reply is several small frames, and with Nagle's algorithm
+    each one after the first waits for the client's delayed ACK (about 40 ms per execute)."""
+
+    async def open(self, kernel_id: str) -> None:  # type: ignore[override]
+        self.set_nodelay(True)
+        await super().open(kernel_id)
+
+
 def gateway_handlers() -> list[tuple[str, type]]:
     """(pattern, handler) pairs, before base_url is added; they take precedence over jupyter_server's own."""
     return [
@@ -129,4 +139,5 @@ def gateway_handlers() -> list[tuple[str, type]]:
         (r"/api/msb/stats", StatsHandler),
         (r"/api/kernels", MsbMainKernelHandler),
         (r"/api/sessions", MsbSessionRootHandler),
+        (rf"/api/kernels/{_kernel_id_regex}/channels", NoDelayKernelWebsocketHandler),
     ]

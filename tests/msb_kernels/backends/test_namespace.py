@@ -284,3 +284,25 @@ async def test_no_namespaces_can_be_made_inside_the_sandbox(shared_kernel):
     )
     outcomes = (await execute(kc, code)).value
     assert "created" not in outcomes.values(), outcomes
+
+
+async def test_a_process_with_many_open_files_still_manages_its_kernels(start_kernel):
+    """Descriptors past 1024 (a gateway holding ~40 kernels with clients has them) must not break polling."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-file limit ({hard}) is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    padding = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        km, kc = await start_kernel()
+        assert km.provisioner.sandbox.pidfd >= 1024
+        assert await km.is_alive()
+        assert (await execute(kc, "6 * 7")).result == "42"
+        await km.shutdown_kernel()
+        assert not await km.is_alive()
+    finally:
+        for fd in padding:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -1,0 +1,42 @@
+"""The benchmark harness runs end to end in --quick mode with tiny counts (structure only, no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+TINY = ["--quick", "--starts", "1", "--new-sessions", "1", "--executes", "3", "--stdout-samples", "2", "--parallel", "2",
+        "--throughput-seconds", "0.3", "--capacity", "2", "--levels", "1", "2", "--growth-starts", "1",
+        "--growth-executes", "2", "--batch", "2"]
+
+
+def test_quick_run_writes_json_table_and_chart(tmp_path):
+    out = tmp_path / "results"
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *TINY, "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "bench.json").read_text())
+    assert results["mode"] == "quick" and results["baseline"] == "python3"
+    figures = results["figures"]
+    assert set(figures) == {"cold_start", "mcp_new_session", "execute_direct", "first_stdout", "execute_websocket",
+                            "execute_mcp", "throughput", "idle_memory", "capacity", "cost_growth"}
+    backends = figures["cold_start"]["backends"]
+    assert backends["namespace"]["available"] and backends["namespace"]["start"]["n"] == 1
+    assert backends["microsandbox"]["available"] or backends["microsandbox"]["result"].startswith("unavailable: ")
+    for key in ("pool", "no_pool"):
+        assert figures["mcp_new_session"][key]["n"] == 1
+    assert figures["mcp_new_session"]["pool"]["handed_out_by_pool"] == 1
+    for section, keys in (("execute_direct", ("msb", "bare")), ("first_stdout", ("msb", "bare")),
+                          ("execute_websocket", ("msb", "bare_ws", "bare")), ("execute_mcp", ("memory", "http", "bare"))):
+        for key in keys:
+            assert {"n", "p50_ms", "p95_ms"} <= set(figures[section][key]), (section, key)
+    assert figures["throughput"]["msb"]["executions"] > 0 and figures["throughput"]["bare"]["executions"] > 0
+    assert figures["idle_memory"]["msb"]["rss_mib_median"] > 0 and figures["idle_memory"]["bare"]["rss_mib_median"] > 0
+    assert figures["capacity"]["answering"] == 2 and figures["capacity"]["failure"] is None
+    assert set(figures["cost_growth"]["msb"]) == {"1", "2"} == set(figures["cost_growth"]["bare"])
+    assert len(results["targets"]) == 7 and all({"target", "measured", "met"} <= set(t) for t in results["targets"])
+    assert (out / "bench.md").read_text().startswith("| figure |")
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
