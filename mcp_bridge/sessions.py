@@ -145,9 +145,15 @@ class KernelSessions(abc.ABC):
         self.last_accessed: dict[str, float] = {}
         self.started: set[str] = set()  # the kernels this bridge started (and stops on close)
         self.first_seen: dict[str, float] = {}
+        self.connections: dict[str, KernelConnection] = {}
 
     def touch(self, session_id: str) -> None:
         self.last_accessed[session_id] = time.time()
+
+    async def _drop_connection(self, session_id: str) -> None:
+        connection = self.connections.pop(session_id, None)
+        if connection is not None:
+            await connection.close()
 
     async def _connect_new(self, session_id: str) -> str:
         """Record a kernel this bridge just started and connect to it; stop it if that fails."""
@@ -431,11 +437,6 @@ class ManagedKernelSessions(KernelSessions):
             self.connections[session_id] = connection
             return connection
 
-    async def _drop_connection(self, session_id: str) -> None:
-        connection = self.connections.pop(session_id, None)
-        if connection is not None:
-            await connection.close()
-
     async def stop(self, session_id: str) -> None:
         self._km(session_id)
         await self._drop_connection(session_id)
@@ -690,11 +691,6 @@ class GatewayKernelSessions(KernelSessions):
             await connection.open(self.start_timeout)
             self.connections[session_id] = connection
             return connection
-
-    async def _drop_connection(self, session_id: str) -> None:
-        connection = self.connections.pop(session_id, None)
-        if connection is not None:
-            await connection.close()
 
     async def _post(self, session_id: str, action: str) -> None:
         await self.kernel_model(session_id)
