@@ -692,22 +692,22 @@ class GatewayKernelSessions(KernelSessions):
             self.connections[session_id] = connection
             return connection
 
-    async def _post(self, session_id: str, action: str) -> None:
-        await self.kernel_model(session_id)
-        response = await self._request("POST", f"/api/kernels/{session_id}/{action}")
+    async def _kernel_call(self, method: str, session_id: str, action: str, path: str = "") -> None:
+        """One call on /api/kernels/<id><path>; a 404 is SessionNotFound, other failures SystemError."""
+        response = await self._request(method, f"/api/kernels/{session_id}{path}")
         if response.status_code == 404:
             raise not_found(session_id)
         if response.status_code >= 400:
             raise SandboxError(f"the gateway could not {action} session {session_id}: {self._message(response)}")
 
+    async def _post(self, session_id: str, action: str) -> None:
+        await self.kernel_model(session_id)
+        await self._kernel_call("POST", session_id, action, f"/{action}")
+
     async def stop(self, session_id: str) -> None:
         await self.kernel_model(session_id)
         await self._drop_connection(session_id)
-        response = await self._request("DELETE", f"/api/kernels/{session_id}")
-        if response.status_code == 404:
-            raise not_found(session_id)
-        if response.status_code >= 400:
-            raise SandboxError(f"the gateway could not stop session {session_id}: {self._message(response)}")
+        await self._kernel_call("DELETE", session_id, "stop")
         self.started.discard(session_id)
         self.last_accessed.pop(session_id, None)
 

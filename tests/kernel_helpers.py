@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import re
 import time
 from dataclasses import dataclass, field
@@ -70,9 +69,7 @@ async def execute(kc: AsyncKernelClient, code: str, timeout: float = 60, stdin_a
                 kc.input(stdin_answer)
                 execution.messages.append(request)
                 stdin_answer = None
-            except asyncio.TimeoutError:
-                pass
-            except Exception:  # queue.Empty from the channel
+            except Exception:  # no input request yet (queue.Empty or a timeout)
                 pass
         try:
             message = await kc.get_iopub_msg(timeout=min(remaining, 0.2))
