@@ -93,11 +93,7 @@ async def shared_kernel() -> AsyncIterator[tuple[AsyncKernelManager, object]]:
     await factory.close()
 
 
-def sandbox_of(km: AsyncKernelManager):
-    return km.provisioner.sandbox
-
-
 def host_pids(km: AsyncKernelManager) -> set[int]:
     """Host pids of every process in the kernel's sandbox (from its cgroup)."""
-    sandbox = sandbox_of(km)
+    sandbox = km.provisioner.sandbox
     return sandbox.cgroup.pids() if sandbox.cgroup else {sandbox.init_pid}
