@@ -19,11 +19,12 @@ import signal
 import sys
 import time
 
+from mcp_bridge.gateway_sessions import GatewayKernelSessions
+from mcp_bridge.local_sessions import ManagedKernelSessions
+from mcp_bridge.options import BridgeOptions
+from mcp_bridge.sessions import KernelSessions
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import MsbError
-
-from mcp_bridge.options import BridgeOptions
-from mcp_bridge.sessions import GatewayKernelSessions, KernelSessions, ManagedKernelSessions
 
 log = logging.getLogger("mcp_bridge")
 
@@ -59,7 +60,8 @@ async def cull_idle(sessions: KernelSessions, bridge, timeout: int) -> None:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    from mcp_bridge.server import bridge_of, build_server
+    from mcp_bridge.server import build_server
+    from mcp_bridge.supervisor import bridge_of
 
     settings = load_settings()
     options = BridgeOptions.from_settings(settings)

@@ -1,8 +1,8 @@
 """One execute request on a kernel: its output (bounded), its outcome, its error class.
 
 An :class:`Execution` is fed the kernel's messages for its request (iopub and the
-shell reply) and turns them into the design's ExecutionResponse: stdout and stderr
-in order, rich results, status and an error from the design's classes.
+shell reply) and turns them into what the tools return (models.ExecutionResponse):
+stdout and stderr in order, rich results, status and an error from msb_kernels.errors.
 """
 
 from __future__ import annotations
@@ -22,18 +22,10 @@ from msb_kernels.errors import (
     SandboxError,
 )
 from msb_kernels.flavors import FLAVORS
+from msb_kernels.templates import ErrorKind, get_template, strip_ansi
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 KEPT_MIME_TYPES = ("text/plain", "text/html", "text/markdown", "text/latex", "image/png", "image/jpeg", "image/svg+xml", "application/json")
 MAX_RICH_OUTPUTS = 20
-# tslab reports compile diagnostics as "line:col - message" before anything runs.
-TS_DIAGNOSTIC = re.compile(r"^(?:\S+ )?\d+:\d+ - .+$", re.M)
-JS_ERROR_LINE = re.compile(r"^(?:Uncaught )?([A-Z]\w*(?:Error|Exception)|Error)\b:? ?(.*)$", re.M)
-PYTHON_COMPILE_ERRORS = ("SyntaxError", "IndentationError", "TabError")
-
-
-def strip_ansi(text: str) -> str:
-    return ANSI.sub("", text)
 
 
 class OutputLog:
@@ -112,7 +104,8 @@ class Execution:
         self.kernel_error: dict | None = None
         self.idle = False
         self.timed_out = False
-        self.interrupted_by_request = False
+        self.interrupted_by_request = False  # interrupt_session, not a timeout
+        self.restarted_by_request = False  # restart_session, not a death
         self.submitted = time.monotonic()
         self.started: float | None = None  # when the request was sent
         self.kernel_began: float | None = None  # when the kernel started on it (it may finish someone else's cell first)
@@ -230,25 +223,13 @@ class Execution:
         if self.interrupted_by_request:
             return CodeRuntimeError("the execution was interrupted (interrupt_session); the session keeps its state",
                                     suggestions=["run the code again, or a shorter piece of it"])
-        if self.language == "python":
-            source = self.kernel_error or reply
-            ename = source.get("ename") or "Error"
-            evalue = strip_ansi(str(source.get("evalue") or ""))
-            message = f"{ename}: {evalue}" if evalue else ename
-            if ename in PYTHON_COMPILE_ERRORS:
-                return CompilationError(message)
-            if ename == "KeyboardInterrupt":
-                return CodeRuntimeError("the execution was interrupted; the session keeps its state")
-            error = CodeRuntimeError(message)
-            if ename == "MemoryError" and self.flavor in FLAVORS:
-                error.suggestions.append(FLAVORS[self.flavor].out_of_memory_message())
-            return error
         _, stderr = self.output.read()
-        diagnostics = TS_DIAGNOSTIC.findall(stderr)
-        if diagnostics:
-            return CompilationError("the code did not compile: " + "; ".join(d.strip() for d in diagnostics[:5]))
-        match = JS_ERROR_LINE.search(stderr)
-        message = match.group(0).strip() if match else (stderr.strip().splitlines() or ["the code raised an error"])[-1]
-        if match and match.group(1) == "SyntaxError":
-            return CompilationError(message)
-        return CodeRuntimeError(message)
+        error = get_template(self.language).error_of(self.kernel_error or reply, stderr)
+        if error.kind is ErrorKind.COMPILE:
+            return CompilationError(error.message)
+        if error.kind is ErrorKind.INTERRUPT:
+            return CodeRuntimeError("the execution was interrupted; the session keeps its state")
+        runtime_error = CodeRuntimeError(error.message)
+        if error.kind is ErrorKind.OUT_OF_MEMORY and self.flavor in FLAVORS:
+            runtime_error.suggestions.append(FLAVORS[self.flavor].out_of_memory_message())
+        return runtime_error

@@ -17,12 +17,12 @@ from mcp.server.transport_security import TransportSecurityMiddleware, Transport
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from mcp_bridge.options import BridgeOptions
+from mcp_bridge.server import build_server
+from mcp_bridge.sessions import KernelSessions
+from mcp_bridge.supervisor import bridge_of
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError
-
-from mcp_bridge.options import BridgeOptions
-from mcp_bridge.server import bridge_of, build_server
-from mcp_bridge.sessions import KernelSessions
 
 
 class McpHttpApp:

@@ -73,8 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from msb_kernels.backends import backend_classes, choose_backend
-    from msb_kernels.backends import cgroups
+    from msb_kernels.backends import backend_classes, cgroups, choose_backend, network, unloadable_backends
     from msb_kernels.templates import TEMPLATES
 
     settings = load_settings()
@@ -86,10 +85,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"backend {name}: {'ok' if availability.ok else 'unavailable'} - {availability.reason}")
         for warning in availability.warnings:
             print(f"  warning: {warning}")
-    if "microsandbox" not in backend_classes():
-        print("backend microsandbox: not installed (pip install 'msb-kernels[microsandbox]')")
+    for name, why in unloadable_backends.items():
+        print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
     hierarchy, note = cgroups.detect()
     print(f"limits: {note}")
+    print(f"namespace network: {network.describe(settings.allow_network)}")
+    _print_disk_report(settings)
     for template in TEMPLATES.values():
         reason = template.unavailable_reason()
         print(f"template {template.name}: {'ok' if reason is None else reason}")
@@ -97,6 +98,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     chosen, why = choose_backend(settings.backend)
     print(f"-> {why}")
     return 0
+
+
+def _print_disk_report(settings) -> None:
+    """Each flavor's disk, and whether the namespace backend can give it as disk or only as RAM."""
+    import shutil
+
+    from msb_kernels.backends import scratch
+    from msb_kernels.flavors import FLAVORS
+
+    for flavor in FLAVORS.values():
+        print(f"flavor {flavor.name}: {flavor.cpus} CPU, {flavor.memory_mib} MiB memory, {flavor.disk_mib} MiB disk, "
+              f"{flavor.shm_mib} MiB /dev/shm")
+    reason = scratch.unavailable_reason()
+    if reason is not None:
+        print(f"disk (namespace backend): {scratch.memory_scratch_note(reason)}")
+        return
+    root = settings.scratch_root()
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    free_mib = shutil.disk_usage(existing).free // 2**20
+    print(f"disk (namespace backend): {scratch.disk_note(root)}; {free_mib} MiB free there now")
 
 
 def _print_microsandbox_report(settings) -> None:
@@ -111,8 +132,9 @@ def _print_microsandbox_report(settings) -> None:
         print(f"  hint: {hint}")
     try:
         from msb_kernels.images import image_present
+        from msb_kernels.templates import TEMPLATES
 
-        for template in ("python", "node"):
+        for template in TEMPLATES:
             image = msb_backend.image_for(settings, template)
             print(f"microVM image {template}: {image} {'present' if image_present(image) else f'missing (msb-kernels image build {template})'}")
     except MsbError as exc:

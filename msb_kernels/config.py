@@ -9,18 +9,41 @@ A bad value raises ConfigError naming the variable and the accepted values.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import Config, Configurable
 
+from msb_kernels.choice import parse_pool_sizes
 from msb_kernels.errors import ConfigError, MsbError
 from msb_kernels.flavors import FLAVORS, get_flavor
 
-BACKENDS = ("auto", "namespace", "microsandbox")
+BACKEND_ENTRY_POINTS = "msb_kernels.backends"  # name = module:SandboxBackend subclass
+# The backends this package ships, also when it runs from a source tree that was never
+# installed (no entry points then); other packages add theirs as entry points.
+BUILTIN_BACKENDS = {"namespace": "msb_kernels.backends.namespace:NamespaceBackend",
+                    "microsandbox": "msb_kernels.backends.microsandbox:MicrosandboxBackend"}
+
+
+@functools.cache
+def backend_locations() -> dict[str, str]:
+    """Every backend by name, as "module:class" (nothing imported here): the built-in ones and the entry points.
+
+    Read once per process: scanning the installed distributions costs milliseconds, and every
+    load_settings (each kernel start) checks MSB_BACKEND against these names."""
+    return {**BUILTIN_BACKENDS, **{entry_point.name: entry_point.value for entry_point in entry_points(group=BACKEND_ENTRY_POINTS)}}
+
+
+def backend_names() -> tuple[str, ...]:
+    """What MSB_BACKEND accepts: auto and every backend's name (built-in ones first)."""
+    return ("auto", *backend_locations())
+
+
 # Guest paths the sandbox itself needs; a shared volume may not shadow them.
 RESERVED_GUEST_PATHS = ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/run", "/tmp", "/home", "/sys")
 
@@ -40,9 +63,14 @@ class MsbSettings(Configurable):
     backend = Unicode("auto", help="Sandbox backend: auto, namespace or microsandbox.").tag(config=True)
     max_processes = Int(256, help="Most processes (and threads) one sandbox may hold; contains fork bombs.").tag(config=True)
     runtime_dir = Unicode(None, allow_none=True, help="Host directory for sandbox state and kernel sockets.").tag(config=True)
+    disk_reserve = Bool(True, help="Reserve each namespace sandbox's whole disk on the host at start, so sandboxes together can never fill "
+                                   "the host's disk; false: sparse disks, each still capped at its flavor's size, started only while "
+                                   "the host has that much free.").tag(config=True)
+    scratch_dir = Unicode(None, allow_none=True, help="Host directory on a disk for the namespace sandboxes' scratch disk images (unset = /var/tmp/msb-kernels).").tag(config=True)
     require_limits = Bool(False, help="Refuse to start a sandbox whose flavor limits cannot all be enforced with cgroups.").tag(config=True)
     port_range = Unicode("8000-9000", help="Host TCP ports for microVM kernels' ZMQ channels, as FIRST-LAST (5 per kernel).").tag(config=True)
-    allow_network = Bool(False, help="Let microVM kernels reach the public internet (outbound); inbound stays limited to their ports.").tag(config=True)
+    allow_network = Bool(False, help="Let kernels reach the public internet (outbound), never the host or its LAN: "
+                                     "microVMs by their network policy, namespace sandboxes through slirp4netns.").tag(config=True)
     python_image = Unicode("msb-kernels/python:latest", help="microVM image for python kernels (build it with `msb-kernels image build python`).").tag(config=True)
     node_image = Unicode("msb-kernels/node:latest", help="microVM image for node kernels (build it with `msb-kernels image build node`).").tag(config=True)
     boot_timeout_seconds = Int(30, help="Seconds a microVM (and the smoke boot of MSB_BACKEND=auto) may take to start.").tag(config=True)
@@ -131,6 +159,10 @@ class MsbSettings(Configurable):
             return Path(xdg) / "msb-kernels"
         return Path(f"/tmp/msb-kernels-{os.geteuid()}")
 
+    def scratch_root(self) -> Path:
+        """Where sandboxes' disk images live: on a disk, not under /run, which is RAM on most hosts."""
+        return Path(self.scratch_dir) if self.scratch_dir else Path("/var/tmp/msb-kernels")
+
 
 def _check_flavor(value: str) -> str | None:
     try:
@@ -186,8 +218,6 @@ def _check_image(value: str) -> str | None:
 
 
 def _check_pool_size(value: str) -> str | None:
-    from msb_kernels.pool import parse_pool_sizes
-
     try:
         parse_pool_sizes(value)
     except MsbError as exc:
@@ -223,7 +253,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "session_timeout_seconds": lambda v: "is negative" if v < 0 else None,
     "max_sessions": lambda v: "is less than 1" if v < 1 else None,
     "max_processes": lambda v: "is less than 16" if v < 16 else None,
-    "backend": lambda v: None if v in BACKENDS else "is not a backend",
+    "backend": lambda v: None if v in backend_names() else "is not a backend",
     "shared_volume_path": _check_shared_path,
     "shared_volume_guest_path": _check_guest_path,
     "port_range": _check_port_range,
@@ -255,10 +285,12 @@ _ACCEPTED: dict[str, str] = {
     "session_timeout_seconds": "use a whole number of seconds >= 0 (0 never culls)",
     "max_sessions": "use a whole number >= 1",
     "max_processes": "use a whole number >= 16",
-    "backend": f"use one of {', '.join(BACKENDS)}",
+    "backend": "use one of " + ", ".join(backend_names()),
     "shared_volume_path": "create the directory first, or unset the variable for no shared volume",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "runtime_dir": "use a writable directory with a short path",
+    "scratch_dir": "use a writable directory on a disk with room for the flavors' disks",
+    "disk_reserve": "use true or false",
     "require_limits": "use true or false",
     "port_range": "use FIRST-LAST with 1024 <= FIRST <= LAST <= 65535 and at least 5 ports, such as 8000-9000",
     "allow_network": "use true or false",

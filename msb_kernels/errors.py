@@ -2,7 +2,7 @@
 
 Each error carries a user-facing message and suggestions for what to do next, so
 the CLI, the gateway and the MCP bridge can all report it without a traceback.
-The names follow the design's error classes.
+The type names are the ones MCP clients and the gateway's JSON errors carry.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ResourceLimitExceeded(MsbError):
 
 
 class SandboxError(MsbError):
-    """The sandbox or the infrastructure under it failed (the design's SystemError)."""
+    """The sandbox or the infrastructure under it failed (type SystemError)."""
 
     error_type = "SystemError"
 
@@ -68,7 +68,7 @@ class CompilationError(MsbError):
 
 
 class CodeRuntimeError(MsbError):
-    """The code raised an exception while it ran, or a command exited with a nonzero status (the design's RuntimeError)."""
+    """The code raised an exception while it ran, or a command exited with a nonzero status (type RuntimeError)."""
 
     error_type = "RuntimeError"
     default_suggestions = ("read the traceback in stderr, fix the code, and run it again; the session keeps its state",)
@@ -79,3 +79,36 @@ class ExecutionTimeout(MsbError):
 
     error_type = "ExecutionTimeout"
     default_suggestions = ("pass a larger timeout (seconds)", "split the work into smaller steps; variables defined before are kept")
+
+
+def error_types() -> list[str]:
+    """Every error type a user can see, for schemas that list them (subclasses defined anywhere count)."""
+    found: set[str] = set()
+    pending: list[type[MsbError]] = [MsbError]
+    while pending:
+        cls = pending.pop()
+        found.add(cls.error_type)
+        pending.extend(cls.__subclasses__())
+    return sorted(found)
+
+
+ERROR_CLASSES: dict[str, type[MsbError]] = {
+    cls.error_type: cls for cls in (SandboxError, InvalidRequest, SessionNotFound, ResourceLimitExceeded,
+                                    CompilationError, CodeRuntimeError, ExecutionTimeout)}
+
+
+def message_with_advice(message: str, suggestions: list[str]) -> str:
+    """The message with its suggestions appended, for clients that show only one string."""
+    return message + (f" (try: {'; '.join(suggestions)})" if suggestions else "")
+
+
+def error_from_body(body: object) -> MsbError | None:
+    """The error an msb gateway's HTTP error body describes (see MsbHTTPError), or None for any other body."""
+    if not isinstance(body, dict) or body.get("type") not in ERROR_CLASSES or not isinstance(body.get("message"), str):
+        return None
+    suggestions = [str(s) for s in body.get("suggestions") or [] if isinstance(s, str)]
+    message = body["message"]
+    advice = message_with_advice("", suggestions)
+    if advice and message.endswith(advice):
+        message = message[:-len(advice)]
+    return ERROR_CLASSES[body["type"]](message, suggestions)

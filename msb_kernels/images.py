@@ -31,8 +31,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.backends.microsandbox import GUEST_HOME, GUEST_PATH, GUEST_UID, GUEST_USER, IMAGE_CURVE_LABEL, msb_binary
+from msb_kernels.backends.microsandbox import (
+    GUEST_HOME,
+    GUEST_PATH,
+    GUEST_UID,
+    GUEST_USER,
+    IMAGE_CURVE_LABEL,
+    msb_binary,
+    msb_cli_environment,
+)
 from msb_kernels.errors import InvalidRequest, SandboxError
+from msb_kernels.templates import TEMPLATES
 
 DEBIAN_PACKAGES = {
     "python": ["python3", "python3-ipykernel", "python3-matplotlib", "ca-certificates"],
@@ -40,7 +49,7 @@ DEBIAN_PACKAGES = {
 }
 ONLINE_BASES = {"python": "python:3.12-slim", "node": "node:20-slim"}
 ONLINE_INSTALL = {
-    "python": "pip install --no-cache-dir --root /out/layer 'ipykernel>=7.4' matplotlib",
+    "python": "pip install --no-cache-dir --root /out/layer 'ipykernel>=7.4' matplotlib 'ipywidgets>=8'",
     "node": "npm install --global --prefix /out/layer/usr/local tslab@{tslab}",
 }
 TEMPLATE_LABEL = "org.msb-kernels.template"
@@ -171,6 +180,10 @@ def install_tslab_from_host(rootfs: Path) -> None:
     link.symlink_to("/opt/msb-kernels/node/node_modules/tslab/bin/tslab")
 
 
+# What an offline build copies from this host into the image, after Debian's packages.
+FROM_HOST = {"node": install_tslab_from_host}
+
+
 def ipykernel_speaks_curve(rootfs: Path) -> bool:
     """Whether the rootfs's ipykernel has CurveZMQ support (ipykernel's kernelapp knows curve_secretkey)."""
     for pattern in ("usr/lib/python3*/dist-packages/ipykernel/kernelapp.py", "usr/local/lib/python3*/site-packages/ipykernel/kernelapp.py",
@@ -235,13 +248,13 @@ def write_archive(archive: Path, tag: str, config: dict, layers: list[tuple[str,
             member = tarfile.TarInfo(name)
             member.size, member.mtime, member.mode = len(data), int(time.time()), 0o644
             out.addfile(member, io.BytesIO(data))
-        for name, (_, path) in zip(layer_names, layers):
+        for name, (_, path) in zip(layer_names, layers, strict=True):
             out.add(path, arcname=name)
 
 
 def archive_from_rootfs(rootfs: Path, template: str, tag: str, archive: Path) -> bool:
     """rootfs -> a one-layer Docker-save archive tagged tag; returns whether its kernel speaks CurveZMQ."""
-    curve = ipykernel_speaks_curve(rootfs) if template == "python" else False
+    curve = TEMPLATES[template].speaks_curve and ipykernel_speaks_curve(rootfs)
     with tempfile.TemporaryDirectory(dir=archive.parent) as scratch:
         layer = Path(scratch) / "layer.tar"
         diff_id = write_layer(rootfs, layer)
@@ -258,7 +271,7 @@ def append_layer(base_archive: Path, layer_root: Path, template: str, tag: str, 
         base_dir = scratch_dir / "base"
         manifest = json.loads((base_dir / "manifest.json").read_text())[0]
         base_config = json.loads((base_dir / manifest["Config"]).read_text())
-        layers = [(diff_id, base_dir / name) for diff_id, name in zip(base_config["rootfs"]["diff_ids"], manifest["Layers"])]
+        layers = [(diff_id, base_dir / name) for diff_id, name in zip(base_config["rootfs"]["diff_ids"], manifest["Layers"], strict=True)]
         new_layer = scratch_dir / "layer.tar"
         diff_id = write_layer(layer_root, new_layer)
         layers.append((diff_id, new_layer))
@@ -273,7 +286,7 @@ def _msb(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     msb = msb_binary()
     if msb is None:
         raise SandboxError("the msb runtime is not installed", ["pip install 'microsandbox>=0.7,<0.8'"])
-    result = subprocess.run([msb, *args], capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([msb, *args], capture_output=True, text=True, timeout=timeout, env=msb_cli_environment())
     if result.returncode != 0:
         raise SandboxError(f"msb {' '.join(args)} failed: {(result.stderr or result.stdout).strip()[-800:]}")
     return result
@@ -325,8 +338,8 @@ def build_offline(template: str, tag: str, *, work_dir: Path | None = None, pack
         else:
             debootstrap(rootfs, packages or DEBIAN_PACKAGES[template], suite=suite, mirror=mirror, log=log)
         add_sandbox_user(rootfs)
-        if template == "node" and prepare_rootfs is None:
-            install_tslab_from_host(rootfs)
+        if prepare_rootfs is None and template in FROM_HOST:
+            FROM_HOST[template](rootfs)
         archive = work / f"{template}.tar"
         log(f"writing {archive}")
         curve = archive_from_rootfs(rootfs, template, tag, archive)
@@ -342,7 +355,8 @@ def build_offline(template: str, tag: str, *, work_dir: Path | None = None, pack
 
 
 async def _online_layer(template: str, base: str, out: Path, timeout: float) -> None:
-    from microsandbox import Network, PullPolicy, Sandbox as VM, Volume
+    from microsandbox import Network, PullPolicy, Volume
+    from microsandbox import Sandbox as VM
 
     from msb_kernels.templates import TSLAB_VERSION
 
@@ -385,7 +399,7 @@ def build_online(template: str, tag: str, *, base: str | None = None, work_dir: 
         base_archive = work / "base.tar"
         _msb("save", base, "-o", str(base_archive))
         archive = work / f"{template}.tar"
-        curve = ipykernel_speaks_curve(layer_root) if template == "python" else False
+        curve = TEMPLATES[template].speaks_curve and ipykernel_speaks_curve(layer_root)
         append_layer(base_archive, layer_root, template, tag, archive, curve=curve)
         load_archive(archive, tag)
         return BuildResult(tag, template, "online", time.monotonic() - started, archive.stat().st_size, curve)

@@ -10,15 +10,12 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager
 
+from msb_kernels.choice import KernelChoice
 from msb_kernels.config import MsbSettings
 from msb_kernels.flavors import FLAVORS, Flavor
 from msb_kernels.templates import TEMPLATES, Template, install_tslab
 
 PROVISIONER_NAME = "msb-sandbox"
-
-
-def kernel_name(template: str, flavor: str) -> str:
-    return f"msb-{template}-{flavor}"
 
 
 def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dict:
@@ -37,9 +34,12 @@ def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dic
                     "installed_cull_idle_timeout": settings.session_timeout_seconds},
             "debugger": False,
             # ipykernel >= 7.4 speaks CurveZMQ; the provisioner turns it on for kernels reached over TCP (microVMs).
-            **({"supported_encryption": "curve"} if template.name == "python" else {}),
+            **({"supported_encryption": "curve"} if template.speaks_curve else {}),
         },
     }
+
+
+LOGO_SIZES = (32, 64)  # the logo-WxH.png files Jupyter frontends ask a kernelspec for
 
 
 def _logo_dir() -> Path | None:
@@ -52,6 +52,33 @@ def _logo_dir() -> Path | None:
         return None
 
 
+def draw_logo(text: str, size: int, path: Path) -> None:
+    """A green hexagon with ``text`` on it, drawn here (Pillow comes with matplotlib) rather than copied."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    scale = 4  # drawn large and scaled down, for smooth edges
+    side = size * scale
+    image = Image.new("RGBA", (side, side), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    middle, radius = side / 2, side / 2 - scale
+    hexagon = [(middle + radius * dx, middle + radius * dy)
+               for dx, dy in ((0, -1), (0.866, -0.5), (0.866, 0.5), (0, 1), (-0.866, 0.5), (-0.866, -0.5))]
+    draw.polygon(hexagon, fill=(83, 158, 67, 255))
+    font = ImageFont.load_default(size=int(side * 0.42))
+    draw.text((middle, middle), text, fill=(255, 255, 255, 255), font=font, anchor="mm")
+    image.resize((size, size), Image.LANCZOS).save(path, format="PNG")
+
+
+def _write_logos(template: Template, directory: Path) -> None:
+    if template.logo_text:
+        for size in LOGO_SIZES:
+            draw_logo(template.logo_text, size, directory / f"logo-{size}x{size}.png")
+        return
+    logos = _logo_dir()
+    for logo in (logos.glob("logo-*.png") if logos else []):
+        shutil.copy(logo, directory)
+
+
 def install(settings: MsbSettings, prefix: str | None = None, user: bool = False) -> list[str]:
     """Write every kernelspec this host can run; return lines that say what happened."""
     manager = KernelSpecManager()
@@ -60,16 +87,14 @@ def install(settings: MsbSettings, prefix: str | None = None, user: bool = False
     templates = ["python"]
     if TEMPLATES["node"].unavailable_reason() is None:
         templates.append("node")
-    report.append(node_note if "node" in templates else f"{node_note}")
+    report.append(node_note)
     for template_name in templates:
         template = TEMPLATES[template_name]
         for flavor in FLAVORS.values():
-            name = kernel_name(template_name, flavor.name)
+            name = KernelChoice(template, flavor).kernel_name
             with tempfile.TemporaryDirectory() as staging:
                 (Path(staging) / "kernel.json").write_text(json.dumps(kernelspec(template, flavor, settings), indent=1))
-                logos = _logo_dir() if template_name == "python" else None
-                for logo in (logos.glob("logo-*.png") if logos else []):
-                    shutil.copy(logo, staging)
+                _write_logos(template, Path(staging))
                 destination = manager.install_kernel_spec(staging, name, user=user, prefix=None if user else (prefix or sys.prefix))
             report.append(f"installed {name}: {kernelspec(template, flavor, settings)['display_name']} -> {destination}")
     return report

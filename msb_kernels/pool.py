@@ -21,34 +21,22 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 
-from msb_kernels import provisioner
-from msb_kernels.errors import ConfigError
-from msb_kernels.flavors import FLAVORS, Flavor
-from msb_kernels.kernelspecs import kernel_name as msb_kernel_name
-from msb_kernels.templates import TEMPLATES
+from msb_kernels import registry
+from msb_kernels.choice import KernelChoice
+from msb_kernels.config import load_settings
+from msb_kernels.flavors import Flavor
 
 log = logging.getLogger("msb_kernels")
 
-# Start-request variables a pooled kernel can do without (it was started before the request).
-POOL_COMPATIBLE_ENV = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
+# Start-time variables that change what the sandbox is: a pooled kernel serves a request only if it matches them.
+# (The template and the kernelspec's flavor are in the kernelspec name the pool is keyed by.)
+SANDBOX_ENV = ("KERNEL_FLAVOR",)
+# Start-time variables that describe the request, not the sandbox, so a kernel started before the request
+# serves it as well. JupyterLab's gateway client sends them with every start: the notebook's path, its start
+# timeout, its user, and a working directory on its own host, which no sandbox has.
+REQUEST_ONLY_ENV = ("JPY_SESSION_NAME", "KERNEL_LAUNCH_TIMEOUT", "KERNEL_USERNAME", "KERNEL_WORKING_DIR")
 READY_TIMEOUT = 120.0
 RETRY_SECONDS = 10.0
-
-
-def parse_pool_sizes(value: str, variable: str = "MSB_POOL_SIZE") -> dict[str, int]:
-    """'python-small=2,node-small=1' (or a bare number for python-small) -> {kernelspec name: size}."""
-    text = str(value).strip()
-    if text.isdigit():
-        text = f"python-small={text}"
-    sizes: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, separator, count = item.partition("=")
-        template, _, flavor = key.strip().partition("-")
-        if not separator or template not in TEMPLATES or flavor not in FLAVORS or not count.strip().isdigit():
-            raise ConfigError(f"{variable}={value!r}: {item!r} is not TEMPLATE-FLAVOR=COUNT; use e.g. python-small=1,node-small=0 "
-                              f"(templates: {', '.join(TEMPLATES)}; flavors: {', '.join(FLAVORS)})")
-        sizes[msb_kernel_name(template, flavor)] = int(count)
-    return {name: size for name, size in sizes.items() if size > 0}
 
 
 class KernelPool:
@@ -83,7 +71,7 @@ class KernelPool:
         try:
             km, _, kernel_id = self.manager.pre_start_kernel(kernel_name, {})
             if not self.counts_as_sessions:
-                provisioner.pooled_kernel_ids.add(kernel_id)
+                registry.pooled_kernel_ids.add(kernel_id)
             await km.start_kernel(kernel_id=kernel_id, env=os.environ.copy())
             client = km.client()
             client.start_channels()
@@ -97,7 +85,7 @@ class KernelPool:
             log.info("warm pool: %s kernel %s ready (%d waiting)", kernel_name, kernel_id, len(self.ready[kernel_name]))
         except BaseException as exc:
             if km is not None:
-                provisioner.pooled_kernel_ids.discard(km.kernel_id)
+                registry.pooled_kernel_ids.discard(km.kernel_id)
                 with contextlib.suppress(Exception):
                     await km.shutdown_kernel(now=True)
             if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)) and not self._closed:
@@ -120,13 +108,17 @@ class KernelPool:
     # -- taking -------------------------------------------------------------------
 
     def can_serve(self, kernel_name: str, kwargs: dict[str, Any]) -> bool:
-        """Whether a waiting kernel fits this start request (one started before it, with no special env)."""
+        """Whether a waiting kernel fits this start request: the same sandbox, and no variable the kernel must see.
+
+        Any other variable the request adds reaches a fresh kernel's environment, so such a request starts its own.
+        """
         if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
             return False
         env = kwargs.get("env") or {}
-        extra = {k for k, v in env.items() if os.environ.get(k) != v and k not in POOL_COMPATIBLE_ENV}
-        flavor = env.get("KERNEL_FLAVOR")
-        return not extra and not (flavor and not kernel_name.endswith("-" + flavor.strip().lower()))
+        added = {k for k, v in env.items() if os.environ.get(k) != v and k not in REQUEST_ONLY_ENV}
+        flavor = (env.get("KERNEL_FLAVOR") or "").strip().lower()
+        choice = KernelChoice.from_kernel_name(kernel_name)
+        return added <= set(SANDBOX_ENV) and (not flavor or (choice is not None and choice.flavor.name == flavor))
 
     def take(self, kernel_name: str, kwargs: dict[str, Any]) -> AsyncKernelManager | None:
         """A ready kernel for this start request, or None when the request must start its own."""
@@ -134,8 +126,12 @@ class KernelPool:
             return None
         waiting = self.ready[kernel_name]
         while waiting:
-            km = waiting.pop(0)
-            provisioner.pooled_kernel_ids.discard(km.kernel_id)
+            km = waiting[0]
+            if km.has_kernel and km.provisioner is not None and km.provisioner.sandbox is not None:
+                # From here the kernel is a session: it counts (it stays in the pool when refused).
+                registry.claim_session(km.kernel_id, load_settings(getattr(self.manager, "config", None)).max_sessions)
+            waiting.pop(0)
+            registry.pooled_kernel_ids.discard(km.kernel_id)
             if km.has_kernel and km.provisioner is not None and km.provisioner.sandbox is not None:
                 self.handed_out += 1
                 self.fill()
@@ -162,7 +158,7 @@ class KernelPool:
 
     def waiting_flavors(self) -> list[Flavor]:
         """The flavors of the waiting kernels, for limits that count them (MSB_POOL_COUNTS_AS_SESSIONS)."""
-        return [FLAVORS[name.rsplit("-", 1)[1]] for name, kernels in self.ready.items() for _ in kernels]
+        return [KernelChoice.from_kernel_name(name).flavor for name, kernels in self.ready.items() for _ in kernels]
 
     def kernel_ids(self) -> set[str]:
         return {km.kernel_id for kernels in self.ready.values() for km in kernels}
@@ -184,7 +180,7 @@ class KernelPool:
             waiting.clear()
         self.reserved.clear()
         for km in kernels:
-            provisioner.pooled_kernel_ids.discard(km.kernel_id)
+            registry.pooled_kernel_ids.discard(km.kernel_id)
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in kernels), return_exceptions=True)
 
 
@@ -197,6 +193,8 @@ async def start_from_pool(manager: AsyncMultiKernelManager, pool: KernelPool | N
         km = pool.reserved.pop(kwargs.get("kernel_id"), None) or pool.take(name, kwargs)
     if km is None:
         return await start(manager, kernel_name=kernel_name, **kwargs)
+    if kwargs.get("env"):
+        km.update_env(env=dict(kwargs["env"]))  # a restart then starts the kernel this request asked for
     manager._kernels[km.kernel_id] = km
     return km.kernel_id
 

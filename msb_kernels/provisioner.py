@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,39 +26,31 @@ from traitlets import Unicode
 from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
 from msb_kernels.backends.base import SharedVolume
 from msb_kernels.config import MsbSettings, load_settings
-from msb_kernels.errors import InvalidRequest, ResourceLimitExceeded, SandboxError
+from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
+from msb_kernels.registry import claim_session, live_sandboxes, pooled_kernel_ids, session_kernel_ids
 from msb_kernels.templates import Template, get_template
 
 log = logging.getLogger("msb_kernels")
 
 GUEST_CONNECTION_FILE = "connection.json"
-STARTUP_FILE = "msb_startup.py"
 # Host variables a kernel may see; everything else from the host environment stays out.
 PASSED_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "JPY_SESSION_NAME", "TERM")
 NEVER_PASSED = ("JPY_PARENT_PID", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
 
-# Kernels this process runs, by kernel id: MSB_MAX_SESSIONS counts these.
-live_sandboxes: dict[str, Sandbox] = {}
-# Kernels waiting in a warm pool (msb_kernels.pool): no one's session yet, so not counted unless configured.
-pooled_kernel_ids: set[str] = set()
 _swept_runtime_dirs: set[str] = set()
 
-_MEMORY_HINT = """\
-def _msb_install_memory_hint():
-    import sys
-    message = {message!r}
-
-    def _on_memory_error(shell, etype, value, tb, tb_offset=None):
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        print(message, file=sys.stderr)
-
-    get_ipython().set_custom_exc((MemoryError,), _on_memory_error)
 
 
-_msb_install_memory_hint()
-del _msb_install_memory_hint
-"""
+@dataclass(frozen=True)
+class SandboxDescription:
+    """What a sandboxed kernel is and how its sandbox fares, as SandboxProvisioner.describe reports it."""
+
+    template: Template | None  # None until the first launch chose it
+    flavor: Flavor | None
+    sandbox: Sandbox | None  # the live one; another object after a restart, None between a death and a restart
+    created: float | None  # when the live sandbox started (time.time())
+    last_exit_reason: str | None  # why the previous sandbox's kernel died, when the backend knew
 
 
 class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -68,6 +61,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     sandbox: Sandbox | None = None
     last_exit_reason: str | None = None
+    # Chosen by pre_launch, from the kernelspec's config and the start request's KERNEL_FLAVOR.
+    template_spec: Template | None = None
+    flavor_spec: Flavor | None = None
 
     # -- state ------------------------------------------------------------------
 
@@ -93,24 +89,39 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if self.sandbox is not None:
             await self.sandbox.terminate()
 
+    def describe(self) -> SandboxDescription:
+        """The template, flavor and live sandbox of this kernel, for readers outside jupyter_client.
+
+        Called by mcp_bridge.local_sessions (a session's language, flavor and creation time for
+        get_sessions; whether the kernel was replaced or died, and why, for the execution that
+        was running) and by the gateway's kernel manager (stats, and why a kernel stopped or
+        died), so that they need not know this class's attributes.
+        """
+        sandbox = self.sandbox
+        return SandboxDescription(template=self.template_spec, flavor=self.flavor_spec,
+                                  sandbox=sandbox, created=sandbox.created if sandbox is not None else None,
+                                  last_exit_reason=self.last_exit_reason)
+
     # -- launch -------------------------------------------------------------------
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         km = self.parent
         self.settings: MsbSettings = load_settings(getattr(km, "config", None))
         start_env = kwargs.get("env") or {}
-        self.flavor_spec: Flavor = get_flavor(start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
-                                              argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor")
-        self.template_spec: Template = get_template(self.template, argument="template")
+        self.flavor_spec = get_flavor(start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
+                                      argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor")
+        self.template_spec = get_template(self.template, argument="template")
         reason = self.template_spec.unavailable_reason()
         if reason:
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
         self.backend: SandboxBackend = get_backend(self.settings)
-        await self._sweep_once()
-        others = [k for k in live_sandboxes if k != self.kernel_id and k not in pooled_kernel_ids]
-        if self.kernel_id not in pooled_kernel_ids and len(others) >= self.settings.max_sessions:
-            raise ResourceLimitExceeded(
-                f"MSB_MAX_SESSIONS={self.settings.max_sessions} sandboxed kernels already run; stop one before starting another")
+        if self.kernel_id not in pooled_kernel_ids:
+            claim_session(self.kernel_id, self.settings.max_sessions)
+        try:
+            await self._sweep_once()
+        except BaseException:
+            session_kernel_ids.discard(self.kernel_id)
+            raise
 
         self.io_dir = self.backend.io_dir_for(self.kernel_id)
         km.transport = self.backend.transport
@@ -127,6 +138,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
         except BaseException:
             self.backend.release_ports(self.kernel_id)
+            session_kernel_ids.discard(self.kernel_id)
             raise
         return await super().pre_launch(cmd=cmd, **kwargs)
 
@@ -139,7 +151,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
         if [getattr(km, name) for name in names] != list(ports):
             km.cleanup_connection_file()  # ports changed (a first start, or a restart after a failed one)
-            for name, port in zip(names, ports):
+            for name, port in zip(names, ports, strict=True):
                 setattr(km, name, port)
 
     async def _set_up_encryption(self, km: Any) -> None:
@@ -189,8 +201,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                     if not alias.is_symlink():
                         alias.symlink_to(f"kernel{separator}{info[port_name]}")
         self._write_private(self.io_dir / GUEST_CONNECTION_FILE, json.dumps(info, indent=1))
-        if self.template_spec.name == "python":
-            self._write_private(self.io_dir / STARTUP_FILE, _MEMORY_HINT.format(message=self.flavor_spec.out_of_memory_message()))
+        self._write_private(self.io_dir / self.template_spec.startup_file,
+                            self.template_spec.startup_code(self.flavor_spec.out_of_memory_message()))
 
     @staticmethod
     def _write_private(path: Path, text: str) -> None:
@@ -202,8 +214,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         host_file = os.path.realpath(self.parent.connection_file)
         guest_file = self._guest_path(GUEST_CONNECTION_FILE)
         argv = [guest_file if arg in (host_file, self.parent.connection_file) else arg for arg in cmd]
-        if self.template_spec.name == "python" and "ipykernel_launcher" in argv:
-            argv.append(f"--IPKernelApp.exec_files={self._guest_path(STARTUP_FILE)}")
+        argv += self.template_spec.startup_arguments(self._guest_path(self.template_spec.startup_file))
         return argv
 
     def _guest_env(self, env: dict[str, str], argv0: str) -> dict[str, str]:
@@ -216,8 +227,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             "OMP_NUM_THREADS": cpus, "OPENBLAS_NUM_THREADS": cpus, "MKL_NUM_THREADS": cpus,
             "MSB_FLAVOR": self.flavor_spec.name, "MSB_SANDBOX": self.backend.name,
         }
-        if self.template_spec.name == "node":
-            guest["NODE_OPTIONS"] = f"--max-old-space-size={self.flavor_spec.memory_mib * 3 // 4}"
+        guest.update(self.template_spec.kernel_env(self.flavor_spec.memory_mib, self._guest_path(self.template_spec.startup_file)))
         if self.settings.shared_volume:
             guest["MSB_SHARED_VOLUME"] = self.settings.shared_volume_guest_path
         for name in PASSED_THROUGH:
@@ -244,12 +254,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             readonly_paths=self.template_spec.readonly_paths(),
             shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
             max_processes=self.settings.max_processes,
+            allow_network=self.settings.allow_network,
             owner_pid=os.getpid(),
         )
         try:
             self.sandbox = await self.backend.create(spec)
         except BaseException:
             self.backend.release_ports(self.kernel_id)  # jupyter_client does not clean up after a failed start
+            session_kernel_ids.discard(self.kernel_id)
             raise
         live_sandboxes[self.kernel_id] = self.sandbox
         log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
@@ -262,11 +274,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             live_sandboxes.pop(self.kernel_id, None)
             self.last_exit_reason = sandbox.exit_reason()
             await sandbox.cleanup(keep_io_dir=restart)
+        if not restart:
+            session_kernel_ids.discard(self.kernel_id)
         if not restart and hasattr(self, "backend"):
             self.backend.release_ports(self.kernel_id)  # shutdown, cull, or the end after a crash
-
-    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
-        return recommended
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()

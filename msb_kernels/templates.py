@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import abc
+import enum
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from msb_kernels import kernel_code
 from msb_kernels.errors import InvalidRequest
 
 TSLAB_VERSION = "1.0.22"
@@ -19,31 +24,143 @@ def node_prefix() -> Path:
     return Path(sys.prefix) / "share" / "msb-kernels" / "node"
 
 
+class ErrorKind(enum.Enum):
+    """What a failed execution was, as the kernel's own report tells it."""
+
+    COMPILE = "compile"  # the code never ran: a syntax or type error
+    INTERRUPT = "interrupt"  # the kernel was interrupted; its state is kept
+    OUT_OF_MEMORY = "out_of_memory"  # the runtime ran out of the flavor's memory
+    RUNTIME = "runtime"  # anything the code raised while it ran
+
+
 @dataclass(frozen=True)
-class Template:
+class KernelError:
+    kind: ErrorKind
+    message: str  # one line: "NameError: name 'x' is not defined", a compiler diagnostic, ...
+
+
+@dataclass(frozen=True)
+class Template(abc.ABC):
+    """One kind of kernel and the facts every layer needs about it, so none of them asks for its name.
+
+    Data that differs per kernel is a field; behaviour that differs is a method of the subclass
+    (PythonTemplate, NodeTemplate). A new kernel is one subclass and one entry in TEMPLATES.
+    """
+
     name: str
     language: str
     display_name: str
-    file_extension: str
     ipc_port_separator: str  # how the kernel joins its ipc path and port; jupyter_client uses "-"
+    speaks_curve: bool  # the kernel can encrypt its channels (CurveZMQ): ipykernel can, tslab cannot
+    # RLIMIT_DATA is a useful memory cap: CPython allocates as it goes; V8 reserves a huge heap up front.
+    data_limit_caps_memory: bool
+    # Packages install into the sandbox's own directory, which the kernel imports from (pip does; npm is not offered).
+    user_packages: bool
+    startup_file: str  # the file, in the kernel's own directory, that the kernel runs before anything else
+    image_setting: str  # the MsbSettings trait that names its microVM image
+    logo_text: str | None  # drawn on a logo at install time; None keeps the kernel's own logos
+    # Seconds to wait after an error before the next request: tslab aborts what arrives within 200 ms of one.
+    pause_after_error_seconds: float
 
+    @abc.abstractmethod
     def argv(self) -> list[str]:
-        if self.name == "python":
-            return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        return [node_binary() or "node", str(tslab_entry()), "kernel", "--config-path", "{connection_file}", "--js"]
+        """The kernelspec's argv on this host. Called by kernelspecs.kernelspec_for at install time."""
+
+    @abc.abstractmethod
+    def guest_argv(self, host_argv: list[str]) -> list[str]:
+        """``host_argv`` rewritten for a microVM image, whose runtime is on its PATH. Called by the microsandbox backend."""
 
     def unavailable_reason(self) -> str | None:
-        if self.name == "python":
-            return None
+        """Why this host cannot run the kernel, with what to do; None when it can. Called by install, doctor and tests."""
+        return None
+
+    @abc.abstractmethod
+    def startup_code(self, out_of_memory_message: str) -> str:
+        """What ``startup_file`` holds. Called by the provisioner before each start."""
+
+    def startup_arguments(self, startup_path: str) -> list[str]:
+        """Arguments that make the kernel run its startup file. Called by the provisioner."""
+        return []
+
+    def kernel_env(self, memory_mib: int, startup_path: str) -> dict[str, str]:
+        """Variables the kernel needs inside the sandbox for the flavor's memory. Called by the provisioner."""
+        return {}
+
+    def readonly_paths(self) -> list[str]:
+        """Host paths the kernel needs, shown read-only in a namespace sandbox. Called by the provisioner."""
+        return []
+
+    @abc.abstractmethod
+    def command_code(self, argv: list[str], marker: str) -> str:
+        """Code for an execute request that runs ``argv`` and prints ``marker:<exit status>`` last.
+
+        Called by mcp_bridge's execute_command. The user's variables and history stay as they were.
+        """
+
+    @abc.abstractmethod
+    def error_of(self, reply_error: dict, stderr: str) -> KernelError:
+        """What a failed execution was. Called by mcp_bridge when a reply's status is "error".
+
+        reply_error: the error the kernel reported (ename, evalue), from its error message or reply;
+        stderr: what the execution wrote there.
+        """
+
+
+class PythonTemplate(Template):
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+    def guest_argv(self, host_argv: list[str]) -> list[str]:
+        return ["python3", *host_argv[1:]]
+
+    def startup_code(self, out_of_memory_message: str) -> str:
+        return kernel_code.PYTHON_MEMORY_HINT.format(message=out_of_memory_message)
+
+    def startup_arguments(self, startup_path: str) -> list[str]:
+        return [f"--IPKernelApp.exec_files={startup_path}"]
+
+    def command_code(self, argv: list[str], marker: str) -> str:
+        # Its own globals dict, so the runner's names never land in the user's namespace.
+        source = kernel_code.PYTHON_COMMAND_RUNNER + f"\nrun({list(argv)!r}, {marker!r})\n"
+        return f"exec(compile({source!r}, '<msb-command>', 'exec'), {{'__name__': '__msb_command__'}})"
+
+    def error_of(self, reply_error: dict, stderr: str) -> KernelError:
+        ename = reply_error.get("ename") or "Error"
+        evalue = strip_ansi(str(reply_error.get("evalue") or ""))
+        message = f"{ename}: {evalue}" if evalue else ename
+        kind = {"SyntaxError": ErrorKind.COMPILE, "IndentationError": ErrorKind.COMPILE, "TabError": ErrorKind.COMPILE,
+                "KeyboardInterrupt": ErrorKind.INTERRUPT, "MemoryError": ErrorKind.OUT_OF_MEMORY}.get(ename, ErrorKind.RUNTIME)
+        return KernelError(kind, message)
+
+
+# tslab reports compile diagnostics as "line:col - message" before anything runs, and runtime errors only on stderr.
+TS_DIAGNOSTIC = re.compile(r"^(?:\S+ )?\d+:\d+ - .+$", re.M)
+JS_ERROR_LINE = re.compile(r"^(?:Uncaught )?([A-Z]\w*(?:Error|Exception)|Error)\b:? ?(.*)$", re.M)
+
+
+class NodeTemplate(Template):
+    def argv(self) -> list[str]:
+        return [node_binary() or "node", str(tslab_entry()), "kernel", "--config-path", "{connection_file}", "--js"]
+
+    def guest_argv(self, host_argv: list[str]) -> list[str]:
+        rest = host_argv[host_argv.index("kernel"):] if "kernel" in host_argv else host_argv[2:]
+        return ["tslab", *rest]
+
+    def unavailable_reason(self) -> str | None:
         if node_binary() is None:
             return "node is not installed on this machine (install Node.js >= 18, then run `msb-kernels install` again)"
         if not tslab_entry().exists():
             return "tslab is not installed; run `msb-kernels install` (it installs tslab with npm)"
         return None
 
+    def startup_code(self, out_of_memory_message: str) -> str:
+        return kernel_code.NODE_ROUTER_HANDOVER
+
+    def kernel_env(self, memory_mib: int, startup_path: str) -> dict[str, str]:
+        # V8 would grow its heap past the flavor's memory and be killed; --require loads the startup file before tslab.
+        return {"NODE_OPTIONS": f"--max-old-space-size={memory_mib * 3 // 4} --require={startup_path}"}
+
     def readonly_paths(self) -> list[str]:
-        if self.name == "python":
-            return []
         paths = [str(node_prefix())]
         node = node_binary()
         if node:
@@ -52,11 +169,36 @@ class Template:
                 paths.append(str(real_prefix))
         return paths
 
+    def command_code(self, argv: list[str], marker: str) -> str:
+        return kernel_code.NODE_COMMAND_RUNNER.replace("MARKER", json.dumps(marker)).replace("ARGV", json.dumps(list(argv)))
+
+    def error_of(self, reply_error: dict, stderr: str) -> KernelError:
+        stderr = strip_ansi(stderr)
+        if diagnostics := TS_DIAGNOSTIC.findall(stderr):
+            return KernelError(ErrorKind.COMPILE, "the code did not compile: " + "; ".join(d.strip() for d in diagnostics[:5]))
+        match = JS_ERROR_LINE.search(stderr)
+        message = match.group(0).strip() if match else (stderr.strip().splitlines() or ["the code raised an error"])[-1]
+        if match and match.group(1) == "SyntaxError":
+            return KernelError(ErrorKind.COMPILE, message)
+        return KernelError(ErrorKind.RUNTIME, message)
+
 
 TEMPLATES: dict[str, Template] = {
-    "python": Template("python", "python", "Python 3", ".py", "-"),
-    "node": Template("node", "javascript", "JavaScript (Node.js)", ".js", ":"),
+    "python": PythonTemplate("python", "python", "Python 3", ipc_port_separator="-", speaks_curve=True, data_limit_caps_memory=True,
+                             user_packages=True, startup_file="msb_startup.py", image_setting="python_image", logo_text=None,
+                             pause_after_error_seconds=0.0),
+    "node": NodeTemplate("node", "javascript", "JavaScript (Node.js)", ipc_port_separator=":", speaks_curve=False,
+                         data_limit_caps_memory=False, user_packages=False, startup_file="msb_startup.js", image_setting="node_image",
+                         logo_text="JS", pause_after_error_seconds=0.3),
 }
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
 LANGUAGE_ALIASES = {"python": "python", "python3": "python", "py": "python", "node": "node", "javascript": "node", "js": "node"}
 
 

@@ -17,3 +17,24 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 .venv/bin/msb-kernels install >/dev/null
+if [ "$extras" = "test" ]; then
+    # Debian packages some tests need; where they cannot be installed, those tests skip and say how.
+    missing=()
+    command -v slirp4netns >/dev/null || missing+=(slirp4netns)  # MSB_ALLOW_NETWORK (namespace sandboxes)
+    command -v chromium >/dev/null || missing+=(chromium)  # JupyterLab in a browser (test_jupyterlab_browser.py)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
+    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        { apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+            || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; }; } >/dev/null 2>&1 \
+            || echo "could not install ${missing[*]} with apt-get: the tests that need them will skip" >&2
+    fi
+    # The MCP Inspector CLI: a TypeScript-SDK client for tests/mcp_bridge/test_inspector.py (which skips without it).
+    inspector=.venv/share/msb-kernels/inspector
+    if [ ! -f "$inspector/node_modules/@modelcontextprotocol/inspector-cli/build/cli.js" ]; then
+        if ! command -v npm >/dev/null; then
+            echo "npm is not installed: the MCP Inspector tests will skip (install Node.js >= 18 with npm, then run this again)" >&2
+        elif ! npm install --no-audit --no-fund --prefix "$inspector" "@modelcontextprotocol/inspector@0.15" >/dev/null 2>&1; then
+            echo "npm could not install @modelcontextprotocol/inspector@0.15: the MCP Inspector tests will skip" >&2
+        fi
+    fi
+fi

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
+from tests import skips
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
@@ -25,6 +27,7 @@ def _isolate_environment() -> Path:
     # Short path: ZMQ ipc socket paths must fit in 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="msbt-", dir="/tmp"))
     os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
+    os.environ["MSB_SCRATCH_DIR"] = str(base / "scratch")
     # Tests that count sandboxes must not see pool kernels; the pool's own tests turn it on.
     os.environ["MSB_POOL_SIZE"] = "0"
     os.environ["JUPYTER_RUNTIME_DIR"] = str(base / "jr")
@@ -38,6 +41,19 @@ def _isolate_environment() -> Path:
 
 
 TEST_BASE = _isolate_environment()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under MSB_TESTS_STRICT_SKIPS, a skip that tests/skips.py does not expect fails the test."""
+    report = yield
+    if report.skipped and skips.strict() and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if skips.unexpected(reason):
+            report.outcome = "failed"
+            report.longrepr = (f"skipped on a host where it must run (MSB_TESTS_STRICT_SKIPS): {reason}\n"
+                               "fix what made it skip, or list the reason in tests/skips.py EXPECTED_SKIPS with why")
+    return report
 
 
 @pytest.fixture(scope="session", autouse=True)

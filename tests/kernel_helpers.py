@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pytest
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 
@@ -117,6 +121,20 @@ async def connect_outcomes(kc: AsyncKernelClient, targets: list[tuple[str, int]]
     return (await execute(kc, code, timeout=60)).value
 
 
+def live_processes(program: str, argument: str | None = None) -> list[int]:
+    """Host pids of running (not zombie) processes of program, optionally with argument on their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and argv[0].endswith(program.encode()) and (argument is None or argument.encode() in argv):
+                found.append(int(entry.name))
+    return found
+
+
 class HostListener:
     """A TCP port open on the host (every interface) that records whoever connects."""
 
@@ -150,6 +168,17 @@ class HostListener:
         self.server.close()
 
 
+async def assert_unanswered_without_keys(km: Any) -> None:
+    """A client without the CurveZMQ keys gets no answer: the kernel's channels really are encrypted."""
+    plain = km.client(curve_publickey=None, curve_secretkey=None)
+    plain.start_channels()
+    try:
+        with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+            await plain.kernel_info(reply=True, timeout=3)
+    finally:
+        plain.stop_channels()
+
+
 async def interrupt_busy_loop(km: Any, kc: AsyncKernelClient) -> dict:
     """Start `while True: pass`, interrupt it once it runs, and return the execute reply."""
     msg_id = kc.execute("print('looping', flush=True)\nwhile True: pass")
@@ -161,3 +190,22 @@ async def interrupt_busy_loop(km: Any, kc: AsyncKernelClient) -> dict:
     reply = await kc.get_shell_msg(timeout=30)
     assert reply["parent_header"]["msg_id"] == msg_id
     return reply
+
+
+# A separate process that starts one sandboxed kernel, prints where its sandbox lives, and either
+# holds it (argv[1] == 'hold', until killed) or shuts it down. Tests kill it to leave orphans.
+OWNER_SCRIPT = """
+import asyncio, json, os, sys, time
+from jupyter_client.manager import AsyncKernelManager
+async def main():
+    km = AsyncKernelManager(kernel_name="msb-python-small")
+    await km.start_kernel()
+    sandbox = km.provisioner.sandbox
+    print(json.dumps({"kernel_id": km.kernel_id, "pids": sorted(sandbox.cgroup.pids() if sandbox.cgroup else [sandbox.init_pid]),
+                      "state_dir": str(sandbox.state_dir),
+                      "cgroups": [str(p) for p in (sandbox.cgroup.paths.values() if sandbox.cgroup else [])]}), flush=True)
+    if sys.argv[1] == "hold":
+        await asyncio.sleep(3600)
+    await km.shutdown_kernel()
+asyncio.run(main())
+"""

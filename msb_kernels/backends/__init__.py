@@ -1,16 +1,18 @@
 """Backends and the factory that picks one.
 
 ``namespace`` (namespace.py) runs everywhere Linux namespaces work; ``microsandbox``
-(microsandbox.py) boots a microVM per kernel where the host can. ``auto`` prefers
-the microVM and falls back to namespaces, and says why.
+(microsandbox.py) boots a microVM per kernel where the host can. ``auto`` takes the
+first that can run here in ``auto_order`` (the microVM first), and says why.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 
 from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxSpec
-from msb_kernels.config import MsbSettings
+from msb_kernels.config import MsbSettings, backend_locations
 from msb_kernels.errors import BackendUnavailable
 
 log = logging.getLogger("msb_kernels")
@@ -20,17 +22,25 @@ __all__ = ["Availability", "Sandbox", "SandboxBackend", "SandboxSpec", "backend_
 _instances: dict[tuple[str, str], SandboxBackend] = {}
 
 
+@functools.cache
 def backend_classes() -> dict[str, type[SandboxBackend]]:
-    from msb_kernels.backends.namespace import NamespaceBackend
+    """Every backend that loads here, by name, strongest boundary first (``auto_order``).
 
-    classes: dict[str, type[SandboxBackend]] = {"namespace": NamespaceBackend}
-    try:
-        from msb_kernels.backends.microsandbox import MicrosandboxBackend
-    except ImportError:
-        pass
-    else:
-        classes["microsandbox"] = MicrosandboxBackend
-    return classes
+    Backends are the built-in ones and the ``msb_kernels.backends`` entry points, so a new one
+    is a module and an entry point. One whose module cannot be imported is left out;
+    ``unloadable_backends`` says why, and choose_backend and `msb-kernels doctor` report it.
+    """
+    classes = []
+    for name, location in backend_locations().items():
+        module, _, attribute = location.partition(":")
+        try:
+            classes.append(getattr(importlib.import_module(module), attribute))
+        except (ImportError, AttributeError) as exc:
+            unloadable_backends[name] = f"cannot be imported from {location}: {exc}"
+    return {cls.name: cls for cls in sorted(classes, key=lambda cls: cls.auto_order)}
+
+
+unloadable_backends: dict[str, str] = {}
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
@@ -38,19 +48,18 @@ def choose_backend(requested: str) -> tuple[str, str]:
     classes = backend_classes()
     if requested != "auto":
         if requested not in classes:
-            raise BackendUnavailable(f"MSB_BACKEND={requested}: that backend is not installed",
-                                     ["pip install 'msb-kernels[microsandbox]'", "or set MSB_BACKEND=namespace"])
+            why = unloadable_backends.get(requested, "it is not installed")
+            raise BackendUnavailable(f"MSB_BACKEND={requested}: that backend {why}",
+                                     ["reinstall msb-kernels (the first command of the README)",
+                                      "or set MSB_BACKEND to one of: auto, " + ", ".join(classes)])
         availability = classes[requested].availability()
         if not availability.ok:
             raise BackendUnavailable(f"MSB_BACKEND={requested} cannot run on this host: {availability.reason}",
                                      ["run `msb-kernels doctor` for details", "or set MSB_BACKEND=auto"])
         return requested, f"MSB_BACKEND={requested}: {availability.reason}"
-    reasons = []
-    for name in ("microsandbox", "namespace"):
-        if name not in classes:
-            reasons.append(f"{name}: not installed")
-            continue
-        availability = classes[name].availability()
+    reasons = [f"{name}: {why}" for name, why in unloadable_backends.items()]
+    for name, cls in classes.items():
+        availability = cls.availability()
         if availability.ok:
             because = f" ({'; '.join(reasons)})" if reasons else ""
             return name, f"picked {name}: {availability.reason}{because}"

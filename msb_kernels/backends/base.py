@@ -2,8 +2,10 @@
 
 A backend turns a SandboxSpec (a kernel command, a flavor, a directory for the
 kernel's connection file and sockets) into a running, sized, isolated Sandbox.
-The provisioner only talks to these two abstract classes, so a new backend is one
-new module beside namespace.py and microsandbox.py.
+The provisioner (msb_kernels.provisioner) only talks to these two abstract classes,
+so a new backend is one new module beside namespace.py and microsandbox.py, named in
+config.BUILTIN_BACKENDS (or, from another package, an entry point in the
+``msb_kernels.backends`` group). Each docstring names its caller.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class SandboxSpec:
     readonly_paths: list[str] = field(default_factory=list)  # host paths the kernel needs, shown read-only at the same path
     shared_volume: SharedVolume | None = None
     max_processes: int = 256
+    allow_network: bool = False  # outbound to the public internet (MSB_ALLOW_NETWORK); never the host or its LAN
     owner_pid: int | None = None  # sandboxes die with this host process unless it is None
 
 
@@ -73,60 +76,69 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def poll(self) -> int | None:
-        """None while the kernel runs, else its exit status."""
+        """None while the kernel runs, else its exit status. Called by the provisioner's poll (jupyter_client's restarter)."""
 
     @abc.abstractmethod
     async def wait(self) -> int | None:
-        """Wait for the kernel to exit and return its status."""
+        """Wait for the kernel to exit and return its status. Called by the provisioner's wait, after a stop."""
 
     @abc.abstractmethod
     async def send_signal(self, signum: int) -> None:
-        """Deliver a signal to the kernel inside the sandbox (SIGINT interrupts it)."""
+        """Deliver a signal to the kernel inside the sandbox. Called by the provisioner's send_signal (SIGINT: an interrupt)."""
 
     @abc.abstractmethod
     async def kill(self) -> None:
-        """Stop everything in the sandbox at once."""
+        """Stop everything in the sandbox at once. Called by the provisioner's kill (shutdown with now=True, a failed stop)."""
 
     @abc.abstractmethod
     async def terminate(self) -> None:
-        """Ask the kernel to stop (SIGTERM); kill() follows if it does not."""
+        """Ask the kernel to stop (SIGTERM); kill() follows if it does not. Called by the provisioner's terminate."""
 
     @abc.abstractmethod
     async def cleanup(self, keep_io_dir: bool = False) -> None:
-        """Release what the sandbox held (limits, mounts, dirs). keep_io_dir is for restarts."""
+        """Release what the sandbox held (limits, mounts, dirs). Called by the provisioner's cleanup;
+        keep_io_dir is true on a restart, which reuses the connection directory."""
 
     def exit_reason(self) -> str | None:
-        """Why the kernel died, when the backend knows (for example out of memory)."""
+        """Why the kernel died, when the backend knows (for example out of memory).
+
+        Called by the provisioner when the kernel ends (describe().last_exit_reason) and by the
+        gateway when jupyter_client restarts a dead kernel."""
         return None
 
     def info(self) -> dict:
-        """What get_provisioner_info persists and stats report."""
+        """What the provisioner's get_provisioner_info persists and the gateway's stats report."""
         return {"sandbox_id": self.sandbox_id, "flavor": self.spec.flavor.name, "template": self.spec.template}
 
 
 class SandboxBackend(abc.ABC):
     """Creates sandboxes and finds the ones it created before."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # its MSB_BACKEND value and entry point name
+    auto_order: ClassVar[int]  # MSB_BACKEND=auto tries lower numbers first: the stronger boundary
     transport: ClassVar[str]  # the ZMQ transport the host uses to reach the kernel: "ipc" or "tcp"
     guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
 
     @classmethod
     @abc.abstractmethod
     def availability(cls) -> Availability:
-        """Whether this backend can run here; the reason says why not, or what is degraded."""
+        """Whether this backend can run here; the reason says why not, or what is degraded.
+
+        Called by choose_backend (MSB_BACKEND) and `msb-kernels doctor`; must be quick and safe to repeat."""
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        """Create a sandbox sized by spec.flavor and start the kernel in it."""
+        """Create a sandbox sized by spec.flavor and start the kernel in it. Called by the provisioner's launch_kernel."""
 
     @abc.abstractmethod
     def list_sandboxes(self) -> list[SandboxRecord]:
-        """Every sandbox of ours on this host, live or orphaned."""
+        """Every sandbox of ours on this host, live or orphaned. Called by `msb-kernels list` and the sweeps."""
 
     @abc.abstractmethod
     async def sweep_orphans(self) -> list[str]:
-        """Stop and remove sandboxes whose owner is gone; return their ids."""
+        """Stop and remove sandboxes whose owner is gone; return their ids.
+
+        Called by the provisioner before its first start in a process, the gateway at start, and `msb-kernels sweep`."""
 
     # -- optional hooks for tcp backends (defaults suit a backend the host reaches over ipc) --
 
@@ -138,7 +150,7 @@ class SandboxBackend(abc.ABC):
         the guest and held until release_ports (a restart gets the same ones). None: jupyter_client picks."""
         return None
 
-    def release_ports(self, sandbox_id: str) -> None:
+    def release_ports(self, sandbox_id: str) -> None:  # noqa: B027 - a hook: backends without ports have nothing to give back
         """Give back what reserve_ports held; called on every way a kernel ends, harmless twice."""
 
     async def supports_curve(self, template: str) -> bool:

@@ -41,11 +41,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from msb_kernels.backends.base import SANDBOX_LABEL, Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.base import (
+    SANDBOX_LABEL,
+    Availability,
+    Sandbox,
+    SandboxBackend,
+    SandboxRecord,
+    SandboxSpec,
+)
 from msb_kernels.backends.processes import owner_alive, process_start_time
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.ports import PortManager
+from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
 
@@ -54,7 +62,7 @@ GUEST_USER = "sandbox"  # the images' unprivileged user (uid 1000, home /home/sa
 GUEST_UID = 1000
 GUEST_HOME = "/home/sandbox"
 GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
-SWEEP_INTERVAL = 600.0  # seconds between orphan sweeps, as the design asks
+SWEEP_INTERVAL = 600.0  # seconds between orphan sweeps: often enough that a crashed owner's VMs do not linger
 NAME_PREFIX = "msbk-"
 SMOKE_PREFIX = "msbk-smoke-"
 SMOKE_MEMORY_MIB = 256
@@ -70,6 +78,21 @@ LOCAL_IMAGE_PREFIX = "msb-kernels/"  # images `msb-kernels image build` tags
 IMAGE_CURVE_LABEL = "org.msb-kernels.curve"  # "true" when the image's kernel speaks CurveZMQ
 
 T = TypeVar("T")
+
+# microsandbox's SDK and its `msb` CLI read MSB_BACKEND, which is also the name of our own setting
+# (auto, namespace, microsandbox), and refuse anything but their own "local" or "cloud". Told
+# explicitly, the SDK no longer reads the variable, and the CLI gets an environment of its own.
+try:
+    import microsandbox as _sdk
+except ImportError:  # not on this platform; availability() says so
+    pass
+else:
+    _sdk.set_default_backend(_sdk.BackendKind.LOCAL)
+
+
+def msb_cli_environment() -> dict[str, str]:
+    """The environment for running the `msb` CLI: ours, with MSB_BACKEND meaning what msb expects."""
+    return {**os.environ, "MSB_BACKEND": "local", "NO_COLOR": "1"}
 
 
 # -- msb doctor ----------------------------------------------------------------
@@ -123,8 +146,7 @@ def run_doctor(timeout: float = 30) -> tuple[bool, str, list[str]]:
     if msb is None:
         return False, "the msb runtime is not installed (pip install 'microsandbox>=0.7,<0.8')", []
     try:
-        result = subprocess.run([msb, "doctor"], capture_output=True, text=True, timeout=timeout,
-                                env={**os.environ, "NO_COLOR": "1"})
+        result = subprocess.run([msb, "doctor"], capture_output=True, text=True, timeout=timeout, env=msb_cli_environment())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"msb doctor did not run: {exc}", []
     return parse_doctor(result.returncode, result.stdout + "\n" + result.stderr)
@@ -134,15 +156,22 @@ def run_doctor(timeout: float = 30) -> tuple[bool, str, list[str]]:
 
 
 def image_for(settings: MsbSettings, template: str) -> str:
-    return settings.node_image if template == "node" else settings.python_image
+    return getattr(settings, TEMPLATES[template].image_setting)
 
 
-def network_for(settings: MsbSettings) -> Any:
+def network_for(allow_network: bool) -> Any:
     """Outbound denied unless MSB_ALLOW_NETWORK, and then only to the public internet (not the host or
     its LAN); inbound allowed, because the kernel's published ports are inbound."""
-    from microsandbox import Action, DestGroup, Destination, Network, NetworkPolicy, Rule
+    from microsandbox import (
+        Action,
+        DestGroup,
+        Destination,
+        Network,
+        NetworkPolicy,
+        Rule,
+    )
 
-    if settings.allow_network:
+    if allow_network:
         rules = (*Rule.allow_dns(), Rule.allow(destination=Destination.group(DestGroup.PUBLIC)))
         return Network(policy=NetworkPolicy(default_egress=Action.DENY, default_ingress=Action.ALLOW, rules=rules))
     return Network(policy=NetworkPolicy(default_egress=Action.DENY, default_ingress=Action.ALLOW, rules=()))
@@ -172,11 +201,7 @@ def labels_for(spec: SandboxSpec, hostname: str | None = None) -> dict[str, str]
 
 def guest_argv(spec: SandboxSpec) -> list[str]:
     """The kernel command in the image: its python3 or tslab, not the host's interpreter paths."""
-    argv = list(spec.argv)
-    if spec.template == "node":
-        rest = argv[argv.index("kernel"):] if "kernel" in argv else argv[2:]
-        return ["tslab", *rest]
-    return ["python3", *argv[1:]]
+    return TEMPLATES[spec.template].guest_argv(list(spec.argv))
 
 
 def guest_env(spec: SandboxSpec) -> dict[str, str]:
@@ -207,7 +232,7 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
         "hostname": "sandbox",
         "ports": [PortBinding.tcp(port, port, bind="127.0.0.1") for port in ports],
         "volumes": volumes,
-        "network": network_for(settings),
+        "network": network_for(spec.allow_network),
         "labels": labels_for(spec, hostname),
         "idle_timeout": None,  # off: the VM's idle clock does not see ZMQ traffic; Jupyter culls idle kernels
         "max_duration": None,
@@ -343,6 +368,7 @@ def _run_coroutine(factory: Callable[[], Awaitable[T]], timeout: float = 60) -> 
 
 class MicrosandboxBackend(SandboxBackend):
     name = "microsandbox"
+    auto_order = 10
     transport = "tcp"
     guest_io_dir = GUEST_IO_DIR
     _availability: Availability | None = None
@@ -577,7 +603,8 @@ async def image_supports_curve(image: str) -> bool:
 
 
 async def _smoke(image: str) -> str:
-    from microsandbox import Network, PullPolicy, Sandbox as VM
+    from microsandbox import Network, PullPolicy
+    from microsandbox import Sandbox as VM
 
     name = f"{SMOKE_PREFIX}{uuid.uuid4().hex[:12]}"
     started = time.monotonic()

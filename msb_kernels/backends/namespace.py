@@ -6,6 +6,8 @@ directory under the runtime root:
     <runtime root>/<sandbox id>/state.json   who owns it, init's pid, its uid
     <runtime root>/<sandbox id>/io/          connection file and ZMQ ipc sockets (/run/kernel inside)
     <runtime root>/<sandbox id>/root/        mount point of the sandbox's root (in its own mount ns)
+    <runtime root>/<sandbox id>/scratch/     mount point of its disk (or RAM) for /tmp and home (ditto)
+    <scratch root>/<sandbox id>.img          that disk (scratch.py)
 
 The state files are what the orphan sweep reads after a crash or a kill -9.
 """
@@ -24,13 +26,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
-from msb_kernels.backends import cgroups
-from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends import cgroups, network, scratch
+from msb_kernels.backends.base import (
+    Availability,
+    Sandbox,
+    SandboxBackend,
+    SandboxRecord,
+    SandboxSpec,
+)
 from msb_kernels.backends.processes import process_alive, process_start_time
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
 
@@ -38,6 +48,7 @@ log = logging.getLogger("msb_kernels")
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_GID = SANDBOX_UID_BASE
 LAUNCH_TIMEOUT = 30.0
+USER_PACKAGES = "/home/sandbox/.local/site-packages"
 LAUNCHER = str(Path(__file__).resolve().with_name("nsinit.py"))
 
 _PROBE = """
@@ -66,9 +77,50 @@ def python_readonly_paths(executable: str = sys.executable) -> list[str]:
     return sorted(p for p in paths if not p.startswith("/usr/") and p != "/usr")
 
 
+class KernelStderr:
+    """A sandbox's stderr, read by the host: each line goes to the debug log, never to the server's own
+    output, where a kernel's tracebacks (a shutdown while busy, user code writing to fd 2) would read
+    as the server's. The last lines are kept for whoever looks into a failure."""
+
+    KEPT_LINES = 20
+
+    def __init__(self, sandbox_id: str, fd: int):
+        self.sandbox_id = sandbox_id
+        self.fd = fd
+        self.tail: deque[str] = deque(maxlen=self.KEPT_LINES)
+        self._partial = b""
+        os.set_blocking(fd, False)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        self._partial = self._partial[-4096:]
+        for line in lines:
+            text = line.decode(errors="replace").rstrip()
+            self.tail.append(text)
+            log.debug("kernel %s stderr: %s", self.sandbox_id, text)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(Exception):  # a loop already closed has no reader left to remove
+                self._loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
 class NamespaceSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, init_pid: int, pidfd: int,
-                 cgroup: cgroups.SandboxCgroup | None, lifeline: int | None):
+                 cgroup: cgroups.SandboxCgroup | None, lifeline: int | None, stderr: KernelStderr | None = None):
         super().__init__(spec)
         self.backend = backend
         self.state_dir = state_dir
@@ -76,7 +128,11 @@ class NamespaceSandbox(Sandbox):
         self.pidfd = pidfd
         self.cgroup = cgroup
         self.lifeline = lifeline
+        self.stderr = stderr
         self.exit_code: int | None = None
+        self.stopped_by_owner = False  # kill() or terminate(): a shutdown, not a death worth a reason
+        self._final_exit_reason: str | None = None  # latched by cleanup: the cgroup that tells OOM goes with it
+        self._cleaned_up = False
 
     def _exited(self) -> bool:
         if self.exit_code is not None:
@@ -120,15 +176,25 @@ class NamespaceSandbox(Sandbox):
                 signal.pidfd_send_signal(self.pidfd, signum)
 
     async def kill(self) -> None:
+        self.stopped_by_owner = self.stopped_by_owner or not self._exited()  # killing the dead (a restart) changes no reason
         await self.send_signal(signal.SIGKILL)  # init is pid 1: the whole pid namespace goes with it
 
     async def terminate(self) -> None:
+        self.stopped_by_owner = self.stopped_by_owner or not self._exited()
         await self.send_signal(signal.SIGTERM)
 
     def exit_reason(self) -> str | None:
+        if self._cleaned_up:
+            return self._final_exit_reason
         if self.cgroup is not None and self.cgroup.oom_kills() > 0:
             return self.spec.flavor.out_of_memory_message()
-        return None
+        if self.stopped_by_owner or not self._exited() or not self.exit_code:
+            return None
+        if self.exit_code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by signal {signal.Signals(-self.exit_code).name}"
+            return f"killed by signal {-self.exit_code}"
+        return f"the kernel exited with status {self.exit_code}"
 
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_bytes() if self.cgroup else None
@@ -138,7 +204,8 @@ class NamespaceSandbox(Sandbox):
             await self.kill()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wait(), 5)
-        reason = self.exit_reason()
+        reason = self._final_exit_reason = self.exit_reason()
+        self._cleaned_up = True
         if reason:
             log.warning("kernel %s: %s", self.sandbox_id, reason)
         if self.lifeline is not None:
@@ -148,6 +215,8 @@ class NamespaceSandbox(Sandbox):
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
+        if self.stderr is not None:
+            self.stderr.close()
         self.backend.remove_state(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
 
     def info(self) -> dict:
@@ -156,6 +225,7 @@ class NamespaceSandbox(Sandbox):
 
 class NamespaceBackend(SandboxBackend):
     name = "namespace"
+    auto_order = 90
     transport = "ipc"
     guest_io_dir = "/run/kernel"
     _availability: Availability | None = None
@@ -165,6 +235,7 @@ class NamespaceBackend(SandboxBackend):
         self.root = settings.runtime_root()
         self.hierarchy, self.limits_note = cgroups.detect()
         self.rootful = os.geteuid() == 0
+        self.memory_scratch_reason = scratch.unavailable_reason()
 
     # -- availability ----------------------------------------------------------
 
@@ -187,6 +258,9 @@ class NamespaceBackend(SandboxBackend):
                                        "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces>0) or run as root")
         hierarchy, note = cgroups.detect()
         warnings = [] if hierarchy else [limits_warning(note)]
+        no_disk = scratch.unavailable_reason()
+        if no_disk:
+            warnings.append(scratch.memory_scratch_note(no_disk))
         return Availability(True, f"Linux namespaces; limits by {note}" if hierarchy else "Linux namespaces; limits by rlimits", warnings)
 
     # -- create ----------------------------------------------------------------
@@ -224,7 +298,9 @@ class NamespaceBackend(SandboxBackend):
             raise SandboxError(f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
                                ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS to accept rlimits"])
         state_dir = spec.io_dir.parent
+        network_plan = network.network_plan(state_dir, self.rootful) if spec.allow_network else None
         (state_dir / "root").mkdir(exist_ok=True)
+        (state_dir / "scratch").mkdir(exist_ok=True)
         record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
                   "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
                   "flavor": spec.flavor.name, "template": spec.template}
@@ -236,6 +312,15 @@ class NamespaceBackend(SandboxBackend):
             for child in spec.io_dir.iterdir():
                 os.chown(child, uid, gid, follow_symlinks=False)
 
+        image = None
+        if self.memory_scratch_reason is None:
+            image = scratch.image_path(self.settings.scratch_root(), spec.sandbox_id)
+            try:
+                await scratch.make_image(image, spec.flavor, reserve=self.settings.disk_reserve)
+            except BaseException:
+                self.remove_state(state_dir, None, keep_io_dir=True)
+                raise
+
         cgroup = None
         if self.hierarchy is not None:
             cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id)
@@ -243,9 +328,11 @@ class NamespaceBackend(SandboxBackend):
                 cgroup.create(spec.flavor, spec.max_processes)
             except OSError as exc:
                 cgroup.destroy(timeout=0)
+                self.remove_state(state_dir, None, keep_io_dir=True)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
 
         lifeline_read, lifeline_write = os.pipe() if spec.owner_pid else (None, None)
+        template = TEMPLATES[spec.template]
         plan = {
             "sandbox_id": spec.sandbox_id,
             "rootful": self.rootful,
@@ -259,35 +346,49 @@ class NamespaceBackend(SandboxBackend):
             "guest_io_dir": self.guest_io_dir,
             "readonly_paths": sorted(set(spec.readonly_paths) | set(python_readonly_paths())),
             "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
-            "tmpfs_bytes": spec.flavor.memory_bytes,
+            "scratch_mount": str(state_dir / "scratch"),
+            "scratch_image": str(image) if image else None,
+            "scratch_bytes": spec.flavor.memory_scratch_mib * 1024 * 1024,
+            "shm_bytes": spec.flavor.shm_mib * 1024 * 1024,
             "cgroup_procs": cgroup.procs_files() if cgroup else [],
             "nproc_limit": None if cgroup else spec.max_processes,
             "cpu_affinity": None if cgroup else spec.flavor.cpus,
-            "data_limit": spec.flavor.memory_bytes if spec.template == "python" else None,
+            "data_limit": spec.flavor.memory_bytes if template.data_limit_caps_memory else None,
             "argv": spec.argv,
-            "env": spec.env,
+            "env": _with_user_packages(spec) if template.user_packages else spec.env,
             "python": sys.executable,
             "lifeline_fd": lifeline_read,
+            "kernel_dirs": [USER_PACKAGES] if template.user_packages else [],
+            "network": network_plan,
         }
+        stderr_read, stderr_write = os.pipe()
         try:
-            init_pid, pidfd = await self._launch(plan, lifeline_read)
+            init_pid, pidfd = await self._launch(plan, lifeline_read, stderr_write)
         except BaseException:
-            for fd in (lifeline_read, lifeline_write):
+            with contextlib.suppress(OSError):
+                os.set_blocking(stderr_read, False)
+                said = os.read(stderr_read, 4096).decode(errors="replace").strip()
+                if said:
+                    log.warning("sandbox %s did not start; its stderr: %s", spec.sandbox_id, said)
+            for fd in (lifeline_read, lifeline_write, stderr_read):
                 if fd is not None:
                     os.close(fd)
             self.remove_state(state_dir, cgroup, keep_io_dir=True)
             raise
+        finally:
+            os.close(stderr_write)  # the sandbox holds its own copy now
         if lifeline_read is not None:
             os.close(lifeline_read)  # init holds its own copy now
         record.update(init_pid=init_pid, init_start=process_start_time(init_pid), uid=uid, cgroup=cgroup is not None)
         self._write_state(state_dir, record)
-        return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write)
+        return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write,
+                                KernelStderr(spec.sandbox_id, stderr_read))
 
-    async def _launch(self, plan: dict, lifeline: int | None) -> tuple[int, int]:
+    async def _launch(self, plan: dict, lifeline: int | None, stderr: int) -> tuple[int, int]:
         # -S -I: no site-packages, no environment; the launcher needs only the standard library.
         launcher = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-I", LAUNCHER,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env={"PATH": "/usr/bin:/bin"},
             pass_fds=(lifeline,) if lifeline is not None else (), start_new_session=True,
         )
         assert launcher.stdin and launcher.stdout
@@ -313,6 +414,9 @@ class NamespaceBackend(SandboxBackend):
     def remove_state(self, state_dir: Path, cgroup: cgroups.SandboxCgroup | None, *, keep_io_dir: bool) -> None:
         if cgroup is not None and not cgroup.destroy():
             log.warning("cgroup of sandbox %s still has processes", state_dir.name)
+        if self.memory_scratch_reason is None:
+            # Its loop device lets go once the sandbox's mount namespace is gone; the blocks are freed then.
+            scratch.remove_image(scratch.image_path(self.settings.scratch_root(), state_dir.name))
         if keep_io_dir:
             with contextlib.suppress(FileNotFoundError):
                 (state_dir / "state.json").unlink()
@@ -346,7 +450,16 @@ class NamespaceBackend(SandboxBackend):
             swept.append(record.sandbox_id)
         if swept:
             log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
+        if self.memory_scratch_reason is None:
+            for image in scratch.sweep_images(self.settings.scratch_root(), older_than=2 * LAUNCH_TIMEOUT):
+                log.info("removed the disk of a sandbox that is gone: %s", image)
         return swept
+
+
+def _with_user_packages(spec: SandboxSpec) -> dict[str, str]:
+    """The kernel's Python environment is read-only here, so `%pip install` goes to the sandbox's home
+    and is importable at once; it lasts as long as the kernel."""
+    return {**spec.env, "PIP_TARGET": USER_PACKAGES, "PYTHONPATH": USER_PACKAGES, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 def limits_warning(note: str) -> str:

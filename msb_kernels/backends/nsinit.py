@@ -2,11 +2,16 @@
 
 The host side (namespace.py) writes one JSON line, the launch plan, to stdin. Then:
 
-1. The launcher joins the sandbox's cgroups and unshares mount, pid, net, ipc, uts
-   and cgroup namespaces (plus a user namespace when the host is not root).
+1. The launcher joins the sandbox's cgroups. With MSB_ALLOW_NETWORK it forks the
+   network helper (slirp4netns) while still in the host's network namespace. Then it
+   unshares mount, pid, net, ipc, uts and cgroup namespaces (plus a user namespace
+   when the host is not root).
 2. It forks the sandbox's init (pid 1). Init builds a fresh root: a read-only
-   tmpfs holding read-only binds of what a kernel needs, a private /tmp and home,
-   the kernel's io dir, the shared volume; then pivot_root, loopback up.
+   tmpfs holding read-only binds of what a kernel needs, a private /dev with its
+   own devpts, /tmp and home on the sandbox's disk (a loop-mounted image; RAM when
+   the host cannot), the kernel's io dir, the shared volume; then pivot_root, loopback up.
+   With a network, it waits for the helper's tap0 and adds the routes that fence off the
+   host and the LAN, while it still holds CAP_NET_ADMIN over the namespace.
 3. Init gives up host privileges for good: an unprivileged uid when the host is
    root, no_new_privs, and a user namespace where it is uid 1000.
 4. It forks the kernel and re-execs itself as a tiny reaper that forwards signals
@@ -20,13 +25,15 @@ Only the standard library is used: this code runs before and inside the sandbox.
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import json
 import os
 import resource
+import select
 import socket
 import struct
 import sys
-import fcntl
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -53,6 +60,19 @@ PR_SET_NO_NEW_PRIVS = 38
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
+NETLINK_ROUTE = 0
+RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE = 20, 22, 24
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST, RTN_PROHIBIT = 254, 4, 1, 8
+RTA_DST, RTA_GATEWAY, IFA_ADDRESS, IFA_LOCAL = 1, 5, 1, 2
+NETWORK_READY_TIMEOUT = 10.0
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4
+LO_FLAGS_DIRECT_IO = 16
+# struct loop_config: fd, block_size, struct loop_info64 (lo_flags at offset 52), 64 reserved bytes.
+LOOP_CONFIG = struct.Struct("=II52xI176x64x")
 
 PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217, "armv7l": 218, "i686": 217}
 
@@ -65,7 +85,8 @@ ETC_ENTRIES = (
     "ca-certificates", "ca-certificates.conf", "fonts", "alternatives", "mime.types", "protocols",
     "services", "os-release", "debian_version", "inputrc", "terminfo", "matplotlibrc", "gai.conf",
 )
-DEVICES = ("null", "zero", "full", "random", "urandom")
+# /dev/tty is the opening process's own controlling terminal: inside, always one of the sandbox's ptys.
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 # The reaper init becomes once the kernel runs: small, so the sandbox adds little memory.
 REAPER = r"""
@@ -178,9 +199,52 @@ def _bind(source: str, target: str, *, readonly: bool) -> None:
     _mount(None, target, None, flags)
 
 
+def _attach_loop(image: str) -> tuple[str, int]:
+    """Attach image to a free loop device that detaches itself once nothing holds it (autoclear)."""
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(32):  # another process may take the free device first
+            device = f"/dev/loop{fcntl.ioctl(control, LOOP_CTL_GET_FREE)}"
+            loop = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+            for flags in (LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO, LO_FLAGS_AUTOCLEAR):
+                try:
+                    fcntl.ioctl(loop, LOOP_CONFIGURE, LOOP_CONFIG.pack(backing, 0, flags))
+                    return device, loop
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY:
+                        break
+                    if exc.errno != errno.EINVAL or not flags & LO_FLAGS_DIRECT_IO:
+                        os.close(loop)
+                        raise OSError(exc.errno, f"attaching the sandbox's disk to {device}: {exc.strerror}") from None
+            os.close(loop)
+        raise OSError(errno.EBUSY, "no free loop device for the sandbox's disk")
+    finally:
+        os.close(control)
+        os.close(backing)
+
+
+def _mount_scratch(plan: dict, root: str) -> None:
+    """/tmp and home on one filesystem of the flavor's disk size, so together they stop at it."""
+    scratch = plan["scratch_mount"]
+    if plan.get("scratch_image"):
+        device, loop = _attach_loop(plan["scratch_image"])
+        try:  # noinit_itable: the image reads as zeros, so no background thread writes the inode tables
+            _mount(device, scratch, "ext4", MS_NOSUID | MS_NODEV, "noinit_itable")
+        finally:
+            os.close(loop)  # the mount holds the device now; when it goes, autoclear detaches it
+    else:
+        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={plan['scratch_bytes']}")
+    for name, mode, target in (("tmp", 0o1777, "/tmp"), ("home", 0o700, SANDBOX_HOME)):
+        place = f"{scratch}/{name}"
+        os.mkdir(place)
+        os.chmod(place, mode)
+        os.chown(place, plan["home_uid"] if name == "home" else 0, plan["home_gid"] if name == "home" else 0)
+        _bind(place, root + target, readonly=False)
+
+
 def _build_root(plan: dict) -> None:
     root = plan["root_dir"]
-    owner = f"uid={plan['home_uid']},gid={plan['home_gid']}"
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
 
@@ -203,7 +267,7 @@ def _build_root(plan: dict) -> None:
     _write(root + "/etc/group", f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
     _write(root + "/etc/hostname", plan["hostname"] + "\n")
     _write(root + "/etc/hosts", f"127.0.0.1\tlocalhost {plan['hostname']}\n::1\tlocalhost ip6-localhost\n")
-    _write(root + "/etc/resolv.conf", "")
+    _write(root + "/etc/resolv.conf", "".join(f"nameserver {a}\n" for a in (plan.get("network") or {}).get("nameservers", ())))
 
     os.makedirs(root + "/proc")
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -215,13 +279,14 @@ def _build_root(plan: dict) -> None:
         _mount("/dev/" + name, root + "/dev/" + name, None, MS_BIND)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, root + "/dev/" + name)
+    # A devpts of its own: the sandbox sees and gets only its own terminals, never the host's.
+    os.makedirs(root + "/dev/pts")
+    _mount("devpts", root + "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620,gid={plan['home_gid']}")
+    os.symlink("pts/ptmx", root + "/dev/ptmx")
     os.makedirs(root + "/dev/shm")
-    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={plan['tmpfs_bytes']}")
+    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={plan['shm_bytes']}")
 
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={plan['tmpfs_bytes']}")
-    os.makedirs(root + SANDBOX_HOME)
-    _mount("tmpfs", root + SANDBOX_HOME, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={plan['tmpfs_bytes']},{owner}")
+    _mount_scratch(plan, root)
     os.makedirs(root + "/run")
     _mount("tmpfs", root + "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
     # After the tmpfs mounts, so an interpreter under /tmp or /home stays visible.
@@ -246,6 +311,117 @@ def _loopback_up() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _netlink(message_type: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+    """One rtnetlink request: the payloads of its replies; a kernel error is raised as OSError."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
+        sock.bind((0, 0))
+        sock.send(struct.pack("=IHHII", 16 + len(body), message_type, flags | NLM_F_REQUEST, 1, 0) + body)
+        replies = []
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset < len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                payload = data[offset + 16:offset + length]
+                if kind == NLMSG_DONE:
+                    return replies
+                if kind == NLMSG_ERROR:
+                    error = -struct.unpack_from("=i", payload)[0]
+                    if error:
+                        raise OSError(error, os.strerror(error))
+                    return replies
+                replies.append((kind, payload))
+                offset += (length + 3) & ~3
+
+
+def _attributes(payload: bytes, offset: int) -> dict[int, bytes]:
+    found = {}
+    while offset + 4 <= len(payload):
+        length, kind = struct.unpack_from("=HH", payload, offset)
+        if length < 4:
+            break
+        found[kind] = payload[offset + 4:offset + length]
+        offset += (length + 3) & ~3
+    return found
+
+
+def host_ipv4_addresses() -> list[str]:
+    """Every IPv4 address of this network namespace's interfaces (loopback included)."""
+    addresses = []
+    for kind, payload in _netlink(RTM_GETADDR, NLM_F_DUMP, struct.pack("=BBBBI", socket.AF_INET, 0, 0, 0, 0)):
+        if kind == RTM_NEWADDR:
+            attributes = _attributes(payload, 8)
+            raw = attributes.get(IFA_LOCAL) or attributes.get(IFA_ADDRESS)
+            if raw and len(raw) == 4:
+                addresses.append(socket.inet_ntoa(raw))
+    return sorted(set(addresses))
+
+
+def _add_route(destination: str, route_type: int, gateway: str | None = None) -> None:
+    address, _, bits = destination.partition("/")
+    body = struct.pack("=BBBBBBBBI", socket.AF_INET, int(bits or 32), 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, 0, route_type, 0)
+    for kind, value in ((RTA_DST, address), (RTA_GATEWAY, gateway)):
+        if value:
+            body += struct.pack("=HH", 8, kind) + socket.inet_aton(value)
+    try:
+        _netlink(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
+    except OSError as exc:
+        raise OSError(exc.errno, f"adding the route for {destination}: {exc.strerror}") from None
+
+
+def _start_network_helper(network: dict, ready_write: int, exit_read: int) -> int:
+    """Fork the helper (slirp4netns) while still in the host's network namespace; it waits for init's pid.
+
+    It serves the sandbox's tap device from the host side, writes to ready_write once the
+    interface is configured, and quits when exit_read reaches EOF: init holds the write end,
+    so the helper goes when the sandbox does, however it ends.
+    """
+    pid_read, pid_write = os.pipe()
+    if os.fork() == 0:
+        try:
+            os.close(pid_write)
+            target = os.read(pid_read, 32).decode().strip()
+            if not target:
+                os._exit(0)
+            log = os.open(network["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)  # not the launcher's stdout: the host reads that until EOF
+            os.dup2(log, 2)
+            os.setsid()
+            for fd in (ready_write, exit_read):
+                os.set_inheritable(fd, True)
+            argv = [*network["helper"], f"--ready-fd={ready_write}", f"--exit-fd={exit_read}"]
+            if network.get("join_user_namespace"):
+                argv.append(f"--userns-path=/proc/{target}/ns/user")
+            os.execv(argv[0], [*argv, target, network["interface"]])
+        except BaseException as exc:
+            os.write(2, f"cannot start {network['helper'][0]}: {exc}\n".encode())
+        os._exit(127)
+    os.close(pid_read)
+    return pid_write
+
+
+def _await_network(ready_read: int) -> None:
+    poller = select.poll()
+    poller.register(ready_read, select.POLLIN)
+    if not poller.poll(int(NETWORK_READY_TIMEOUT * 1000)):
+        raise RuntimeError(f"the network helper did not configure the sandbox's interface within {NETWORK_READY_TIMEOUT:.0f} s")
+    if not os.read(ready_read, 16):
+        raise RuntimeError("the network helper exited before the sandbox's interface was up")
+    os.close(ready_read)
+
+
+def _restrict_routes(network: dict) -> None:
+    """Routes the sandboxed code cannot change (no CAP_NET_ADMIN over this namespace once privileges drop):
+    the host's own addresses and the LAN are prohibited, so connect() fails at once and nothing is sent;
+    the host's DNS servers stay reachable through the helper's gateway."""
+    for nameserver in network["nameservers"]:
+        _add_route(nameserver, RTN_UNICAST, network["gateway"])
+    for destination in network["prohibited"]:
+        _add_route(destination, RTN_PROHIBIT)
 
 
 def _drop_privileges(plan: dict) -> None:
@@ -281,13 +457,15 @@ def _exec_kernel(plan: dict, error_pipe: int) -> None:
             resource.setrlimit(resource.RLIMIT_DATA, (plan["data_limit"], plan["data_limit"]))
         os.chdir(SANDBOX_HOME)
         os.umask(0o002)
+        for directory in plan.get("kernel_dirs", ()):
+            os.makedirs(directory, exist_ok=True)  # on sys.path from the start, so what lands there imports at once
         os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
     except BaseException as exc:  # report to init, which reports to the host
         os.write(error_pipe, f"cannot start kernel {plan['argv'][0]!r}: {exc}".encode())
         os._exit(127)
 
 
-def _run_init(plan: dict, status_pipe: int) -> None:
+def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None) -> None:
     """pid 1 of the sandbox: build it, start the kernel, become the reaper."""
     try:
         os.setsid()
@@ -297,6 +475,9 @@ def _run_init(plan: dict, status_pipe: int) -> None:
         os.close(null)
         _build_root(plan)
         _loopback_up()
+        if network_ready is not None:
+            _await_network(network_ready)
+            _restrict_routes(plan["network"])
         _check(_libc.sethostname(plan["hostname"].encode(), len(plan["hostname"])), "sethostname")
         _drop_privileges(plan)
         _apply_fallback_limits(plan)
@@ -317,8 +498,19 @@ def _run_init(plan: dict, status_pipe: int) -> None:
     lifeline = plan.get("lifeline_fd")
     if lifeline is not None:
         os.set_inheritable(lifeline, True)
+    if network_exit is not None:
+        os.set_inheritable(network_exit, True)  # the reaper holds it; the helper quits when it closes
     python = plan["python"]
     os.execve(python, [python, "-I", "-S", "-c", REAPER, str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status"], {"PATH": "/usr/bin:/bin"})
+
+
+def _helper_log_tail(network: dict) -> str:
+    try:
+        with open(network["log"], errors="replace") as handle:
+            tail = handle.read()[-600:].strip()
+    except OSError:
+        return ""
+    return f" ({os.path.basename(network['helper'][0])} said: {tail})" if tail else ""
 
 
 def main() -> None:
@@ -329,6 +521,14 @@ def main() -> None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
         for procs in plan["cgroup_procs"]:
             _write(procs, str(os.getpid()))
+        network_ready = network_exit = helper_pid_pipe = None
+        if plan.get("network"):
+            # Forked after joining the cgroups: the helper's memory and CPU count toward the flavor.
+            network_ready, ready_write = os.pipe()
+            exit_read, network_exit = os.pipe()
+            helper_pid_pipe = _start_network_helper(plan["network"], ready_write, exit_read)
+            os.close(ready_write)
+            os.close(exit_read)
         flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
         if plan["rootful"]:
             _unshare(flags)
@@ -338,12 +538,20 @@ def main() -> None:
         init = os.fork()
         if init == 0:
             os.close(status_read)
-            _run_init(plan, status_write)
+            if helper_pid_pipe is not None:
+                os.close(helper_pid_pipe)
+            _run_init(plan, status_write, network_ready, network_exit)
         os.close(status_write)
+        if helper_pid_pipe is not None:
+            os.write(helper_pid_pipe, str(init).encode())
+            os.close(helper_pid_pipe)
+            os.close(network_ready)
         chunks = []
         while chunk := os.read(status_read, 4096):
             chunks.append(chunk)
         status = b"".join(chunks).decode(errors="replace")
+        if status != "ok" and plan.get("network"):
+            status += _helper_log_tail(plan["network"])
         report = {"pid": init} if status == "ok" else {"error": status or "sandbox init exited during setup"}
     except Exception as exc:
         report = {"error": f"sandbox launch failed: {exc}"}

@@ -33,16 +33,29 @@ Plus MSB_SESSION_TIMEOUT_SECONDS (idle time before a kernel is culled; a kernels
 
 from __future__ import annotations
 
+import logging
 import signal
 from typing import Any
 
+from jupyter_core.application import JupyterApp
 from jupyter_server.serverapp import ServerApp
-from traitlets import Bool, Integer, Unicode, default
+from traitlets import Bool, Integer, default
 
+from msb_kernels import __version__
+from msb_kernels.backends import choose_backend
 from msb_kernels.config import load_settings
-from msb_kernels.errors import ConfigError
-from msb_kernels.gateway.handlers import TokenOnlyIdentityProvider, gateway_handlers, use_json_not_found
+from msb_kernels.errors import ConfigError, MsbError
+from msb_kernels.gateway.handlers import (
+    PerSocketIdentityConnection,
+    TokenOnlyIdentityProvider,
+    gateway_handlers,
+    use_json_not_found,
+)
 from msb_kernels.gateway.manager import MsbKernelManager, MsbKernelSpecManager
+
+# The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
+# variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.
+JUPYTERLAB_ALLOWED_ENVS = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
 
 
 class MsbGatewayApp(ServerApp):
@@ -56,7 +69,7 @@ class MsbGatewayApp(ServerApp):
     kernel_manager_class = MsbKernelManager
     kernel_spec_manager_class = MsbKernelSpecManager
     identity_provider_class = TokenOnlyIdentityProvider
-    mcp_status = Unicode("not started", help="Whether /mcp is mounted, or why not.")
+    kernel_websocket_connection_class = PerSocketIdentityConnection
 
     @default("port")
     def _msb_port_default(self) -> int:
@@ -103,6 +116,10 @@ class MsbGatewayApp(ServerApp):
             self.config.IdentityProvider.token = self.msb_settings.token
         kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions
         super().initialize(argv, **kwargs)
+        # Sandbox and pool messages go to this server's log, in its format and at its --log-level.
+        msb_log = logging.getLogger("msb_kernels")
+        msb_log.handlers, msb_log.propagate = list(self.log.handlers), False
+        msb_log.setLevel(self.log.level)
         if not self.identity_provider.token:
             raise ConfigError("the token is empty, which would let anyone run code here; "
                               "set MSB_TOKEN to a secret, or leave it unset to have one generated")
@@ -132,21 +149,39 @@ class MsbGatewayApp(ServerApp):
         return swept
 
     def start_app(self) -> None:
+        """ServerApp.start_app without its log lines: they speak of notebooks served from a local
+        directory, a URL to paste into a browser and a second Ctrl-C, none of which holds here."""
         if self.sweep_on_start:
             self.sweep_orphans()
-        super().start_app()
+        JupyterApp.start(self)  # what ServerApp.start_app runs first (subcommands)
+        self.write_server_info_file()
         print(self.banner(), flush=True)
+
+    def running_server_info(self, kernel_count: bool = True) -> str:
+        """What SIGUSR1 logs: this server, not jupyter_server's notebook directory."""
+        count = f", {len(self.kernel_manager.list_kernel_ids())} kernels" if kernel_count else ""
+        return f"msb-kernels {__version__} serving sandboxed kernels at {self.display_url}{count}"
+
+    def backend_line(self) -> str:
+        try:
+            name, _ = choose_backend(self.msb_settings.backend)  # the log line above says why
+        except MsbError as exc:
+            return f"  sandboxes: none can start here: {exc.message} (run `msb-kernels doctor`)"
+        return f"  sandboxes: every kernel runs in a {name} sandbox (MSB_BACKEND={self.msb_settings.backend}; " \
+               "`msb-kernels doctor` says why)"
 
     def banner(self) -> str:
         url = f"http://{self.ip if self.ip not in ('', '0.0.0.0') else '127.0.0.1'}:{self.port}{self.base_url.rstrip('/')}"
         token = self.identity_provider.token
         generated = self.identity_provider.token_generated
         lines = [f"msb-kernels serve: listening on {url}",
+                 self.backend_line(),
                  f"  token: {token}" if generated else "  token: the one set in MSB_TOKEN (or config)",
                  "  clients send it as the header  Authorization: token <token>",
-                 f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token>",
+                 f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
+                 f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
                  f"  stats: {url}/api/msb/stats   health (no token): {url}/api/msb/health",
-                 f"  MCP: {url}/mcp" if self.mcp_status == "ok" else f"  MCP: not mounted ({self.mcp_status})",
+                 f"  MCP: {url}/mcp",
                  "  stop with Ctrl-C or SIGTERM: every sandbox is stopped"]
         return "\n".join(lines)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from msb_kernels.errors import ConfigError
 
+
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``msb-kernels serve`` to the CLI's subparsers."""
     p = sub.add_parser("serve", help="serve sandboxed kernels to JupyterLab (--gateway-url) and MCP clients",

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import Any
 
 import jupyter_server
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.auth.identity import IdentityProvider
 from jupyter_server.base.handlers import APIHandler, APIVersionHandler, Template404
+from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from jupyter_server.services.kernels.handlers import MainKernelHandler, _kernel_id_regex
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.services.sessions.handlers import SessionRootHandler
@@ -105,7 +107,7 @@ class JsonNotFoundHandler(APIHandler):
 
     async def prepare(self) -> None:
         await super().prepare()
-        raise web.HTTPError(404, "no such endpoint: %s" % self.request.path)
+        raise web.HTTPError(404, f"no such endpoint: {self.request.path}")
 
 
 class TokenOnlyIdentityProvider(IdentityProvider):
@@ -120,6 +122,25 @@ def use_json_not_found(web_app: web.Application) -> None:
     for rule in web_app.wildcard_router.rules:
         if rule.target is Template404:
             rule.target = JsonNotFoundHandler
+
+
+class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
+    """Each WebSocket gets its own ZMQ identity, not its client's session id alone.
+
+    JupyterLab's server reconnects with the same session id, sometimes while the old socket is
+    still open, and always after a restart. With one identity for both, the kernel's ROUTER
+    answers whichever peer connected last: without ZMQ_ROUTER_HANDOVER (tslab) the old one;
+    after a restart, where the old peer reconnects too, even ipykernel may pick it. The
+    client never sees the identity, and a socket's four channels still share one, so stdin
+    requests reach the socket that asked.
+    """
+
+    def create_stream(self) -> None:
+        identity = f"{self.session.session}-{uuid.uuid4().hex[:12]}".encode()
+        for channel in ("iopub", "shell", "control", "stdin"):
+            stream = getattr(self.kernel_manager, f"connect_{channel}")(identity=identity)
+            stream.channel = channel
+            self.channels[channel] = stream
 
 
 class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):

@@ -28,14 +28,26 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 from jupyter_server.utils import ensure_async
 from tornado import web
 from tornado.ioloop import PeriodicCallback
-from traitlets import Integer, default
+from traitlets import default
 
+from msb_kernels.choice import KernelChoice, parse_pool_sizes
 from msb_kernels.config import load_settings
-from msb_kernels.pool import KernelPool, PooledMultiKernelManager, parse_pool_sizes
-from msb_kernels.errors import (BackendUnavailable, ConfigError, InvalidRequest, MsbError, ResourceLimitExceeded,
-                                SandboxError, SessionNotFound)
+from msb_kernels.errors import (
+    BackendUnavailable,
+    ConfigError,
+    InvalidRequest,
+    MsbError,
+    ResourceLimitExceeded,
+    SandboxError,
+    SessionNotFound,
+    message_with_advice,
+)
 from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
-from msb_kernels.kernelspecs import PROVISIONER_NAME, kernel_name as msb_kernel_name
+from msb_kernels.kernelspecs import PROVISIONER_NAME
+from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+from msb_kernels.registry import check_session_limit
+from msb_kernels.status import iso_utc, session_status
 
 # HTTP status for each error class. A start past a limit answers 429 (documented in the README).
 STATUS_FOR = {ResourceLimitExceeded: 429, InvalidRequest: 400, ConfigError: 400, SessionNotFound: 404,
@@ -53,7 +65,7 @@ class MsbHTTPError(web.HTTPError):
         self.payload = {
             **error.to_dict(),
             # "message" and "reason" are what jupyter_server's GatewayClient passes on: the advice goes in too.
-            "message": error.message + (f" (try: {'; '.join(error.suggestions)})" if error.suggestions else ""),
+            "message": message_with_advice(error.message, error.suggestions),
             "reason": error.error_type,
         }
         if limit:
@@ -120,32 +132,22 @@ class Allocation:
     notebook_path: str | None = None
 
 
-def _iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat()
-
-
-STATUS_OF_STATE = {"starting": "creating", "restarting": "creating", "autorestarting": "creating",
-                   "idle": "ready", "busy": "running", "dead": "error"}
+def describe(km: Any) -> SandboxDescription | None:
+    """The sandbox side of a kernel manager; None before its provisioner exists or for a kernel not in a sandbox."""
+    provisioner = getattr(km, "provisioner", None)
+    return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None
 
 
 class MsbKernelManager(AsyncMappingKernelManager):
     """jupyter_server's kernel manager, with sandbox limits and stats."""
 
-    capacity_memory_mib = Integer(help="Memory (MiB) the flavors of all running kernels may add up to. "
-                                       "Env MSB_CAPACITY_MEMORY_MIB; default: the host's memory.").tag(config=True)
-    capacity_cpus = Integer(help="CPUs the flavors of all running kernels may add up to. "
-                                 f"Env MSB_CAPACITY_CPUS; default: {CPU_OVERCOMMIT} x the host's CPUs.").tag(config=True)
-
-    @default("capacity_memory_mib")
-    def _capacity_memory_default(self) -> int:
+    # The capacity is MsbSettings' (MSB_CAPACITY_*, or `serve --capacity-*`); unset means the host's size.
+    @property
+    def capacity_memory_mib(self) -> int:
         return self.msb_settings.capacity_memory_mib or host_memory_mib()
 
-    @default("capacity_cpus")
-    def _capacity_cpus_default(self) -> int:
+    @property
+    def capacity_cpus(self) -> int:
         return self.msb_settings.capacity_cpus or CPU_OVERCOMMIT * host_cpus()
 
     # jupyter_server's culling traits, with defaults from MSB_* variables.
@@ -167,7 +169,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
 
     @default("default_kernel_name")
     def _default_kernel_name_default(self) -> str:
-        return msb_kernel_name("python", self.msb_settings.default_flavor)
+        return KernelChoice.of("python", self.msb_settings.default_flavor).kernel_name
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -193,12 +195,11 @@ class MsbKernelManager(AsyncMappingKernelManager):
 
     def check_limits(self, flavor: Flavor) -> None:
         """Raise MsbHTTPError (429) when one more kernel of this flavor would pass a limit."""
-        active = len(self.counted_flavors())
-        if active >= self.msb_settings.max_sessions:
-            raise MsbHTTPError(ResourceLimitExceeded(
-                f"session limit reached: {active} of MSB_MAX_SESSIONS={self.msb_settings.max_sessions} sandboxed kernels run",
-                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"]),
-                limit="max_sessions")
+        try:
+            check_session_limit(len(self.counted_flavors()), self.msb_settings.max_sessions,
+                                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"])
+        except ResourceLimitExceeded as exc:
+            raise MsbHTTPError(exc, limit="max_sessions") from None
         memory, cpus = self.allocated()
         over = []
         if memory + flavor.memory_mib > self.capacity_memory_mib:
@@ -250,7 +251,9 @@ class MsbKernelManager(AsyncMappingKernelManager):
         allocation = Allocation(kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None)
         self.allocations[kernel_id] = allocation
         try:
-            return await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
+            started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
+            self.add_restart_callback(started, lambda: self._record_death(started), "restart")
+            return started
         except BaseException as exc:
             self.allocations.pop(kernel_id, None)
             await self.pool.release(kernel_id)
@@ -270,15 +273,27 @@ class MsbKernelManager(AsyncMappingKernelManager):
         allocation = self.allocations.pop(kernel_id, None)
         if allocation is not None:
             reason = self._stop_reasons.pop(kernel_id, "shut down")
-            exit_reason = getattr(getattr(km, "provisioner", None), "last_exit_reason", None)
-            self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason)
+            exit_reason = described.last_exit_reason if (described := describe(km)) else None
+            self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
         return km
 
-    def _record_stop(self, allocation: Allocation, status: str, reason: str) -> None:
+    def _record_stop(self, allocation: Allocation, status: str, reason: str, exit_reason: str | None = None) -> None:
+        """``reason`` says what happened; ``exit_reason`` is the sandbox's word on why the kernel ended, when it knows."""
         self.stopped.append({"id": allocation.kernel_id, "kernel_name": allocation.kernel_name,
                              "flavor": allocation.flavor.name, "template": allocation.template,
-                             "created": _iso(allocation.created), "stopped": _iso(time.time()),
-                             "status": status, "reason": reason})
+                             "created": iso_utc(allocation.created), "stopped": iso_utc(time.time()),
+                             "status": status, "reason": reason, "exit_reason": exit_reason})
+
+    def _record_death(self, kernel_id: str) -> None:
+        """The kernel died and jupyter_client restarts it: a fresh kernel under the same id, its state gone."""
+        allocation = self.allocations.get(kernel_id)
+        if allocation is None:
+            return
+        sandbox = described.sandbox if (described := describe(self._kernels.get(kernel_id))) else None
+        reason = sandbox.exit_reason() if sandbox is not None else None
+        self.log.warning("kernel %s died%s; restarting it", kernel_id, f" ({reason})" if reason else "")
+        self._record_stop(allocation, "restarted", "died" + (f" ({reason})" if reason else "")
+                          + " and was restarted with a fresh kernel under the same id; its state is lost", reason)
 
     def _handle_kernel_died(self, kernel_id: str) -> None:
         self._stop_reasons[kernel_id] = "died"
@@ -315,23 +330,34 @@ class MsbKernelManager(AsyncMappingKernelManager):
     def kernel_status(self, kernel_id: str) -> str:
         if kernel_id not in self._kernels:
             return "creating"
-        return STATUS_OF_STATE.get(getattr(self._kernels[kernel_id], "execution_state", "starting"), "ready")
+        return session_status(getattr(self._kernels[kernel_id], "execution_state", "starting"))
 
-    async def stats(self, session_manager: Any = None) -> dict:
-        """The design's ResourceStats, plus one entry per kernel."""
-        paths: dict[str, str] = {}
+    async def notebook_paths(self, session_manager: Any = None) -> dict[str, str]:
+        """Each kernel's notebook, for stats and MCP's get_sessions alike.
+
+        jupyter_server's session model decides: a session on this server names its kernel's
+        notebook and follows renames (PATCH /api/sessions/{id}). A kernel with no session here
+        has the JPY_SESSION_NAME its start request carried: JupyterLab with --gateway-url keeps
+        its sessions in its own server and sends only that, once, at the start.
+        """
+        paths = {kernel_id: a.notebook_path for kernel_id, a in list(self.allocations.items()) if a.notebook_path}
         if session_manager is not None:
             for session in await ensure_async(session_manager.list_sessions()):
                 kernel = session.get("kernel") or {}
                 if kernel.get("id") and session.get("path"):
                     paths[kernel["id"]] = session["path"]
+        return paths
+
+    async def stats(self, session_manager: Any = None) -> dict:
+        """Resource stats (sessions, ports, memory and CPUs allocated, per flavor, utilization), plus one entry per kernel."""
+        paths = await self.notebook_paths(session_manager)
         memory, cpus = self.allocated()
         active = len(self.allocations)
         ports = port_stats(self.msb_settings)
         kernels = []
         for kernel_id, allocation in list(self.allocations.items()):
             km = self._kernels.get(kernel_id)
-            sandbox = getattr(getattr(km, "provisioner", None), "sandbox", None)
+            sandbox = described.sandbox if (described := describe(km)) else None
             info = sandbox.info() if sandbox is not None else {}
             last = getattr(km, "last_activity", None)
             memory_bytes = None
@@ -346,12 +372,12 @@ class MsbKernelManager(AsyncMappingKernelManager):
                 "flavor": allocation.flavor.name,
                 "template": allocation.template,
                 "backend": info.get("backend"),
-                "created": _iso(allocation.created),
-                "last_activity": last.isoformat() if last is not None else None,
+                "created": iso_utc(allocation.created),
+                "last_activity": iso_utc(last.timestamp()) if last is not None else None,
                 "status": self.kernel_status(kernel_id),
                 "execution_state": getattr(km, "execution_state", "starting") if km is not None else "starting",
                 "connections": self._kernel_connections.get(kernel_id, 0),
-                "notebook_path": paths.get(kernel_id) or allocation.notebook_path,
+                "notebook_path": paths.get(kernel_id),
                 "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
                 "memory_bytes": memory_bytes,
             })

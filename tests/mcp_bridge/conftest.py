@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.server import build_server
-from mcp_bridge.sessions import ManagedKernelSessions
 from msb_kernels.config import load_settings
+from tests.msb_kernels.gateway.conftest import wait_until
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -37,6 +40,16 @@ def result_error(result) -> dict:
     for server_side in ("mcp_bridge/", "site-packages/mcp", "jupyter_client/", "pydantic"):
         assert server_side not in text, f"a server-side traceback or internals reached the client: {text}"
     return error
+
+
+async def wait_until_running(client: Any, session_id: str, timeout: float, what: str) -> None:
+    """Wait until get_sessions reports the session busy: an execution holds it (an event, not a sleep)."""
+
+    async def running() -> bool:
+        listed = await client.call_tool("get_sessions", {"session_id": session_id})
+        return listed.structured_content["sessions"][0]["status"] == "running"
+
+    await wait_until(running, timeout, what)
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +116,28 @@ def child_env(**extra: str) -> dict[str, str]:
         env["MSB_MCP_" + name.upper()] = str(value)
     env.update(extra)
     return env
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+@contextlib.contextmanager
+def gateway_process(token: str, **env: str) -> Iterator[str]:
+    """`msb-kernels serve` in a subprocess, with the MCP test options and ``env``; yields its URL."""
+    port = free_port()
+    token_file = Path(os.environ["MSB_RUNTIME_DIR"]).parent / f"gateway-token-{port}"
+    token_file.write_text(token)
+    process = subprocess.Popen([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), "--token-file", str(token_file)],
+                               env=child_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for_port(port, process, timeout=60)  # a gateway that does not start is a failure, not a skip
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(process)

@@ -3,30 +3,41 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 import uuid
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from mcp_bridge import jupyter_ws
+from mcp_bridge.local_sessions import ManagedKernelSessions, standalone_kernel_manager
 from mcp_bridge.server import build_server
-from mcp_bridge.sessions import ManagedKernelSessions, standalone_kernel_manager
-from msb_kernels.backends import get_backend
+from msb_kernels.backends import cgroups, get_backend
 from msb_kernels.config import load_settings
 from tests.kernel_helpers import execute
-from tests.mcp_bridge.conftest import TEST_OPTIONS, VENV_BIN, child_env, free_port, result_error, wait_for_port
+from tests.mcp_bridge.conftest import (
+    TEST_OPTIONS,
+    VENV_BIN,
+    child_env,
+    free_port,
+    gateway_process,
+    result_error,
+    stop_process,
+    wait_for_port,
+)
 
 pytestmark = pytest.mark.asyncio
 
 TOKEN = "test-token-" + uuid.uuid4().hex
+needs_cgroups = pytest.mark.skipif(cgroups.detect()[0] is None, reason=f"flavor limits need cgroups: {cgroups.detect()[1]}")
 
 
 def running_sandboxes() -> set[str]:
@@ -38,16 +49,6 @@ async def wait_until(predicate, timeout: float, message: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, message
         await asyncio.sleep(0.2)
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 # -- stdio -----------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ async def test_assistant_and_a_plain_jupyter_client_share_a_kernel_in_process():
 
 
 class JupyterWebsocket:
-    """A minimal Jupyter websocket client, as JupyterLab talks to a gateway (independent of mcp_bridge)."""
+    """A minimal Jupyter websocket client, as JupyterLab talks to a gateway (not through the bridge's sessions)."""
 
     def __init__(self, ws):
         self.ws = ws
@@ -212,27 +213,21 @@ class JupyterWebsocket:
 
     @classmethod
     async def connect(cls, base: str, kernel_id: str, token: str) -> JupyterWebsocket:
-        from tornado.httpclient import HTTPRequest
-        from tornado.websocket import websocket_connect
-
-        url = base.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
-        return cls(await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"})))
+        return cls(await jupyter_ws.connect(jupyter_ws.channels_url(base, kernel_id, uuid.uuid4().hex), token, 60))
 
     async def execute(self, code: str, timeout: float = 60) -> dict:
-        msg_id = uuid.uuid4().hex
-        self.ws.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "notebook-user", "session": self.session,
-                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell",
-            "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False}}))
+        request = jupyter_ws.message("shell", "execute_request", jupyter_ws.execute_content(code),
+                                     session=self.session, username="notebook-user")
+        msg_id = request["header"]["msg_id"]
+        self.ws.write_message(jupyter_ws.encode(request))
         outputs: dict = {"stdout": "", "result": None, "status": None}
         idle = False
         deadline = time.monotonic() + timeout
         while not (idle and outputs["status"]):
             raw = await asyncio.wait_for(self.ws.read_message(), max(0.1, deadline - time.monotonic()))
             assert raw is not None, "the gateway closed the websocket"
-            message = json.loads(raw)
-            if message.get("parent_header", {}).get("msg_id") != msg_id:
+            message = jupyter_ws.parse(raw)
+            if message is None or jupyter_ws.parent_id(message) != msg_id:
                 continue
             kind = message["msg_type"]
             if kind == "stream":
@@ -252,19 +247,8 @@ class JupyterWebsocket:
 @pytest.fixture(scope="module")
 def gateway():
     """`msb-kernels serve` in a subprocess (the gateway this bridge mounts into and attaches to)."""
-    port = free_port()
-    token_file = Path(os.environ["MSB_RUNTIME_DIR"]).parent / f"gateway-token-{port}"
-    token_file.write_text(TOKEN)
-    process = subprocess.Popen([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), "--token-file", str(token_file)],
-                               env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        try:
-            wait_for_port(port, process, timeout=60)
-        except AssertionError as exc:
-            pytest.skip(f"`msb-kernels serve` did not start: {exc}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop_process(process)
+    with gateway_process(TOKEN) as url:
+        yield url
 
 
 async def test_assistant_and_a_notebook_user_share_variables_through_the_gateway(gateway):
@@ -330,3 +314,104 @@ async def test_gateway_sessions_time_out_and_report_a_dead_kernel(gateway):
         assert error["type"] == "SystemError" and "died" in error["message"]
         bad = await assistant.call_tool("execute_code", {"code": "1", "session_id": "not-a-kernel-at-the-gateway"})
         assert result_error(bad)["type"] == "SessionNotFound"
+
+
+# -- honest errors at the gateway: limits and deaths ---------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def assistants_of(gateway_url: str, token: str) -> AsyncIterator[dict[str, Client]]:
+    """Both ways an assistant reaches a gateway: its /mcp endpoint, and `msb-mcp --gateway` over stdio."""
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120))
+        over_http = await stack.enter_async_context(Client(streamable_http_client(gateway_url + "/mcp", http_client=http)))
+        params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway_url, "--token", token], env=child_env())
+        over_stdio = await stack.enter_async_context(Client(params))
+        yield {"/mcp": over_http, "msb-mcp --gateway": over_stdio}
+
+
+async def gateway_stats(gateway_url: str, token: str) -> dict:
+    async with httpx2.AsyncClient(headers={"Authorization": f"token {token}"}, timeout=30) as rest:
+        response = await rest.get(gateway_url + "/api/msb/stats")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_limit_refusals_through_the_gateway_are_resource_limit_exceeded_with_its_advice():
+    """Before: SystemError "could not start ... HTTP 429: Too Many Requests", with the advice to run doctor."""
+    with gateway_process(TOKEN, MSB_MAX_SESSIONS="2", MSB_CAPACITY_MEMORY_MIB="2560", MSB_POOL_SIZE="0") as url:
+        async with assistants_of(url, TOKEN) as assistants:
+            for how, assistant in assistants.items():
+                too_big = await assistant.call_tool("execute_code", {"code": "1", "flavor": "large"})
+                error = result_error(too_big)
+                assert error["type"] == "ResourceLimitExceeded", (how, error)
+                assert "MSB_CAPACITY_MEMORY_MIB=2560" in error["message"] and "(try:" not in error["message"], (how, error)
+                assert any(s.startswith("pick a smaller flavor: small") and "medium" in s for s in error["suggestions"]), (how, error)
+            started = []
+            for assistant in assistants.values():
+                result = await assistant.call_tool("execute_code", {"code": "1"})
+                assert not result.is_error, result.content[0].text
+                started.append(result.structured_content["session_id"])
+            for how, assistant in assistants.items():
+                refused = await assistant.call_tool("execute_code", {"code": "1"})
+                error = result_error(refused)
+                assert error["type"] == "ResourceLimitExceeded", (how, error)
+                assert "MSB_MAX_SESSIONS=2" in error["message"], (how, error)
+                assert any("raise MSB_MAX_SESSIONS" in s for s in error["suggestions"]), (how, error)
+                assert not any("doctor" in s for s in error["suggestions"]), (how, error)
+            assert (await gateway_stats(url, TOKEN))["active_sessions"] == 2
+
+
+async def wait_for_stop_record(url: str, session_id: str) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        records = [r for r in (await gateway_stats(url, TOKEN))["recently_stopped"] if r["id"] == session_id]
+        if records:
+            return records[-1]
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"/api/msb/stats has no recently_stopped entry for {session_id}")
+
+
+async def test_a_kernel_killed_behind_the_gateway_is_reported_as_dead_with_its_state_gone():
+    """Before: jupyter_server restarted it and the next call got NameError, with advice that state is kept."""
+    with gateway_process(TOKEN, MSB_POOL_SIZE="0") as url:
+        async with assistants_of(url, TOKEN) as assistants:
+            for how, assistant in assistants.items():
+                first = await assistant.call_tool("execute_code", {"code": "x_before = 1"})
+                session_id = first.structured_content["session_id"]
+                (record,) = [r for r in get_backend(load_settings()).list_sandboxes() if r.sandbox_id == session_id and r.running]
+                os.kill(record.details["init_pid"], signal.SIGKILL)
+                stopped = await wait_for_stop_record(url, session_id)
+                assert stopped["status"] == "restarted" and "killed by signal SIGKILL" in stopped["reason"], stopped
+                assert "state is lost" in stopped["reason"], stopped
+
+                after = await assistant.call_tool("execute_code", {"code": "x_before", "session_id": session_id})
+                error = result_error(after)
+                assert error["type"] == "SystemError", (how, error)
+                for words in ("died", "killed by signal SIGKILL", "restarted with a fresh kernel", "state", "is gone", "not run"):
+                    assert words in error["message"], (how, words, error)
+                assert "NameError" not in after.content[0].text, (how, after.content[0].text)
+                assert any("run the code that set up its state again" in s for s in error["suggestions"]), (how, error)
+                fresh = await assistant.call_tool("execute_code", {"code": "print('fresh kernel', 'x_before' in globals())", "session_id": session_id})
+                assert fresh.structured_content["stdout"] == "fresh kernel False\n", (how, fresh.content[0].text)
+
+
+@needs_cgroups
+async def test_a_kernel_killed_for_memory_behind_the_gateway_names_the_flavor_and_the_lost_state():
+    code = "import mmap\nm = mmap.mmap(-1, 1536 * 2**20)\nfor i in range(0, len(m), 4096):\n    m[i] = 1"
+    with gateway_process(TOKEN, MSB_POOL_SIZE="0") as url:
+        async with assistants_of(url, TOKEN) as assistants:
+            for how, assistant in assistants.items():
+                first = await assistant.call_tool("execute_code", {"code": "x_before = 1"})
+                session_id = first.structured_content["session_id"]
+                result = await assistant.call_tool("execute_code", {"code": code, "session_id": session_id, "timeout": 50})
+                while result.structured_content.get("status") == "running":
+                    result = await assistant.call_tool("get_execution_output", {"session_id": session_id,
+                                                                                "execution_id": result.structured_content["execution_id"]})
+                stopped = await wait_for_stop_record(url, session_id)
+                assert stopped["status"] == "restarted" and "out of memory for flavor small" in stopped["reason"], stopped
+                error = result_error(result)
+                assert error["type"] == "SystemError", (how, error)
+                for words in ("died", "out of memory for flavor small (1024 MiB); try medium", "is gone"):
+                    assert words in error["message"], (how, words, error)
+                assert any("flavor='medium'" in s for s in error["suggestions"]), (how, error)

@@ -21,24 +21,109 @@ def test_flavors_are_the_documented_sizes():
         "out of memory for flavor large (4096 MiB); free memory (del large objects) or restart the kernel")
 
 
-def test_defaults_match_the_design():
+def test_defaults_are_the_documented_ones():
     settings = load_settings()
     assert (settings.default_flavor, settings.session_timeout_seconds, settings.max_sessions) == ("small", 1800, 10)
     assert settings.shared_volume is None and settings.shared_volume_guest_path == "/shared"
     assert settings.backend == "auto"
 
 
+# A valid value other than the default for every setting, as the environment spells it, and as read.
+SAMPLES: dict[str, tuple[str, object]] = {
+    "default_flavor": ("large", "large"),
+    "session_timeout_seconds": ("60", 60),
+    "max_sessions": ("3", 3),
+    "shared_volume_path": ("{tmp}", "{tmp}"),
+    "shared_volume_guest_path": ("/data", "/data"),
+    "backend": ("namespace", "namespace"),
+    "max_processes": ("64", 64),
+    "runtime_dir": ("{tmp}/rt", "{tmp}/rt"),
+    "scratch_dir": ("{tmp}/scratch", "{tmp}/scratch"),
+    "disk_reserve": ("false", False),
+    "require_limits": ("true", True),
+    "port_range": ("9100-9199", "9100-9199"),
+    "allow_network": ("yes", True),
+    "python_image": ("registry.example/py:1", "registry.example/py:1"),
+    "node_image": ("registry.example/node:1", "registry.example/node:1"),
+    "boot_timeout_seconds": ("45", 45),
+    "host": ("0.0.0.0", "0.0.0.0"),
+    "port": ("9999", 9999),
+    "token": ("s3cret-token", "s3cret-token"),
+    "capacity_memory_mib": ("8192", 8192),
+    "capacity_cpus": ("6", 6),
+    "cull_interval_seconds": ("5", 5),
+    "cull_connected": ("1", True),
+    "cull_busy": ("true", True),
+    "pool_size": ("python-small=2,node-medium=1", "python-small=2,node-medium=1"),
+    "pool_counts_as_sessions": ("true", True),
+    "mcp_running_after_seconds": ("7.5", 7.5),
+    "mcp_default_timeout_seconds": ("30", 30.0),
+    "mcp_max_timeout_seconds": ("600", 600.0),
+    "mcp_max_output_chars": ("5000", 5000),
+    "mcp_max_code_chars": ("7000", 7000),
+    "mcp_progress_interval_seconds": ("2", 2.0),
+    "mcp_kept_executions": ("4", 4),
+    "mcp_kernel_start_timeout_seconds": ("90", 90.0),
+}
+
+# A bad value for every setting that can have one, and the start of the advice the error must carry.
+BAD_VALUES: dict[str, str] = {
+    "default_flavor": "tiny", "session_timeout_seconds": "-1", "max_sessions": "0",
+    "shared_volume_path": "/no/such/dir", "shared_volume_guest_path": "/proc/x", "backend": "docker",
+    "max_processes": "8", "require_limits": "maybe", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
+    "python_image": " ", "node_image": " ", "boot_timeout_seconds": "0", "host": "a b", "port": "70000",
+    "capacity_memory_mib": "0", "capacity_cpus": "0", "cull_interval_seconds": "0",
+    "cull_connected": "sometimes", "cull_busy": "often", "pool_size": "python-huge=1",
+    "pool_counts_as_sessions": "2", "mcp_running_after_seconds": "0", "mcp_default_timeout_seconds": "-3",
+    "mcp_max_timeout_seconds": "zero", "mcp_max_output_chars": "10", "mcp_max_code_chars": "10",
+    "mcp_progress_interval_seconds": "60", "mcp_kept_executions": "0", "mcp_kernel_start_timeout_seconds": "0.5",
+}
+# A blank variable means unset (a token is then generated), so a blank token can only come from a config file.
+BAD_CONFIG_VALUES: dict[str, str] = {"token": " "}
+FREE_FORM = {"runtime_dir", "scratch_dir"}  # any path; a bad one shows at first use, naming the setting
+
+
+def _settings_names() -> set[str]:
+    from msb_kernels.config import MsbSettings
+
+    return set(MsbSettings.class_trait_names(config=True))
+
+
+def test_every_setting_is_covered_here():
+    """A new setting must get a sample and a bad value below, so the next two tests walk it too."""
+    assert set(SAMPLES) == _settings_names()
+    assert set(BAD_VALUES) | set(BAD_CONFIG_VALUES) | FREE_FORM == _settings_names()
+
+
 def test_environment_sets_every_setting(monkeypatch, tmp_path):
-    monkeypatch.setenv("MSB_DEFAULT_FLAVOR", "large")
-    monkeypatch.setenv("MSB_SESSION_TIMEOUT_SECONDS", "60")
-    monkeypatch.setenv("MSB_MAX_SESSIONS", "3")
-    monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(tmp_path))
-    monkeypatch.setenv("MSB_SHARED_VOLUME_GUEST_PATH", "/data")
-    monkeypatch.setenv("MSB_BACKEND", "namespace")
+    for name, (raw, _) in SAMPLES.items():
+        monkeypatch.setenv(f"MSB_{name.upper()}", raw.format(tmp=tmp_path))
     settings = load_settings()
-    assert (settings.default_flavor, settings.session_timeout_seconds, settings.max_sessions) == ("large", 60, 3)
-    assert settings.shared_volume == tmp_path and settings.shared_volume_guest_path == "/data"
-    assert settings.backend == "namespace"
+    for name, (_, expected) in SAMPLES.items():
+        if isinstance(expected, str):
+            expected = expected.format(tmp=tmp_path)
+        actual = getattr(settings, name)
+        assert (str(actual) if name == "shared_volume_path" else actual) == expected, name
+    assert settings.shared_volume == tmp_path
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES) + sorted(BAD_CONFIG_VALUES))
+def test_every_setting_rejects_a_bad_value_by_name(monkeypatch, name):
+    from traitlets.config import Config
+
+    from msb_kernels.config import _ACCEPTED
+
+    variable = f"MSB_{name.upper()}"
+    config = Config()
+    if name in BAD_VALUES:
+        monkeypatch.setenv(variable, BAD_VALUES[name])
+    else:
+        config.MsbSettings[name] = BAD_CONFIG_VALUES[name]
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    message = str(caught.value)
+    assert message.startswith(f"{variable} (c.MsbSettings.{name})="), message
+    assert _ACCEPTED[name] in message or "use true or false" in message, message
 
 
 def test_jupyter_config_file_overrides_the_environment(monkeypatch, tmp_path):

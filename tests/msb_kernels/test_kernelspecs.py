@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -12,13 +13,11 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from msb_kernels.templates import TEMPLATES
 from tests.conftest import REPO, VENV_BIN
-from tests.kernel_helpers import execute
+from tests.kernel_helpers import HostListener, execute
+from tests.skips import needs_node
 
 NAMES = [f"msb-python-{f}" for f in ("small", "medium", "large")]
-needs_node = pytest.mark.skipif(TEMPLATES["node"].unavailable_reason() is not None,
-                                reason=f"node kernels unavailable: {TEMPLATES['node'].unavailable_reason()}")
 
 
 def test_jupyter_kernelspec_list_shows_the_sandboxed_kernels():
@@ -82,13 +81,35 @@ async def test_node_kernel_runs_javascript_in_a_sandbox(start_kernel):
     assert "hi from node" in result.stdout and "40" in result.stdout
     assert "41" in (await execute(kc, "total * 2 + 1")).stdout  # state kept
     probe = await execute(kc, (
-        "const net = require('net');\n"
-        "console.log(JSON.stringify(require('fs').readdirSync('/').sort()));\n"
+        "const fs = require('fs');\n"
+        f"let repo; try {{ fs.readFileSync({str(REPO / 'README.md')!r}); repo = 'readable'; }} catch (e) {{ repo = e.code; }}\n"
+        "console.log(JSON.stringify({root: fs.readdirSync('/').sort(), repo}));\n"
         "console.log(require('os').hostname(), process.getuid());"
     ))
-    assert '"home"' in probe.stdout and "sandbox 1000" in probe.stdout
-    assert str(REPO) not in probe.stdout
+    listing = json.loads(probe.stdout.splitlines()[0])
+    assert "home" in listing["root"] and "sandbox 1000" in probe.stdout
+    assert listing["repo"] == "ENOENT", "the checkout is visible to a node kernel"
     assert km.provisioner.template_spec.name == "node"
+
+
+@needs_node
+async def test_node_kernel_cannot_reach_the_host_network(start_kernel):
+    """The same escape as the contract suite's, from JavaScript: net.connect to the host's listeners fails."""
+    _, kc = await start_kernel("msb-node-small")
+    with HostListener() as listener:
+        targets = [["127.0.0.1", listener.port], [socket.gethostbyname(socket.gethostname()), listener.port]]
+        code = (
+            "const net = require('net');\n"
+            "const attempt = ([host, port]) => new Promise(done => {\n"
+            "  const s = net.connect({host, port, timeout: 3000}, () => { s.destroy(); done('connected'); });\n"
+            "  s.on('error', e => done(Object(e).code)); s.on('timeout', () => { s.destroy(); done('timeout'); });\n"
+            "});\n"
+            f"const outcomes = await Promise.all({json.dumps(targets)}.map(attempt));\n"
+            "console.log(JSON.stringify(outcomes));"
+        )
+        outcomes = json.loads((await execute(kc, code)).stdout.strip().splitlines()[-1])
+        assert len(outcomes) == 2 and "connected" not in outcomes, outcomes
+        assert listener.accepted == [], "a node kernel reached a port open on the host"
 
 
 def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_path):
@@ -103,3 +124,14 @@ def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_pat
     assert "skipped node kernels: node is not installed (Python kernels are unaffected)" in result.stdout
     kernels = sorted(p.name for p in (tmp_path / "share/jupyter/kernels").iterdir())
     assert kernels == ["msb-python-large", "msb-python-medium", "msb-python-small"]
+
+
+@pytest.mark.slow
+def test_papermill_runs_a_notebook_with_shell_escapes(tmp_path):
+    output = tmp_path / "out.ipynb"
+    result = subprocess.run([str(VENV_BIN / "papermill"), str(REPO / "tests" / "data" / "shell_escapes.ipynb"), str(output), "-k", "msb-python-small"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs = [json.dumps(cell.get("outputs", [])) for cell in nbformat.read(output, as_version=4).cells]
+    assert "pip " in outputs[1] and "ipykernel==" in outputs[2]
+    assert "weather.csv" in outputs[3] and "warmest: Rome" in outputs[5] and "bash sees 3 lines" in outputs[6]

@@ -8,11 +8,9 @@ import time
 
 import pytest
 
-from msb_kernels import provisioner
-from msb_kernels.errors import ConfigError
-from msb_kernels.pool import KernelPool, PooledMultiKernelManager, parse_pool_sizes
+from msb_kernels import registry
+from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from tests.kernel_helpers import execute
-
 
 
 async def wait_for(predicate, timeout: float = 90.0) -> None:
@@ -20,14 +18,6 @@ async def wait_for(predicate, timeout: float = 90.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.05)
-
-
-def test_pool_sizes_parse_and_reject_bad_values():
-    assert parse_pool_sizes("python-small=1,node-medium=2,python-large=0") == {"msb-python-small": 1, "msb-node-medium": 2}
-    assert parse_pool_sizes("3") == {"msb-python-small": 3}
-    assert parse_pool_sizes("") == {}
-    with pytest.raises(ConfigError, match="'python-huge=1' is not TEMPLATE-FLAVOR=COUNT"):
-        parse_pool_sizes("python-huge=1")
 
 
 @pytest.fixture
@@ -75,9 +65,29 @@ async def test_requests_the_pool_cannot_serve_start_their_own_kernel(pooled_mana
     medium = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, "KERNEL_FLAVOR": "medium"})
     assert medium != pooled_id
     assert pooled_manager.get_kernel(medium).provisioner.flavor_spec.name == "medium"
-    custom = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, "KERNEL_USERNAME": "alice"})
-    assert custom != pooled_id
+    custom = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, "KERNEL_GREETING": "hello"})
+    assert custom != pooled_id, "a variable the kernel must see was given a kernel started without it"
     assert pool.kernel_ids() == {pooled_id}
+
+
+async def test_jupyterlabs_start_variables_take_a_pooled_kernel_and_reach_it_on_restart(pooled_manager):
+    pool = pooled_manager.pool
+    await wait_for(lambda: pool.waiting() == 1)
+    (pooled_id,) = pool.kernel_ids()
+    lab_env = {"KERNEL_LAUNCH_TIMEOUT": "40", "KERNEL_WORKING_DIR": "/home/alice/work", "KERNEL_USERNAME": "alice",
+               "JPY_SESSION_NAME": "/home/alice/work/report.ipynb"}
+    kernel_id = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, **lab_env})
+    assert kernel_id == pooled_id
+    km = pooled_manager.get_kernel(kernel_id)
+    await km.restart_kernel(now=True)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        seen = await execute(kc, "import os\n[os.environ.get('JPY_SESSION_NAME'), os.environ.get('KERNEL_USERNAME')]")
+        assert seen.value == ["/home/alice/work/report.ipynb", "alice"]
+    finally:
+        kc.stop_channels()
 
 
 async def test_shutdown_stops_pooled_kernels_too():
@@ -90,4 +100,4 @@ async def test_shutdown_stops_pooled_kernels_too():
     await manager.shutdown_all(now=True)
     assert await sandbox.poll() is not None
     assert not sandbox.state_dir.exists()
-    assert pooled.kernel_id not in provisioner.live_sandboxes and pooled.kernel_id not in provisioner.pooled_kernel_ids
+    assert pooled.kernel_id not in registry.live_sandboxes and pooled.kernel_id not in registry.pooled_kernel_ids

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import tempfile
 import threading
 
 import pytest
@@ -120,3 +121,44 @@ def test_processes_sharing_a_lock_dir_never_share_a_port(tmp_path):
         other.allocate("c")
     one.release("a")
     assert set(other.allocate("c")) == set(mine)
+
+
+# -- through a kernel start ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def microsandbox_start(monkeypatch, tmp_path):
+    """MSB_BACKEND=microsandbox taken as bootable, so a start goes as far as reserving ports and asking
+    microsandbox for a VM, which then fails for real (here: the image is not built). Returns the
+    backend's port stats as a function."""
+    from msb_kernels.backends import get_backend
+    from msb_kernels.backends.base import Availability
+    from msb_kernels.backends.microsandbox import MicrosandboxBackend
+    from msb_kernels.config import load_settings
+
+    monkeypatch.setattr(MicrosandboxBackend, "_availability", Availability(True, "taken as bootable by this test"))
+    monkeypatch.setenv("MSB_BACKEND", "microsandbox")
+    monkeypatch.setenv("MSB_PYTHON_IMAGE", "msb-kernels/not-built-for-this-test:1")
+    # A runtime dir of its own: one backend (and port manager) per runtime dir and process.
+    monkeypatch.setenv("MSB_RUNTIME_DIR", tempfile.mkdtemp(prefix="msbp-", dir="/tmp"))
+    return lambda: get_backend(load_settings()).ports.stats()
+
+
+async def test_a_failed_kernel_start_gives_its_ports_back(start_kernel, microsandbox_start, monkeypatch):
+    first = free_block(10)
+    monkeypatch.setenv("MSB_PORT_RANGE", f"{first}-{first + 9}")
+    for _ in range(3):  # more starts than the range holds kernels: nothing leaks between them
+        with pytest.raises(Exception) as caught:
+            await start_kernel()
+        assert "microVM" in str(caught.value), caught.value
+        assert microsandbox_start()["allocated"] == 0
+
+
+async def test_port_exhaustion_refuses_the_kernel_start(start_kernel, microsandbox_start, monkeypatch):
+    first = free_block(6)
+    monkeypatch.setenv("MSB_PORT_RANGE", f"{first}-{first + 5}")
+    with held(first, first + 1):  # 4 of the 6 ports are free: fewer than one kernel needs
+        with pytest.raises(ResourceLimitExceeded) as caught:
+            await start_kernel()
+    assert f"MSB_PORT_RANGE={first}-{first + 5}" in str(caught.value)
+    assert microsandbox_start()["allocated"] == 0

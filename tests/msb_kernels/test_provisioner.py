@@ -6,13 +6,16 @@ backends/test_contract.py, which runs them for every backend.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 
 import pytest
 
 from msb_kernels.errors import ResourceLimitExceeded
-from msb_kernels.provisioner import live_sandboxes
+from msb_kernels.flavors import FLAVORS
+from msb_kernels.registry import live_sandboxes, session_kernel_ids
+from msb_kernels.templates import TEMPLATES
 from tests.kernel_helpers import execute
 
 pytestmark = pytest.mark.asyncio
@@ -81,10 +84,27 @@ async def test_shutdown_removes_the_sandbox(start_kernel, runtime_root):
     assert km.kernel_id not in live_sandboxes
 
 
-async def test_flavor_from_kernel_flavor_env(start_kernel):
-    km, kc = await start_kernel(env={"KERNEL_FLAVOR": "medium"})
-    assert km.provisioner.flavor_spec.name == "medium"
-    assert (await execute(kc, "import os; os.environ['MSB_FLAVOR']")).result == "'medium'"
+ALLOCATE = "try:\n    block = bytearray({mib} * 2**20)\n    del block\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')"
+
+
+@pytest.mark.parametrize("how", ["kernelspec", "KERNEL_FLAVOR"])
+@pytest.mark.parametrize("flavor", ["medium", "large"])
+async def test_a_larger_flavor_gets_its_own_limits(start_kernel, flavor, how):
+    """Inside, memory up to the flavor's size can be had and more cannot; the cgroup holds its CPUs."""
+    if how == "kernelspec":
+        km, kc = await start_kernel(f"msb-python-{flavor}")
+    else:
+        km, kc = await start_kernel(env={"KERNEL_FLAVOR": flavor})
+    size = FLAVORS[flavor]
+    assert km.provisioner.flavor_spec is size
+    assert (await execute(kc, "import os; os.environ['MSB_FLAVOR'], os.environ['OMP_NUM_THREADS']")).value == (flavor, str(size.cpus))
+    assert (await execute(kc, ALLOCATE.format(mib=size.memory_mib - 400))).stdout.strip() == "allocated"
+    assert (await execute(kc, ALLOCATE.format(mib=size.memory_mib + 256))).stdout.strip() == "MemoryError"
+    cgroup = km.provisioner.sandbox.cgroup
+    if cgroup is not None and cgroup.hierarchy.version == 1:
+        assert int((cgroup.paths["memory"] / "memory.limit_in_bytes").read_text()) == size.memory_bytes
+        quota = int((cgroup.paths["cpu"] / "cpu.cfs_quota_us").read_text())
+        assert quota == size.cpus * int((cgroup.paths["cpu"] / "cpu.cfs_period_us").read_text())
 
 
 async def test_unknown_flavor_is_refused_with_the_accepted_values(start_kernel):
@@ -94,7 +114,7 @@ async def test_unknown_flavor_is_refused_with_the_accepted_values(start_kernel):
 
 async def test_max_sessions_refuses_one_more(start_kernel, monkeypatch):
     await start_kernel()
-    monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(live_sandboxes)))
+    monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(session_kernel_ids)))
     with pytest.raises(ResourceLimitExceeded, match="MSB_MAX_SESSIONS"):
         await start_kernel()
 
@@ -106,3 +126,39 @@ async def test_host_environment_does_not_leak_into_the_kernel(start_kernel, monk
     assert "MSB_TEST_HOST_SECRET" not in result.result
     assert "JPY_PARENT_PID" not in result.result
     assert (await execute(kc, "os.environ['KERNEL_USERNAME']")).result == "'alice'"
+
+
+async def test_describe_names_the_chosen_template_and_flavor_and_the_live_sandbox(start_kernel):
+    """What mcp_bridge reads: the flavor the start request chose (not the kernelspec's name), and a new sandbox after a restart."""
+    km, kc = await start_kernel(env={"KERNEL_FLAVOR": "medium"})
+    before = km.provisioner.describe()
+    assert (before.template.name, before.flavor.name) == ("python", "medium")
+    assert before.sandbox is km.provisioner.sandbox and before.created == before.sandbox.created
+    await km.restart_kernel(now=True)
+    after = km.provisioner.describe()
+    assert after.sandbox is not None and after.sandbox is not before.sandbox
+    assert after.created >= before.created
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+async def test_the_newest_client_of_a_zmq_identity_gets_the_replies(start_kernel, template: str) -> None:
+    """jupyter_server gives a client's shell socket its session id as ZMQ identity, and a client that
+    reconnects keeps its session id: the kernel must answer the new socket (ZMQ_ROUTER_HANDOVER),
+    as ipykernel does on its own and tslab does with the provisioner's NODE_OPTIONS preload."""
+    if reason := TEMPLATES[template].unavailable_reason():
+        pytest.skip(f"{template} kernels unavailable: {reason}")
+    km, kc = await start_kernel(f"msb-{template}-small")
+    sockets = []
+    try:
+        for attempt in ("first", "second"):
+            shell = km.connect_shell(identity=b"one-session")
+            sockets.append(shell)
+            request = kc.session.send(shell, "kernel_info_request", {})
+            try:
+                _, reply = kc.session.feed_identities(await asyncio.wait_for(shell.recv_multipart(), 30))
+            except asyncio.TimeoutError:
+                raise AssertionError(f"the {attempt} socket with the identity got no reply") from None
+            assert kc.session.deserialize(reply)["parent_header"]["msg_id"] == request["header"]["msg_id"]
+    finally:
+        for shell in sockets:
+            shell.close(linger=0)

@@ -18,19 +18,14 @@ import time
 import uuid
 from pathlib import Path
 
+import microsandbox  # a hard dependency: a broken install must fail here, not skip
 import pytest
 
+from msb_kernels import images
 from msb_kernels.backends import choose_backend
+from msb_kernels.backends import microsandbox as backend_module
 from msb_kernels.backends.base import SANDBOX_LABEL, SandboxSpec, SharedVolume
-from msb_kernels.config import MsbSettings
-from msb_kernels.errors import BackendUnavailable
-from msb_kernels.flavors import FLAVORS
-
-microsandbox = pytest.importorskip("microsandbox")
-
-from msb_kernels import images  # noqa: E402
-from msb_kernels.backends import microsandbox as backend_module  # noqa: E402
-from msb_kernels.backends.microsandbox import (  # noqa: E402
+from msb_kernels.backends.microsandbox import (
     GUEST_IO_DIR,
     LABEL_HOST,
     LABEL_KERNEL,
@@ -44,7 +39,10 @@ from msb_kernels.backends.microsandbox import (  # noqa: E402
     run_doctor,
     sandbox_name,
 )
-from msb_kernels.backends.processes import process_start_time  # noqa: E402
+from msb_kernels.backends.processes import process_start_time
+from msb_kernels.config import MsbSettings
+from msb_kernels.errors import BackendUnavailable
+from msb_kernels.flavors import FLAVORS
 
 CPU_VIRT = any(flag in open("/proc/cpuinfo").read().split() for flag in ("vmx", "svm"))
 MSB = backend_module.msb_binary()
@@ -91,6 +89,7 @@ def test_backend_choice_where_microvms_cannot_boot(monkeypatch):
     name, why = choose_backend("auto")
     assert name == "namespace"
     assert "microsandbox: msb doctor:" in why  # auto says why it did not pick the microVM
+    monkeypatch.setattr(MicrosandboxBackend, "_availability", None)  # time a real probe, not the cached answer
     started = time.monotonic()
     with pytest.raises(BackendUnavailable) as caught:
         choose_backend("microsandbox")
@@ -152,11 +151,12 @@ def test_create_arguments_from_spec_and_settings(tmp_path, monkeypatch):
         mount._to_dict()
 
 
-def test_network_opt_in_allows_the_public_internet_only(tmp_path, monkeypatch):
+def test_network_opt_in_allows_the_public_internet_only(tmp_path):
     from microsandbox import Action, DestGroup, Direction
 
-    monkeypatch.setenv("MSB_ALLOW_NETWORK", "1")
-    policy = create_kwargs(spec(tmp_path), MsbSettings(), [])["network"].policy
+    allowed_spec = spec(tmp_path)
+    allowed_spec.allow_network = True  # what the provisioner sets from MSB_ALLOW_NETWORK
+    policy = create_kwargs(allowed_spec, MsbSettings(), [])["network"].policy
     assert policy.default_egress == Action.DENY and policy.default_ingress == Action.ALLOW
     allowed = {(rule.destination.value, rule.protocol, rule.port) for rule in policy.rules
                if rule.action == Action.ALLOW and rule.direction == Direction.EGRESS}
@@ -205,10 +205,18 @@ def copy_host_binaries(*binaries: str):
                 destination = rootfs / str(target).lstrip("/")
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, destination)
+        # The real kernelapp of the ipykernel installed here, which speaks CurveZMQ: the build must find that out.
+        import ipykernel.kernelapp
+
         kernelapp = rootfs / "usr/lib/python3/dist-packages/ipykernel/kernelapp.py"
         kernelapp.parent.mkdir(parents=True)
-        kernelapp.write_text("curve_secretkey = None  # a kernel that speaks CurveZMQ\n")
+        shutil.copy2(ipykernel.kernelapp.__file__, kernelapp)
     return prepare
+
+
+def test_an_image_without_ipykernel_is_not_taken_for_curve(tmp_path):
+    (tmp_path / "usr/lib/python3/dist-packages").mkdir(parents=True)
+    assert images.ipykernel_speaks_curve(tmp_path) is False
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +273,15 @@ def test_apt_mirror_from_sources(tmp_path):
     assert images.apt_mirror([one_line]) == "http://mirror.example/debian"
     assert images.apt_mirror([deb822]) == "http://deb.example/debian"
     assert images.apt_mirror([tmp_path / "missing"]) == images.DEFAULT_MIRROR
-    assert images.apt_mirror().startswith("http")  # this host's apt configuration
+
+
+def test_apt_mirror_of_this_host_is_one_apt_uses(monkeypatch):
+    """Read from this host's real sources, not the fallback: apt-cache policy lists the same URL."""
+    policy = subprocess.run(["apt-cache", "policy"], capture_output=True, text=True, timeout=60).stdout
+    monkeypatch.setattr(images, "DEFAULT_MIRROR", "fallback-was-used")
+    mirror = images.apt_mirror()
+    assert mirror != "fallback-was-used"
+    assert f" {mirror} " in policy or f" {mirror}/ " in policy, (mirror, policy[:500])
 
 
 def test_image_build_cli_reports_errors_cleanly():
@@ -282,7 +298,8 @@ def test_image_build_cli_reports_errors_cleanly():
 
 
 async def test_sweep_removes_orphans_and_keeps_owned_sandboxes(tiny_image, tmp_path, monkeypatch):
-    from microsandbox import Network, Sandbox as VM
+    from microsandbox import Network
+    from microsandbox import Sandbox as VM
 
     tag, _ = tiny_image
     monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))
@@ -316,9 +333,26 @@ async def test_sweep_removes_orphans_and_keeps_owned_sandboxes(tiny_image, tmp_p
         assert "test-stale-dir" in swept and not stale.exists()
         remaining = {r.details.get("vm") for r in await asyncio.to_thread(backend.list_sandboxes)}
         assert names["orphan"] not in remaining and names["owned"] in remaining
-        # The sweep at start also set up the sweeps every 10 minutes.
-        assert backend_module.SWEEP_INTERVAL == 600 and backend._sweeper is not None and not backend._sweeper.done()
-        backend._sweeper.cancel()
     finally:
+        backend._sweeper.cancel()
         for name in names.values():
             await backend.destroy_vm(name)
+
+
+async def test_the_sweep_repeats_while_kernels_run(tmp_path, monkeypatch):
+    """The first sweep starts the periodic ones: an orphan left after it is gone within an interval."""
+    monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))
+    monkeypatch.setattr(backend_module, "SWEEP_INTERVAL", 0.5)
+    backend = MicrosandboxBackend(MsbSettings())
+    await backend.sweep_orphans()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = backend.io_dir_for("test-later-orphan").parent
+    (stale / "state.json").write_text(json.dumps({"sandbox_id": "test-later-orphan", "owner_pid": dead.pid, "owner_start": 1}))
+    try:
+        deadline = time.monotonic() + 60
+        while stale.exists():
+            assert time.monotonic() < deadline, "no periodic sweep removed the orphan"
+            await asyncio.sleep(0.1)
+    finally:
+        backend._sweeper.cancel()

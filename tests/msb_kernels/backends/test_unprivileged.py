@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from msb_kernels.backends import network
+from msb_kernels.backends.nsinit import host_ipv4_addresses
+from msb_kernels.flavors import FLAVORS
 from tests.conftest import REPO
+from tests.kernel_helpers import HostListener, live_processes
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 pytestmark = pytest.mark.skipif(
@@ -39,8 +43,21 @@ SCRIPT = textwrap.dedent("""
     status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
     print(json.dumps({"uid": os.getuid(), "host": socket.gethostname(), "root": sorted(os.listdir("/")),
         "nnp": status["NoNewPrivs"].strip(), "cpus": len(os.sched_getaffinity(0)),
-        "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "ifaces": [n for _, n in socket.if_nameindex()]}))
+        "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
+        "data": resource.getrlimit(resource.RLIMIT_DATA)[0], "ifaces": [n for _, n in socket.if_nameindex()],
+        "tmp_mib": os.statvfs("/tmp").f_blocks * os.statvfs("/tmp").f_frsize >> 20, "pty": os.ttyname(os.openpty()[1]),
+        "probe": {t: probe(t) for t in PROBE.split(",") if t}}))
     '''
+    CODE = f"PROBE = {os.environ.get('MSB_TEST_PROBE', '')!r}\\n" + '''
+    import socket
+    def probe(target):
+        host, port = target.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+            return "connected"
+        except OSError as exc:
+            return type(exc).__name__
+    ''' + CODE
     async def main():
         km = AsyncKernelManager(kernel_name="msb-python-small")
         try:
@@ -96,6 +113,7 @@ def run_as_nobody(python: Path, home: Path, **env: str) -> tuple[dict, str]:
     home.mkdir()
     shutil.chown(home, "nobody", "nogroup")
     (home / "run.py").write_text(SCRIPT)
+    shutil.chown(home / "run.py", "nobody", "nogroup")  # readable by nobody whatever root's umask
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(home), "JUPYTER_PATH": f"{home}/share/jupyter",
                    "MSB_RUNTIME_DIR": f"{home}/rt", "JUPYTER_RUNTIME_DIR": f"{home}/jr", **env}
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), str(home / "run.py")],
@@ -111,9 +129,38 @@ def test_unprivileged_user_gets_a_sandbox_with_rlimit_fallback(unprivileged_pyth
     assert "root" not in seen["root"] and "work" not in seen["root"]
     assert seen["cpus"] == 1, "small flavor is pinned to one core without cgroups"
     assert seen["nproc"] == 256
+    assert seen["data"] == 1024 * 2**20, "without cgroups, memory is capped per process at the flavor's size"
     assert "flavor limits are only partly enforced" in log and "not running as root" in log
+    # No loop devices without root: /tmp and home are RAM, half the flavor's memory, and the log says so.
+    assert seen["tmp_mib"] == FLAVORS["small"].memory_scratch_mib
+    assert "/tmp and /home/sandbox are RAM (tmpfs), not disk" in log
+    assert seen["pty"] == "/dev/pts/0"
 
 
 def test_require_limits_refuses_without_cgroups(unprivileged_python, nobody_home):
     seen, _ = run_as_nobody(unprivileged_python, nobody_home, MSB_REQUIRE_LIMITS="true")
     assert "cannot enforce flavor limits with cgroups" in seen["error"]
+
+
+@pytest.mark.skipif(network.helper_path() is None, reason=f"MSB_ALLOW_NETWORK needs slirp4netns: {network.INSTALL_HINT}")
+def test_unprivileged_user_gets_the_network_but_not_the_host(unprivileged_python, nobody_home):
+    own = [a for a in host_ipv4_addresses() if not a.startswith("127.")]
+    with HostListener() as listener:
+        targets = [f"{address}:{listener.port}" for address in ["127.0.0.1", network.GATEWAY, *own]]
+        seen, _ = run_as_nobody(unprivileged_python, nobody_home, MSB_ALLOW_NETWORK="true", MSB_TEST_PROBE=",".join(targets))
+        assert listener.accepted == [], seen["probe"]
+    assert seen["ifaces"] == ["lo", network.INTERFACE]
+    assert set(seen["probe"]) == set(targets) and "connected" not in seen["probe"].values(), seen["probe"]
+    leftover = [pid for pid in live_processes(network.HELPER) if os.stat(f"/proc/{pid}").st_uid == 65534]
+    assert leftover == [], "the network helper outlived its sandbox"
+
+
+def test_doctor_says_scratch_is_ram_without_root(unprivileged_python, nobody_home):
+    nobody_home.mkdir()
+    shutil.chown(nobody_home, "nobody", "nogroup")
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(unprivileged_python), "-m", "msb_kernels.cli", "doctor"],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(nobody_home)}, cwd=nobody_home, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("disk (namespace backend): /tmp and /home/sandbox are RAM (tmpfs), not disk, because loop-mounted disk images "
+            "need root") in result.stdout, result.stdout
+    assert f"{FLAVORS['small'].memory_scratch_mib} MiB" in result.stdout

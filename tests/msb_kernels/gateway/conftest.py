@@ -24,12 +24,27 @@ from typing import Any
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-from tornado.websocket import websocket_connect
 
+from mcp_bridge import jupyter_ws
+from msb_kernels.gateway.app import JUPYTERLAB_ALLOWED_ENVS
 from tests.conftest import TEST_BASE, VENV_BIN
 
 START_TIMEOUT = 60.0  # kernel and server starts: the test machine is small and shared
 _counter = itertools.count(1)
+# A test that drives a browser puts here what saves a screenshot; a failure calls it while the page still shows why.
+SCREENSHOT_ON_FAILURE = pytest.StashKey[Callable[[], str]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    save = item.stash.get(SCREENSHOT_ON_FAILURE, None)
+    if report.failed and save is not None:
+        try:
+            report.sections.append(("browser screenshot", f"saved to {save()}"))
+        except Exception as exc:  # the browser itself may be what failed
+            report.sections.append(("browser screenshot", f"could not be saved: {exc}"))
+    return report
 
 
 def free_port() -> int:
@@ -47,6 +62,11 @@ def sandbox_records(runtime_dir: Path) -> list:
 
     settings = MsbSettings(config=Config({"MsbSettings": {"runtime_dir": str(runtime_dir)}}))
     return NamespaceBackend(settings).list_sandboxes()
+
+
+def init_pids(gateway: Gateway) -> dict[str, int]:
+    """Kernel id -> host pid of its sandbox's init, from the gateway's sandbox records."""
+    return {r.sandbox_id: r.details["init_pid"] for r in gateway.sandboxes() if r.details.get("init_pid")}
 
 
 def pid_alive(pid: int) -> bool:
@@ -124,7 +144,7 @@ class HttpServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
-            raise AssertionError(f"server did not stop within {timeout} s after signal {signum}:\n{self.log()[-3000:]}")
+            raise AssertionError(f"server did not stop within {timeout} s after signal {signum}:\n{self.log()[-3000:]}") from None
 
 
 class Gateway(HttpServer):
@@ -176,6 +196,7 @@ async def launch_gateway(extra_env: dict | None = None, runtime_dir: Path | None
     token = secrets.token_hex(16)
     port = free_port()
     env = {**os.environ, "MSB_RUNTIME_DIR": str(runtime_dir), "MSB_TOKEN": token, **(extra_env or {})}
+    env = {name: value for name, value in env.items() if value is not None}  # None in extra_env: leave it unset
     log_path = TEST_BASE / f"serve-{number}-{port}.log"
     process = _start_process([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), *(args or [])], env, log_path)
     gateway = Gateway(port, token, process, log_path, runtime_dir=runtime_dir, env=env)
@@ -207,19 +228,19 @@ async def gateway() -> AsyncIterator[Gateway]:
     server.stop()
 
 
-async def launch_jupyter_server(gateway: Gateway) -> HttpServer:
-    """`jupyter server --gateway-url=...`: jupyter_server's GatewayClient, as JupyterLab uses it."""
+async def launch_jupyter_server(gateway: Gateway, app: str = "server") -> HttpServer:
+    """`jupyter server|lab --gateway-url=...`: jupyter_server's GatewayClient, as the README tells users to run it."""
     port = free_port()
     token = secrets.token_hex(16)
     root = TEST_BASE / f"js-root-{port}"
     (root / "work").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSB_", "JUPYTER_GATEWAY"))}
-    log_path = TEST_BASE / f"jupyter-server-{port}.log"
-    argv = [str(VENV_BIN / "jupyter"), "server", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+    log_path = TEST_BASE / f"jupyter-{app}-{port}.log"
+    argv = [str(VENV_BIN / "jupyter"), app, "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
             f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
             f"--gateway-url={gateway.url}", f"--GatewayClient.auth_token={gateway.token}",
             "--GatewayClient.request_timeout=90", "--GatewayClient.connect_timeout=60",
-            "--GatewayClient.allowed_envs=JPY_SESSION_NAME"]
+            f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}"]  # as the banner says
     server = HttpServer(port, token, _start_process(argv, env, log_path), log_path)
     await _wait_for_http(server, "/api/status", token=token)
     return server
@@ -264,44 +285,46 @@ class KernelSocket:
         self.session = uuid.uuid4().hex
 
     @classmethod
-    async def open(cls, server: HttpServer, kernel_id: str) -> KernelSocket:
-        url = f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?session_id={uuid.uuid4().hex}"
-        request = HTTPRequest(url, headers={"Authorization": f"token {server.token}"}, connect_timeout=START_TIMEOUT,
-                              request_timeout=START_TIMEOUT)
-        return cls(await asyncio.wait_for(websocket_connect(request), START_TIMEOUT))
+    async def open(cls, server: HttpServer, kernel_id: str, session_id: str | None = None,
+                   token: str | None = "default") -> KernelSocket:
+        """Connect with the server's token, another ``token``, or none (``token=None``).
+
+        session_id: the client's session; Lab reuses one when it reconnects (random if not given).
+        """
+        url = jupyter_ws.channels_url(f"http://127.0.0.1:{server.port}", kernel_id, session_id or uuid.uuid4().hex)
+        return cls(await jupyter_ws.connect(url, server.token if token == "default" else token, START_TIMEOUT))
 
     def send(self, msg_type: str, content: dict, channel: str = "shell") -> str:
-        msg_id = uuid.uuid4().hex
-        header = {"msg_id": msg_id, "msg_type": msg_type, "session": self.session, "username": "test",
-                  "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}
-        self.connection.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {},
-                                                  "content": content, "channel": channel, "buffers": []}))
-        return msg_id
+        request = jupyter_ws.message(channel, msg_type, content, session=self.session, username="test")
+        self.connection.write_message(jupyter_ws.encode(request))
+        return request["header"]["msg_id"]
 
     async def receive(self, timeout: float) -> dict:
-        raw = await asyncio.wait_for(self.connection.read_message(), timeout)
-        if raw is None:
-            raise ConnectionError("the kernel WebSocket closed")
-        message = json.loads(raw)
-        message.setdefault("msg_type", message["header"]["msg_type"])
-        return message
+        """The next message (binary frames skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            raw = await asyncio.wait_for(self.connection.read_message(), max(0.01, deadline - time.monotonic()))
+            if raw is None:
+                raise ConnectionError("the kernel WebSocket closed")
+            message = jupyter_ws.parse(raw)
+            if message is not None:
+                return message
 
     async def wait_for(self, msg_id: str, predicate: Callable[[dict], bool], timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             message = await self.receive(max(0.1, deadline - time.monotonic()))
-            if message.get("parent_header", {}).get("msg_id") == msg_id and predicate(message):
+            if jupyter_ws.parent_id(message) == msg_id and predicate(message):
                 return message
 
     async def execute(self, code: str, timeout: float = START_TIMEOUT) -> Reply:
-        msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": True,
-                                               "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+        msg_id = self.send("execute_request", jupyter_ws.execute_content(code))
         reply = Reply()
         deadline = time.monotonic() + timeout
         idle = False
         while not (idle and reply.reply is not None):
             message = await self.receive(max(0.1, deadline - time.monotonic()))
-            if message.get("parent_header", {}).get("msg_id") != msg_id:
+            if jupyter_ws.parent_id(message) != msg_id:
                 continue
             if message["msg_type"] == "status":
                 idle = message["content"]["execution_state"] == "idle"
@@ -310,6 +333,16 @@ class KernelSocket:
             else:
                 reply.messages.append(message)
         return reply
+
+    async def execute_after_error(self, code: str, timeout: float = START_TIMEOUT) -> Reply:
+        """Execute, sending again while the kernel aborts it: after an error, ipykernel aborts
+        requests that arrive before it has finished recovering (stop_on_error)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = await self.execute(code, timeout=max(1.0, deadline - time.monotonic()))
+            if reply.reply["content"]["status"] != "aborted" or time.monotonic() > deadline:
+                return reply
+            await asyncio.sleep(0.1)
 
     def close(self) -> None:
         self.connection.close()

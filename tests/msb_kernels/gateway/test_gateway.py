@@ -6,25 +6,23 @@ the first test; the rest talk to the gateway's REST API directly.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from tornado.httpclient import HTTPClientError
 
+from msb_kernels.backends import cgroups
+from msb_kernels.templates import TEMPLATES
 from tests.conftest import TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import (Gateway, KernelSocket, launch_jupyter_server, pid_alive,
-                                                wait_until)
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, init_pids, launch_jupyter_server, pid_alive, wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def init_pids(gateway: Gateway) -> dict[str, int]:
-    return {r.sandbox_id: r.details["init_pid"] for r in gateway.sandboxes() if r.details.get("init_pid")}
 
 
 # -- through jupyter_server's GatewayClient ---------------------------------------------------
@@ -64,8 +62,11 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
     msg_id = ws.send("execute_request", {"code": "import time\ntime.sleep(120)", "silent": False, "store_history": True,
                                          "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
     await ws.wait_for(msg_id, lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "busy", 30)
-    await asyncio.sleep(0.5)
-    assert [k["status"] for k in (await gateway.stats())["kernels"]] == ["running"]
+
+    async def stats_say_running() -> bool:
+        return [k["status"] for k in (await gateway.stats())["kernels"]] == ["running"]
+
+    await wait_until(stats_say_running, 30, "the stats to show the kernel running")
     started = time.monotonic()
     interrupted = await js.request("POST", f"/api/kernels/{kernel_id}/interrupt")
     assert interrupted.code == 204, interrupted.body
@@ -73,8 +74,7 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
     assert error["content"]["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - started < 30
     await ws.wait_for(msg_id, lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle", 30)
-    await asyncio.sleep(1)  # ipykernel aborts requests that arrive just after an error
-    assert "42" in (await ws.execute("print(x)")).stdout, "the interrupt lost the kernel's state"
+    assert "42" in (await ws.execute_after_error("print(x)")).stdout, "the interrupt lost the kernel's state"
     ws.close()
 
     # restart: a fresh interpreter in a fresh sandbox
@@ -115,7 +115,10 @@ async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
         assert (stats["total_memory_mb"], stats["total_cpus"]) == (2048, 2)
         (entry,) = stats["kernels"]
         assert entry["id"] == kernel_id and entry["flavor"] == "medium" and entry["status"] in ("ready", "running")
-        assert entry["memory_bytes"] is None or entry["memory_bytes"] > 0
+        if cgroups.detect()[0] is not None:  # the cgroup counts the sandbox's memory, so the stats must show it
+            assert entry["memory_bytes"] > 0
+        else:
+            assert entry["memory_bytes"] is None
         assert (await gateway.request("POST", f"/api/kernels/{kernel_id}/interrupt")).code == 204
         assert (await gateway.request("POST", f"/api/kernels/{kernel_id}/restart", timeout=90)).code == 200
         assert (await gateway.request("GET", f"/api/kernels/{kernel_id}")).json["id"] == kernel_id
@@ -140,6 +143,37 @@ async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
         assert (await gateway.request("GET", path)).code == 404, path
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+async def test_a_second_socket_of_the_same_session_is_answered(gateway: Gateway, template: str) -> None:
+    """JupyterLab's server reconnects with the same session_id while the old socket is still open,
+    and again after each restart. The gateway logs "Replacing stale connection"; the kernel must
+    answer the newest socket, or Lab shows the kernel as Unknown and its cells hang."""
+    if TEMPLATES[template].unavailable_reason():
+        pytest.skip(f"{template} kernels unavailable: {TEMPLATES[template].unavailable_reason()}")
+    kernel_id = await gateway.start_kernel(f"msb-{template}-small")
+    session_id = uuid.uuid4().hex
+    try:
+        first = await KernelSocket.open(gateway, kernel_id, session_id)
+        msg_id = first.send("kernel_info_request", {})
+        await first.wait_for(msg_id, lambda m: m["msg_type"] == "kernel_info_reply", 60)
+        second = await KernelSocket.open(gateway, kernel_id, session_id)
+        msg_id = second.send("kernel_info_request", {})
+        await second.wait_for(msg_id, lambda m: m["msg_type"] == "kernel_info_reply", 30)
+        code = "print(6 * 7)" if template == "python" else "console.log(6 * 7)"
+        assert (await second.execute(code)).stdout.strip() == "42"
+        assert "Replacing stale connection" in gateway.log()
+        first.close()
+        # After a restart Lab's server opens yet another socket of the session; the old one reconnects too.
+        assert (await gateway.request("POST", f"/api/kernels/{kernel_id}/restart", timeout=90)).code == 200
+        third = await KernelSocket.open(gateway, kernel_id, session_id)
+        assert (await third.execute(code, timeout=30)).stdout.strip() == "42", "no answer after a restart"
+        second.close()
+        third.close()
+    finally:
+        assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+
+
 async def test_every_endpoint_but_health_needs_the_token(gateway: Gateway) -> None:
     health = await gateway.request("GET", "/api/msb/health", token=None)
     assert health.code == 200 and health.json["status"] == "ok"
@@ -150,16 +184,17 @@ async def test_every_endpoint_but_health_needs_the_token(gateway: Gateway) -> No
             response = await gateway.request(method, path, token=token)
             assert response.code in (401, 403, 404), (method, path, token, response.code)
             assert b"kernelspecs" not in response.body and b"active_sessions" not in response.body
-    socket_refused = False
+    # A real kernel's channels: refused without the token or with a wrong one, served with the right one.
+    kernel_id = await gateway.start_kernel()
+    for token in (None, "wrong-token"):
+        with pytest.raises(HTTPClientError) as refused:
+            await KernelSocket.open(gateway, kernel_id, token=token)
+        assert refused.value.code in (401, 403), (token, refused.value.code)
+    socket = await KernelSocket.open(gateway, kernel_id)
     try:
-        import tornado.websocket
-        from tornado.httpclient import HTTPRequest
-
-        await tornado.websocket.websocket_connect(HTTPRequest(
-            f"ws://127.0.0.1:{gateway.port}/api/kernels/00000000-0000-4000-8000-000000000000/channels"))
-    except Exception:
-        socket_refused = True
-    assert socket_refused
+        assert (await socket.execute("6 * 7")).result == "42"
+    finally:
+        socket.close()
     assert (await gateway.request("GET", "/api/kernels")).code == 200
     assert (await gateway.request("GET", "/api/kernels", token=None, headers={"Authorization": f"Bearer {gateway.token}"})).code == 200
 
@@ -223,10 +258,12 @@ async def test_idle_kernels_are_culled_honouring_the_kernelspec_override(gateway
     spec["metadata"]["cull_idle_timeout"] = 3600
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
 
-    gateway = await gateway_factory(extra_env={"MSB_SESSION_TIMEOUT_SECONDS": "3", "MSB_CULL_INTERVAL_SECONDS": "1"})
+    # 5 s idle: enough to read the first kernel's pid on a loaded host; whether it is culled before or
+    # after the second kernel is up does not matter.
+    gateway = await gateway_factory(extra_env={"MSB_SESSION_TIMEOUT_SECONDS": "5", "MSB_CULL_INTERVAL_SECONDS": "1"})
     culled = await gateway.start_kernel("msb-python-small")
-    kept = await gateway.start_kernel("msb-python-keep-meta")  # its kernelspec says 3600 s: the override wins
     pid = init_pids(gateway)[culled]
+    kept = await gateway.start_kernel("msb-python-keep-meta")  # its kernelspec says 3600 s: the override wins
     await wait_until(lambda: culled not in init_pids(gateway), 40, "the idle kernel to be culled")
     assert not pid_alive(pid), "culling left the sandbox's processes"
     ids = [k["id"] for k in (await gateway.request("GET", "/api/kernels")).json]
@@ -235,7 +272,7 @@ async def test_idle_kernels_are_culled_honouring_the_kernelspec_override(gateway
     assert stats["active_sessions"] == 1 and stats["total_memory_mb"] == 1024
     (stopped,) = [s for s in stats["recently_stopped"] if s["id"] == culled]
     assert stopped["status"] == "stopped" and "culled" in stopped["reason"]
-    assert stats["culling"] == {"idle_timeout": 3, "interval": 1, "connected": False, "busy": False}
+    assert stats["culling"] == {"idle_timeout": 5, "interval": 1, "connected": False, "busy": False}
     (entry,) = stats["kernels"]
     assert entry["cull_idle_timeout"] == 3600
 
@@ -289,9 +326,7 @@ def _jsonrpc(response) -> dict:
 
 
 async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> None:
-    pytest.importorskip("mcp_bridge.http", reason="mcp_bridge.http is not importable, so /mcp is not mounted")
-    if "MCP streamable HTTP at" not in gateway.log():
-        pytest.skip(f"the gateway did not mount /mcp: {gateway.log()[-1500:]}")
+    assert "MCP streamable HTTP at" in gateway.log()
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
                "Authorization": f"Bearer {gateway.token}"}
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -321,11 +356,11 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
 
 async def test_a_new_session_is_served_from_the_warm_pool(gateway_factory) -> None:
     gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "1"})
-    for _ in range(600):
+    async def pool_ready() -> dict | None:
         stats = await gateway.stats()
-        if stats["pool"]["waiting"]["msb-python-small"] == 1:
-            break
-        await asyncio.sleep(0.1)
+        return stats if stats["pool"]["waiting"]["msb-python-small"] == 1 else None
+
+    stats = await wait_until(pool_ready, 60, "the pool to hold a started kernel")
     (pooled,) = gateway.sandboxes()
     assert stats["active_sessions"] == 0, "a waiting pooled kernel is nobody's session"
     assert stats["pool"]["sizes"] == {"msb-python-small": 1}

@@ -1,0 +1,47 @@
+"""The run's own environment and the machine it ran on, so a run neither touches nor depends on a live gateway."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def isolate(base: Path, max_sessions: int) -> None:
+    """Own runtime dirs (short paths: ipc sockets), no stray MSB_* settings, room for the capacity run."""
+    for name in list(os.environ):
+        if name.startswith("MSB_"):
+            del os.environ[name]
+    os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(base / "jr")
+    os.environ["MSB_MAX_SESSIONS"] = str(max_sessions)
+    os.environ["MSB_POOL_SIZE"] = "0"
+    os.environ["MSB_SESSION_TIMEOUT_SECONDS"] = "0"
+    # The capacity run holds 50 small sessions: their disks reserved in full would need 100 GiB.
+    os.environ["MSB_DISK_RESERVE"] = "false"
+    os.environ["PATH"] = f"{VENV_BIN}:{os.environ.get('PATH', '')}"
+
+
+def meminfo_mib(field: str) -> int | None:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) // 1024
+    return None
+
+
+def available_mib() -> int:
+    available = meminfo_mib("MemAvailable")
+    return -1 if available is None else available
+
+
+def machine() -> dict:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    import ipykernel
+    import jupyter_client
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_mib": meminfo_mib("MemTotal"), "python": platform.python_version(),
+            "linux": platform.release(), "ipykernel": ipykernel.__version__, "jupyter_client": jupyter_client.__version__,
+            "user": "root" if os.geteuid() == 0 else "unprivileged"}

@@ -1,0 +1,110 @@
+"""Direct jupyter_client kernels: start, stop, time a round trip, and count every host process and byte they hold."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+
+async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any]:
+    """create -> first kernel_info reply; returns (seconds, manager, client)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    started = time.perf_counter()
+    km = AsyncKernelManager(kernel_name=name)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=timeout)
+    except BaseException:
+        kc.stop_channels()
+        with contextlib.suppress(Exception):
+            await km.shutdown_kernel(now=True)
+        raise
+    return time.perf_counter() - started, km, kc
+
+
+async def stop_kernel(km: Any, kc: Any) -> None:
+    if kc is not None:
+        kc.stop_channels()
+    with contextlib.suppress(Exception):
+        await km.shutdown_kernel(now=True)
+
+
+async def drain_iopub(kc: Any) -> None:
+    while True:
+        try:
+            await kc.get_iopub_msg(timeout=0)
+        except queue.Empty:
+            return
+
+
+async def execute_rtt(kc: Any, code: str = "1+1") -> float:
+    started = time.perf_counter()
+    msg_id = kc.execute(code)
+    while True:
+        reply = await kc.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    elapsed = time.perf_counter() - started
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return elapsed
+
+
+async def first_stdout(kc: Any) -> float:
+    """execute print('x') -> the first stdout stream message on iopub."""
+    await drain_iopub(kc)
+    started = time.perf_counter()
+    msg_id = kc.execute("print('x')")
+    while True:
+        message = await kc.get_iopub_msg(timeout=60)
+        if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
+            elapsed = time.perf_counter() - started
+            break
+    while (await kc.get_shell_msg(timeout=60))["parent_header"].get("msg_id") != msg_id:
+        pass
+    return elapsed
+
+
+def rss_bytes(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kernel_processes(km: Any) -> set[int]:
+    """Every host process a kernel consists of: the sandbox's cgroup and init's tree, or the bare kernel's tree."""
+    provisioner = km.provisioner
+    sandbox = getattr(provisioner, "sandbox", None)
+    if sandbox is not None:
+        pids = set(descendants(sandbox.init_pid))
+        if getattr(sandbox, "cgroup", None) is not None:
+            pids |= sandbox.cgroup.pids()
+        return pids
+    return descendants(provisioner.process.pid)
+
+
+def kernel_rss(km: Any) -> int:
+    return sum(rss_bytes(pid) for pid in kernel_processes(km))

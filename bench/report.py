@@ -1,0 +1,182 @@
+"""The run's report: the targets met or missed, the markdown table and the chart, all from results alone (so --replot can redo them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def targets(figures: dict) -> list[dict]:
+    f = figures
+    out = []
+
+    def add(name: str, measured: str, met: bool | None, note: str = "") -> None:
+        out.append({"target": name, "measured": measured, "met": met, "note": note})
+
+    ns = f["cold_start"]["backends"].get("namespace", {})
+    if "ratio_p50" in ns:
+        add("namespace cold start <= 1.2x bare", f"{ns['ratio_p50']:.2f}x (p50 {ns['start']['p50_ms']:.0f} vs "
+            f"{f['cold_start']['bare']['p50_ms']:.0f} ms)", ns["ratio_p50"] <= 1.2)
+    d = f["execute_direct"]
+    delta = d["msb"]["p50_ms"] - d["bare"]["p50_ms"]
+    add("execute RTT p50 within +1 ms of bare, direct", f"{delta:+.2f} ms ({d['msb']['p50_ms']:.2f} vs {d['bare']['p50_ms']:.2f} ms)",
+        delta <= 1.0)
+    w = f["execute_websocket"]
+    delta_ws = w["msb"]["p50_ms"] - w["bare_ws"]["p50_ms"]
+    delta_direct = w["msb"]["p50_ms"] - w["bare"]["p50_ms"]
+    add("execute RTT p50 within +1 ms of bare, through the gateway",
+        f"{delta_ws:+.2f} ms vs a bare kernel behind plain jupyter_server ({w['msb']['p50_ms']:.2f} vs {w['bare_ws']['p50_ms']:.2f} ms); "
+        f"{delta_direct:+.2f} ms vs bare direct", delta_ws <= 1.0)
+    m = f["execute_mcp"]["memory"]
+    add("MCP execute_code('1+1') on an existing session p50 <= 15 ms",
+        f"{m['p50_ms']:.2f} ms in memory, {f['execute_mcp']['http']['p50_ms']:.2f} ms over HTTP", m["p50_ms"] <= 15)
+    p = f["mcp_new_session"]["pool"]
+    add("new session from the warm pool p50 <= 50 ms", f"{p['p50_ms']:.1f} ms", p["p50_ms"] <= 50)
+    c = f["capacity"]
+    add("50 concurrent idle small sessions", f"{c['answering']} of {c['tried']} tried" +
+        (f" (stopped: {c['failure']})" if c["failure"] else ""), c["answering"] >= 50 if c["tried"] >= 50 else None,
+        "" if c["tried"] >= 50 else "not tried in this run (fewer than 50 asked for)")
+    mem = f["idle_memory"]
+    add("memory per idle session <= bare ipykernel RSS + 15 MiB",
+        f"{mem['msb']['rss_mib_median']:.1f} MiB vs {mem['bare']['rss_mib_median']:.1f} MiB ({mem['added_mib']:+.1f} MiB)",
+        mem["added_mib"] <= 15)
+    return out
+
+def table(results: dict) -> str:
+    f = results["figures"]
+    rows = ["| figure | sandboxed (msb-python-small) | bare ipykernel (python3) | sandboxed vs bare |", "|---|---|---|---|"]
+
+    def pp(s: dict, digits: int = 2) -> str:
+        return f"p50 {s['p50_ms']:.{digits}f} / p95 {s['p95_ms']:.{digits}f} ms"
+
+    bare_start = f["cold_start"]["bare"]
+    for name, info in f["cold_start"]["backends"].items():
+        if info["available"]:
+            rows.append(f"| cold start, {name} (n={info['start']['n']}) | {pp(info['start'], 0)} | {pp(bare_start, 0)} | "
+                        f"{info['ratio_p50']:.2f}x p50, {info['ratio_p95']:.2f}x p95 |")
+        else:
+            rows.append(f"| cold start, {name} | {info['result']} | {pp(bare_start, 0)} | - |")
+    for label, title in (("pool", "MSB_POOL_SIZE=python-small=1"), ("no_pool", "MSB_POOL_SIZE=0")):
+        s = f["mcp_new_session"][label]
+        rows.append(f"| new session via MCP execute_code, {title} (n={s['n']}) | {pp(s, 1)} | bare cold start {pp(bare_start, 0)} | "
+                    f"{s['p50_ms'] / bare_start['p50_ms']:.2f}x p50 |")
+
+    def rtt(title: str, s: dict, b: dict, bare_title: str = "") -> None:
+        rows.append(f"| {title} (n={s['n']}) | {pp(s)} | {bare_title}{pp(b)} | {s['p50_ms'] - b['p50_ms']:+.2f} ms p50, "
+                    f"{s['p95_ms'] - b['p95_ms']:+.2f} ms p95 |")
+
+    rtt("execute 1+1, direct client", f["execute_direct"]["msb"], f["execute_direct"]["bare"])
+    rtt("execute 1+1, gateway WebSocket", f["execute_websocket"]["msb"], f["execute_websocket"]["bare_ws"], "plain jupyter_server WS: ")
+    rtt("execute 1+1, WebSockets, client with TCP_QUICKACK (diagnostic)", f["execute_websocket"]["msb_quickack"],
+        f["execute_websocket"]["bare_ws_quickack"], "plain jupyter_server WS: ")
+    rtt("execute 1+1, gateway WebSocket vs bare direct", f["execute_websocket"]["msb"], f["execute_websocket"]["bare"], "direct: ")
+    rtt("MCP execute_code 1+1, in memory", f["execute_mcp"]["memory"], f["execute_mcp"]["bare"], "direct: ")
+    rtt("MCP execute_code 1+1, HTTP /mcp of the gateway", f["execute_mcp"]["http"], f["execute_mcp"]["bare"], "direct: ")
+    rtt("first stdout byte of print('x'), direct", f["first_stdout"]["msb"], f["first_stdout"]["bare"])
+    t = f["throughput"]
+    rows.append(f"| throughput, {t['sessions']} sessions in parallel, {t['seconds']} s | {t['msb']['per_second']:.0f} exec/s | "
+                f"{t['bare']['per_second']:.0f} exec/s | {t['ratio']:.2f}x |")
+    m = f["idle_memory"]
+    rows.append(f"| RSS per idle session (median of {m['msb']['sessions']}; all sandbox processes) | {m['msb']['rss_mib_median']:.1f} MiB "
+                f"({m['msb']['processes_per_session']:.0f} processes) | {m['bare']['rss_mib_median']:.1f} MiB | {m['added_mib']:+.1f} MiB |")
+    c = f["capacity"]
+    rows.append(f"| capacity: idle small sessions at once (tried {c['tried']}) | {c['answering']} answering"
+                f"{' (stopped: ' + c['failure'] + ')' if c['failure'] else ''} | - | - |")
+    g = f["cost_growth"]
+    for level in g["levels"]:
+        s, b = g["msb"].get(str(level)), g["bare"].get(str(level))
+        if s and b:
+            rows.append(f"| with {level} live: start (n={s['start']['n']}) | {pp(s['start'], 0)} | {pp(b['start'], 0)} | "
+                        f"{s['start']['p50_ms'] / b['start']['p50_ms']:.2f}x p50 |")
+            rows.append(f"| with {level} live: execute 1+1 (n={s['execute']['n']}) | {pp(s['execute'])} | {pp(b['execute'])} | "
+                        f"{s['execute']['p50_ms'] - b['execute']['p50_ms']:+.2f} ms p50 |")
+    lines = ["\n".join(rows), "", "| target | measured | met |", "|---|---|---|"]
+    for t in results["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {verdict(t['met'])} |")
+    return "\n".join(lines) + "\n"
+
+def chart(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f = results["figures"]
+    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    labels, msb, bare = [], [], []
+    for name, info in f["cold_start"]["backends"].items():
+        if info["available"]:
+            labels.append(f"cold start\n({name})")
+            msb.append(info["start"]["p50_ms"])
+            bare.append(f["cold_start"]["bare"]["p50_ms"])
+    for label, title in (("pool", "new MCP session\n(warm pool)"), ("no_pool", "new MCP session\n(no pool)")):
+        labels.append(title)
+        msb.append(f["mcp_new_session"][label]["p50_ms"])
+        bare.append(f["cold_start"]["bare"]["p50_ms"])
+    grouped_bars(axes[0][0], labels, msb, bare, "p50 ms", "Start: create -> first reply (bare: bare cold start)")
+
+    w = f["execute_websocket"]
+    pairs = [("direct\nclient", f["execute_direct"]["msb"], f["execute_direct"]["bare"]),
+             ("WebSocket", w["msb"], w["bare_ws"]),
+             ("WebSocket,\nQUICKACK client", w["msb_quickack"], w["bare_ws_quickack"]),
+             ("MCP\nin memory", f["execute_mcp"]["memory"], f["execute_mcp"]["bare"]),
+             ("MCP\nHTTP /mcp", f["execute_mcp"]["http"], f["execute_mcp"]["bare"]),
+             ("first stdout\nprint('x')", f["first_stdout"]["msb"], f["first_stdout"]["bare"])]
+    grouped_bars(axes[0][1], [p[0] for p in pairs], [p[1]["p50_ms"] for p in pairs], [p[2]["p50_ms"] for p in pairs],
+                 "p50 ms", "Execute 1+1 round trip (bare: direct client; WebSocket: plain jupyter_server)")
+
+    t, m = f["throughput"], f["idle_memory"]
+    grouped_bars(axes[0][2], [f"{t['sessions']} sessions in parallel"], [t["msb"]["per_second"]], [t["bare"]["per_second"]],
+                 "executions / s", "Aggregate throughput")
+    grouped_bars(axes[1][0], ["RSS per idle session"], [m["msb"]["rss_mib_median"]], [m["bare"]["rss_mib_median"]],
+                 "MiB", f"Idle memory (sandboxed: every process of the sandbox, {m['added_mib']:+.1f} MiB)")
+
+    g = f["cost_growth"]
+    for ax, part, title in ((axes[1][1], "start", "Start latency with N live sessions"),
+                            (axes[1][2], "execute", "Execute 1+1 latency with N live sessions")):
+        for key, style, color, label in (("msb", "-o", "C0", "sandboxed"), ("bare", "--s", "C1", "bare ipykernel")):
+            levels = [lv for lv in g["levels"] if str(lv) in g[key]]
+            ax.plot(levels, [g[key][str(lv)][part]["p50_ms"] for lv in levels], style, color=color, label=f"{label} p50")
+            ax.plot(levels, [g[key][str(lv)][part]["p95_ms"] for lv in levels], style, color=color, alpha=0.4,
+                    label=f"{label} p95")
+        ax.set_xlabel("live sessions")
+        ax.set_ylabel("ms")
+        ax.set_xticks(g["levels"])
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    c = f["capacity"]
+    axes[1][1].annotate(f"capacity: {c['answering']} of {c['tried']} idle small sessions" +
+                        (f"; stopped: {c['failure']}" if c["failure"] else ""), (0.02, 0.02), xycoords="axes fraction", fontsize=8)
+    mach = results["machine"]
+    fig.suptitle(f"msb-kernels (namespace sandbox) vs bare ipykernel, one run - {mach['cpus']} CPUs, "
+                 f"{mach['memory_mib'] / 1024:.0f} GiB, Python {mach['python']}, Linux {mach['linux']} ({results['mode']} run)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def grouped_bars(ax: Any, labels: list[str], msb: list[float], bare: list[float], ylabel: str, title: str) -> None:
+    xs = range(len(labels))
+    width = 0.38
+    bars_msb = ax.bar([x - width / 2 for x in xs], msb, width, label="sandboxed (msb-python-small)", color="C0")
+    bars_bare = ax.bar([x + width / 2 for x in xs], bare, width, label="bare ipykernel (python3)", color="C1")
+    for bars in (bars_msb, bars_bare):
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def verdict(met: bool | None) -> str:
+    return "n/a" if met is None else "met" if met else "missed"
+
+
+def write(results: dict, out: Path) -> str:
+    """bench.md and bench.png into out; returns the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = table(results)
+    (out / "bench.md").write_text(text)
+    chart(results, out / "bench.png")
+    return text

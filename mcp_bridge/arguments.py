@@ -1,0 +1,71 @@
+"""The tools' shared arguments: checked once, looked up once, and the session a run goes to.
+
+A tool body (mcp_bridge.tools) calls these before it starts anything, so that a bad argument
+is an InvalidRequest naming it and the accepted values, never a half-started kernel.
+"""
+
+from __future__ import annotations
+
+from mcp_bridge.options import BridgeOptions
+from mcp_bridge.sessions import KernelSessions, SessionInfo
+from msb_kernels.choice import KernelChoice
+from msb_kernels.config import MsbSettings
+from msb_kernels.errors import InvalidRequest, SandboxError
+from msb_kernels.flavors import Flavor, get_flavor
+from msb_kernels.templates import TEMPLATES, Template, get_template
+
+
+def check_timeout(options: BridgeOptions, timeout: float | None) -> float:
+    """The timeout argument in seconds: the default when omitted, else checked against MSB_MCP_MAX_TIMEOUT_SECONDS."""
+    if timeout is None:
+        return options.default_timeout_seconds
+    if not (timeout > 0) or timeout > options.max_timeout_seconds:
+        raise InvalidRequest(f"timeout={timeout!r} is out of range; use seconds between 0 and {options.max_timeout_seconds:g}")
+    return float(timeout)
+
+
+def check_size(options: BridgeOptions, name: str, text: str) -> None:
+    if len(text) > options.max_code_chars:
+        raise InvalidRequest(f"{name} is {len(text)} characters, over the limit of {options.max_code_chars} (MSB_MCP_MAX_CODE_CHARS)",
+                             suggestions=["write large data to a file in the shared volume and read it from the code",
+                                          "send the code in smaller pieces; the session keeps its state"])
+
+
+def requested(language: str | None, template: str | None, flavor: str | None) -> tuple[Template | None, Flavor | None]:
+    """The tool's language/template and flavor arguments, each checked and looked up once (None: not asked for)."""
+    by_language = get_template(language) if language is not None else None
+    by_template = get_template(template, argument="template") if template is not None else None
+    if by_language and by_template and by_language is not by_template:
+        raise InvalidRequest(f"language={language!r} and template={template!r} disagree; pass only one of them")
+    return by_language or by_template, get_flavor(flavor) if flavor is not None else None
+
+
+async def resolve_session(sessions: KernelSessions, settings: MsbSettings, session_id: str | None,
+                          template: Template | None, flavor: Flavor | None) -> tuple[SessionInfo, bool]:
+    """The session to run in: the one named (checked against what was asked for), or a new one."""
+    if session_id is not None:
+        if not session_id.strip():
+            raise InvalidRequest("session_id is empty; omit it to get a new session")
+        info = await sessions.info(session_id)
+        if not info.sandboxed:
+            raise InvalidRequest(f"session {session_id} is a {info.kernel_name} kernel, which is not sandboxed; the MCP tools only run code in msb kernels",
+                                 suggestions=["omit session_id to get a new sandboxed session"])
+        if template is not None and template.name != info.language:
+            raise InvalidRequest(
+                f"session {session_id} runs {info.language}, but language={template.name!r} was asked for",
+                suggestions=[f"omit language to run {info.language} code in this session",
+                             f"omit session_id to start a new {template.name} session"])
+        if flavor is not None and flavor.name != info.flavor:
+            raise InvalidRequest(f"session {session_id} is flavor {info.flavor}; a running session cannot change flavor",
+                                 suggestions=["omit flavor", f"omit session_id to start a new {flavor.name} session"])
+        if info.status == "error":
+            reason = await sessions.death_reason(session_id)
+            raise SandboxError(f"the kernel of session {session_id} died{f': {reason}' if reason else ''}; its state is gone",
+                               suggestions=["restart_session to get a fresh kernel in this session", "omit session_id to start a new session"])
+        return info, False
+    choice = KernelChoice(template or TEMPLATES["python"], flavor or get_flavor(settings.default_flavor))
+    reason = choice.template.unavailable_reason() if sessions.local_kernels else None
+    if reason:
+        raise InvalidRequest(f"{choice.template.name} sessions are not available here: {reason}")
+    new_id = await sessions.create(choice)
+    return await sessions.info(new_id), True

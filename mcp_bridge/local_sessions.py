@@ -1,0 +1,313 @@
+"""Sessions over a jupyter_client kernel manager in this process (``msb-mcp`` standalone, or the gateway's own).
+
+The gateway hands its ``AsyncMappingKernelManager`` (with jupyter_server's SessionManager,
+for notebook paths), so kernels that JupyterLab users started are sessions too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mcp_bridge.jupyter_ws import execute_content
+from mcp_bridge.sessions import (
+    KernelConnection,
+    KernelSessions,
+    Listener,
+    SessionInfo,
+    not_found,
+    parse_kernel_name,
+)
+from msb_kernels.choice import KernelChoice
+from msb_kernels.errors import MsbError, SandboxError
+from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+from msb_kernels.status import epoch_seconds, session_status
+
+
+def sandbox_of(km: Any) -> SandboxDescription | None:
+    """What the msb provisioner says of this kernel; None for a kernel that is not sandboxed."""
+    provisioner = km.provisioner
+    return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None
+
+
+async def wait_until_connected(kc: Any, timeout: float, is_alive: Callable) -> None:
+    """Send kernel_info until its reply arrives on shell and a status message on iopub.
+
+    jupyter_client's wait_for_ready also checks iopub, but gives it 0.2 s after each reply, and a
+    just-made SUB socket usually misses the first status: a warm (pooled) kernel then takes 200 ms
+    to "connect". A short, growing interval finds both channels working within a few ms.
+    """
+    deadline = time.monotonic() + timeout
+    replied = subscribed = False
+    interval = 0.01
+    while not (replied and subscribed):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the kernel did not answer within {timeout:.0f} s")
+        if not await is_alive():
+            raise RuntimeError("the kernel died before it answered")
+        kc.kernel_info()
+        until = time.monotonic() + interval
+        while not (replied and subscribed) and (remaining := until - time.monotonic()) > 0:
+            get = kc.get_iopub_msg if replied else kc.get_shell_msg
+            try:
+                message = await get(timeout=remaining)
+            except (queue.Empty, asyncio.TimeoutError, TimeoutError):
+                break
+            if replied:
+                subscribed = True
+            else:
+                replied = message["msg_type"] == "kernel_info_reply"
+        interval = min(interval * 2, 0.5)
+
+
+class ManagedConnection(KernelConnection):
+    """A jupyter_client kernel client on a kernel of a local kernel manager."""
+
+    def __init__(self, km: Any):
+        super().__init__()
+        self.km = km
+        # A Session of its own: km.client() would reuse the manager's, whose id is the zmq identity
+        # of every such client, so kernel replies meant for a notebook's client could come here.
+        from jupyter_client.session import Session
+
+        own = Session(key=km.session.key, signature_scheme=km.session.signature_scheme, username="msb-mcp")
+        self.kc = km.client(session=own)
+        description = sandbox_of(km)
+        self.sandbox = description.sandbox if description else None  # to tell a restart's new sandbox from it
+        self.tasks: list[asyncio.Task] = []
+
+    async def open(self, timeout: float) -> None:
+        self.kc.start_channels()
+        try:
+            await wait_until_connected(self.kc, timeout, self.km.is_alive)
+        except Exception:
+            self.kc.stop_channels()
+            raise
+        self.tasks = [asyncio.create_task(self._pump(self.kc.get_iopub_msg, "iopub")),
+                      asyncio.create_task(self._pump(self.kc.get_shell_msg, "shell"))]
+
+    async def _pump(self, get: Callable, channel: str) -> None:
+        while not self.closed:
+            try:
+                message = await get(timeout=1)
+            except (queue.Empty, asyncio.TimeoutError, TimeoutError):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if self.closed:
+                    return
+                await asyncio.sleep(0.2)
+                continue
+            self.dispatch(channel, message)
+
+    async def execute(self, code: str, listener: Listener, *, silent: bool, store_history: bool) -> str:
+        content = execute_content(code, silent=silent, store_history=store_history, stop_on_error=False)
+        message = self.kc.session.msg("execute_request", content)
+        msg_id = message["header"]["msg_id"]
+        self.listen(msg_id, listener)
+        self.kc.shell_channel.send(message)
+        return msg_id
+
+    async def death_reason(self) -> str | None:
+        description = sandbox_of(self.km)
+        replaced = description is not None and self.sandbox is not None and description.sandbox is not self.sandbox
+        if not replaced and await self.km.is_alive():
+            return None
+        reason = None
+        if self.sandbox is not None:
+            with contextlib.suppress(Exception):
+                reason = self.sandbox.exit_reason()
+        reason = reason or (description.last_exit_reason if description else None)
+        if replaced:
+            return (reason or "the kernel died") + "; it was restarted with a fresh kernel"
+        return reason or "the kernel process exited"
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            self.kc.stop_channels()
+
+
+def standalone_kernel_manager() -> Any:
+    """A kernel manager with a warm pool (MSB_POOL_SIZE), connection files in the Jupyter runtime dir."""
+    import os
+
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    from msb_kernels.choice import parse_pool_sizes
+    from msb_kernels.config import load_settings
+    from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+
+    runtime = jupyter_runtime_dir()
+    os.makedirs(runtime, mode=0o700, exist_ok=True)
+    kernel_log = logging.getLogger("mcp_bridge.kernels")
+    if not any(isinstance(f, _NoTracebackForMsbErrors) for f in kernel_log.filters):
+        kernel_log.addFilter(_NoTracebackForMsbErrors())
+    manager = PooledMultiKernelManager(connection_dir=runtime, log=kernel_log)
+    settings = load_settings()
+    manager.pool = KernelPool(manager, parse_pool_sizes(settings.pool_size), settings.pool_counts_as_sessions)
+    return manager
+
+
+class _NoTracebackForMsbErrors(logging.Filter):
+    """jupyter_client logs a failed start with its traceback; a refusal such as MSB_MAX_SESSIONS is no crash."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], MsbError):
+            record.msg, record.args, record.exc_info, record.exc_text = f"kernel start refused: {record.exc_info[1]}", (), None, None
+        return True
+
+
+class ManagedKernelSessions(KernelSessions):
+    """Sessions over a jupyter_client AsyncMultiKernelManager (standalone, or the gateway's own).
+
+    ``session_manager`` is jupyter_server's SessionManager, when there is one: it names
+    the notebook each kernel belongs to.
+    """
+
+    def __init__(self, kernel_manager: Any = None, session_manager: Any = None, *, start_timeout: float = 60.0):
+        super().__init__()
+        self.owns_kernel_manager = kernel_manager is None
+        if kernel_manager is None:
+            kernel_manager = standalone_kernel_manager()
+        self.kernel_manager = kernel_manager
+        self.session_manager = session_manager
+        self.start_timeout = start_timeout
+        self.connections: dict[str, ManagedConnection] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+
+    def _km(self, session_id: str) -> Any:
+        if not isinstance(session_id, str) or session_id not in self.kernel_manager.list_kernel_ids():
+            raise not_found(str(session_id))
+        return self.kernel_manager.get_kernel(session_id)
+
+    async def create(self, choice: KernelChoice) -> str:
+        from jupyter_client.kernelspec import NoSuchKernel
+
+        name = choice.kernel_name
+        try:
+            session_id = await self.kernel_manager.start_kernel(kernel_name=name)
+        except NoSuchKernel:
+            raise SandboxError(f"the kernelspec {name} is not installed", suggestions=["run `msb-kernels install`"]) from None
+        except MsbError:
+            raise
+        except Exception as exc:
+            from msb_kernels.gateway.manager import MsbHTTPError
+
+            if isinstance(exc, MsbHTTPError):  # the gateway's own kernel manager: its refusal, with its advice
+                raise exc.error from None
+            raise SandboxError(f"could not start a {choice.template.name} kernel ({choice.flavor.name}): {exc}") from None
+        return await self._connect_new(session_id)
+
+    async def _notebook_paths(self) -> dict[str, str]:
+        """The gateway's notebook paths (its kernel manager's, as /api/msb/stats shows them); none standalone."""
+        paths_of = getattr(self.kernel_manager, "notebook_paths", None)
+        if paths_of is None:
+            return {}
+        try:
+            return await paths_of(self.session_manager)
+        except Exception:
+            return {}
+
+    async def _describe(self, session_id: str, paths: dict[str, str]) -> SessionInfo:
+        km = self.kernel_manager.get_kernel(session_id)
+        self.first_seen.setdefault(session_id, time.time())
+        language, flavor = parse_kernel_name(km.kernel_name)
+        description = sandbox_of(km)
+        if description is not None and description.template is not None and description.flavor is not None:
+            language, flavor = description.template.name, description.flavor.name
+        created = (description.created if description else None) or self.first_seen[session_id]
+        # last_activity and execution_state: what jupyter_server's kernel manager adds; a standalone one lacks them.
+        accessed = [t for t in (self.last_accessed.get(session_id), epoch_seconds(getattr(km, "last_activity", None))) if t]
+        state = getattr(km, "execution_state", None)
+        try:
+            alive = await km.is_alive()
+        except Exception:
+            alive = False
+        if not alive:
+            # A kernel being restarted (after a death, by jupyter_client's restarter) is not alive for a moment.
+            status = "creating" if not km.ready.done() else "error"
+        else:
+            status = session_status(state)
+        return SessionInfo(id=session_id, language=language, flavor=flavor, status=status, created_at=created,
+                           last_accessed=max(accessed) if accessed else created, kernel_name=km.kernel_name,
+                           notebook_path=paths.get(session_id), started_by="mcp" if session_id in self.started else "other")
+
+    async def info(self, session_id: str) -> SessionInfo:
+        self._km(session_id)
+        return await self._describe(session_id, await self._notebook_paths())
+
+    async def list(self) -> list[SessionInfo]:
+        paths = await self._notebook_paths()
+        infos = []
+        for session_id in list(self.kernel_manager.list_kernel_ids()):
+            with contextlib.suppress(KeyError):
+                infos.append(await self._describe(session_id, paths))
+        return infos
+
+    async def connection(self, session_id: str) -> KernelConnection:
+        km = self._km(session_id)
+        lock = self._connecting.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            connection = self.connections.get(session_id)
+            if connection is not None and connection.km is km and not connection.closed:
+                return connection
+            if connection is not None:
+                await connection.close()
+            if not km.ready.done():  # a start or a restart under way
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(km.ready)), self.start_timeout)
+            connection = ManagedConnection(km)
+            try:
+                await connection.open(self.start_timeout)
+            except Exception:
+                reason = await connection.death_reason()
+                raise SandboxError(f"the kernel of session {session_id} died before it answered: {reason}" if reason else
+                                   f"the kernel of session {session_id} did not answer within {self.start_timeout:g} s",
+                                   suggestions=["stop_session and start a new one", "check the host with `msb-kernels doctor`"]) from None
+            self.connections[session_id] = connection
+            return connection
+
+    async def stop(self, session_id: str) -> None:
+        self._km(session_id)
+        await self.drop_connection(session_id)
+        await self.kernel_manager.shutdown_kernel(session_id, now=True)
+        self.started.discard(session_id)
+        self.last_accessed.pop(session_id, None)
+        self._connecting.pop(session_id, None)
+
+    async def interrupt(self, session_id: str) -> None:
+        self._km(session_id)
+        await self.kernel_manager.interrupt_kernel(session_id)
+
+    async def restart(self, session_id: str) -> None:
+        self._km(session_id)
+        await self.drop_connection(session_id)
+        await self.kernel_manager.restart_kernel(session_id, now=True)
+
+    async def close(self) -> None:
+        """Close connections and stop every kernel this bridge started (the gateway's own kernels stay)."""
+        for session_id in list(self.connections):
+            await self.drop_connection(session_id)
+
+        async def shutdown(session_id: str) -> None:
+            with contextlib.suppress(Exception):
+                if session_id in self.kernel_manager.list_kernel_ids():
+                    await self.kernel_manager.shutdown_kernel(session_id, now=True)
+            self.started.discard(session_id)
+
+        await asyncio.gather(*[shutdown(session_id) for session_id in list(self.started)])
+        pool = getattr(self.kernel_manager, "pool", None)
+        if self.owns_kernel_manager and pool is not None:
+            await pool.shutdown()

@@ -1,0 +1,110 @@
+"""The structured content of the MCP tools' results: one pydantic model per answer, all on ToolResult.
+
+Every model's JSON schema is a tool's outputSchema (tools/list), so a field added here is a
+field every client sees; tests/mcp_bridge/test_schemas.py checks results against them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from msb_kernels.errors import error_types
+
+
+class ErrorInfo(BaseModel):
+    type: str = Field(description="the error class", json_schema_extra={"enum": error_types()})
+    message: str
+    suggestions: list[str] = Field([], description="what to do next")
+
+
+def _success_or_error(schema: dict[str, Any]) -> None:
+    """Advertise either the success fields, as required as the model makes them, or an error alone.
+
+    TypeScript clients check structured content against outputSchema even on isError results,
+    so an error that comes before there is anything else to report (an unknown session, a bad
+    argument) must fit the schema too, without loosening what a success promises.
+    """
+    required = schema.pop("required", [])
+    schema["anyOf"] = [{"required": required}, {"required": ["error"], "properties": {"error": {"type": "object"}}}]
+
+
+class ToolResult(BaseModel):
+    """The structured content of every tool: its fields on success, or at least `error` on failure."""
+
+    model_config = ConfigDict(json_schema_extra=_success_or_error)
+
+    error: ErrorInfo | None = Field(None, description="set on isError results; null on success")
+
+
+class RichOutput(BaseModel):
+    output_type: str = Field(description="execute_result or display_data")
+    data: dict[str, Any] = Field(description="MIME type -> value (images base64)")
+
+
+class ExecutionResponse(ToolResult):
+    session_id: str
+    execution_id: str
+    language: str
+    flavor: str | None = None
+    status: Literal["ok", "error", "timeout", "running"]
+    stdout: str
+    stderr: str
+    exit_code: int | None = Field(None, description="exit status of execute_command; None for code")
+    execution_time_ms: int
+    session_created: bool
+    results: list[RichOutput] = []
+    truncated: bool = False
+    output_offset: int = Field(0, description="pass as `since` to get_execution_output to get only newer output")
+
+
+class SessionSummary(BaseModel):
+    id: str
+    language: str
+    flavor: str
+    status: str
+    created_at: str | None
+    last_accessed: str | None
+    uptime_seconds: int
+    kernel_name: str | None = None
+    notebook_path: str | None = None
+    started_by: str = "other"
+    sandboxed: bool = True
+
+
+class SessionListResponse(ToolResult):
+    sessions: list[SessionSummary]
+
+
+class StopSessionResponse(ToolResult):
+    session_id: str
+    success: bool
+    message: str | None = None
+
+
+class VolumePathResponse(ToolResult):
+    volume_path: str
+    description: str
+    available: bool
+
+
+class FlavorInfo(BaseModel):
+    name: str
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+    description: str
+    default: bool
+
+
+class LanguageInfo(BaseModel):
+    name: str
+    aliases: list[str]
+    available: bool
+    reason: str | None = None
+
+
+class ChoicesResponse(ToolResult):
+    flavors: list[FlavorInfo]
+    languages: list[LanguageInfo]

@@ -1,0 +1,135 @@
+"""Disk for a namespace sandbox's /tmp and home: an ext4 image of the flavor's disk size.
+
+The image is reserved in full with fallocate when the sandbox is made, so sandboxes can
+never fill the host's disk: either the space is there at start or the start fails. With
+MSB_DISK_RESERVE=false the image is sparse instead: each sandbox is still capped at its
+flavor's disk, a start needs that much free, but sandboxes together can outgrow the host. The
+sandbox's init attaches it to a loop device with autoclear and mounts it in the
+sandbox's own mount namespace, so the device lets go when the last sandbox process is
+gone; the host then deletes the file. Where that cannot work (no root, no loop
+devices, no mkfs.ext4) /tmp and home share a RAM tmpfs instead (see memory_scratch_note).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import glob
+import os
+import shutil
+import time
+from pathlib import Path
+
+from msb_kernels.errors import SandboxError
+from msb_kernels.flavors import FLAVORS, Flavor
+
+SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
+IMAGE_SUFFIX = ".img"
+# No journal (the disk is thrown away with the sandbox); no reserved blocks (all of it is the user's);
+# nodiscard: mke2fs would otherwise punch holes in the reservation.
+MKFS_OPTIONS = ("-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "nodiscard,lazy_itable_init=1")
+
+
+def host_headroom_bytes(total: int) -> int:
+    """Disk a sandbox start never takes: 5% of the filesystem, at least 1 GiB, so the host (its logs,
+    its other services) can still write when sandboxes have reserved all they may."""
+    return max(1 << 30, total // 20)
+
+
+def mkfs_path() -> str | None:
+    return shutil.which("mkfs.ext4", path=SYSTEM_PATH)
+
+
+def unavailable_reason() -> str | None:
+    """Why this host cannot give sandboxes disk-backed scratch, or None when it can."""
+    if os.geteuid() != 0:
+        return "loop-mounted disk images need root (msb-kernels is not running as root)"
+    if not os.path.exists("/dev/loop-control"):
+        return "this host has no loop devices (/dev/loop-control is missing; modprobe loop)"
+    release = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2] if part.isdigit())
+    if release < (5, 8):
+        return f"attaching a disk image needs Linux >= 5.8 (LOOP_CONFIGURE); this is {os.uname().release}"
+    if mkfs_path() is None:
+        return "mkfs.ext4 is not installed (apt-get install e2fsprogs)"
+    with open("/proc/filesystems") as filesystems:
+        if not any(line.split()[-1] == "ext4" for line in filesystems if line.strip()):
+            return "the host kernel has no ext4 support"
+    return None
+
+
+def disk_note(scratch_root: Path) -> str:
+    return (f"/tmp and /home/sandbox share an ext4 disk of the flavor's size, reserved in {scratch_root} "
+            "when the kernel starts and deleted when it stops; a write past it fails with ENOSPC")
+
+
+def memory_scratch_note(reason: str) -> str:
+    sizes = ", ".join(f"{f.name} {f.memory_scratch_mib} MiB" for f in FLAVORS.values())
+    return (f"/tmp and /home/sandbox are RAM (tmpfs), not disk, because {reason}: they share half the flavor's memory "
+            f"({sizes}); a write past it fails with ENOSPC")
+
+
+def image_path(scratch_root: Path, sandbox_id: str) -> Path:
+    return scratch_root / f"{sandbox_id}{IMAGE_SUFFIX}"
+
+
+async def make_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
+    """Put an empty ext4 of the flavor's disk size at ``path``: reserved in full, or sparse once the host has the room."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise SandboxError(f"cannot create the sandbox's disk in MSB_SCRATCH_DIR={path.parent}: {exc.strerror}",
+                           ["set MSB_SCRATCH_DIR to a writable directory on a disk"]) from None
+    advice = ["free disk space there", "or set MSB_SCRATCH_DIR to a directory on a larger disk", "or pick a smaller flavor"]
+    try:  # no await from the check to the reservation: starts in this process cannot both pass the check
+        usage = shutil.disk_usage(path.parent)
+        headroom = host_headroom_bytes(usage.total)
+        if usage.free - flavor.disk_bytes < headroom:
+            raise OSError(errno.ENOSPC, f"{usage.free >> 20} MiB free, and the host keeps {headroom >> 20} MiB of it for itself")
+        if reserve:
+            os.posix_fallocate(fd, 0, flavor.disk_bytes)
+        else:
+            os.ftruncate(fd, flavor.disk_bytes)
+    except OSError as exc:
+        remove_image(path)
+        raise SandboxError(f"cannot reserve the {flavor.disk_mib} MiB disk of flavor {flavor.name} in {path.parent}: {exc.strerror}",
+                           advice) from None
+    finally:
+        os.close(fd)
+    mkfs = await asyncio.create_subprocess_exec(mkfs_path() or "mkfs.ext4", *MKFS_OPTIONS, str(path), stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={"PATH": SYSTEM_PATH})
+    output, _ = await mkfs.communicate()
+    if mkfs.returncode != 0:
+        remove_image(path)
+        raise SandboxError(f"mkfs.ext4 could not format the sandbox's disk: {output.decode(errors='replace').strip()[-300:]}",
+                           ["run `msb-kernels doctor` to check this host"])
+
+
+def remove_image(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def attached_images() -> set[str]:
+    """Files that back a loop device now (a live sandbox's disk)."""
+    attached = set()
+    for backing_file in glob.glob("/sys/block/loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            attached.add(Path(backing_file).read_text().strip().removesuffix(" (deleted)"))
+    return attached
+
+
+def sweep_images(scratch_root: Path, older_than: float) -> list[str]:
+    """Delete disks no sandbox holds, left by a crash or a reboot; younger ones may be starting."""
+    swept: list[str] = []
+    if not scratch_root.is_dir():
+        return swept
+    attached = attached_images()
+    for image in scratch_root.glob(f"*{IMAGE_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            if str(image) not in attached and time.time() - image.stat().st_mtime > older_than:
+                image.unlink()
+                swept.append(image.name)
+    return swept

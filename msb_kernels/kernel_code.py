@@ -1,0 +1,142 @@
+"""Source code that runs inside the kernels, one piece per template and purpose.
+
+Templates (msb_kernels.templates) choose among these; nothing here runs on the host.
+Startup files run before the user's first cell; command runners are what execute_command
+sends as an execute request.
+"""
+
+# Python startup: a MemoryError also prints what the flavor's limit was and how to get more.
+PYTHON_MEMORY_HINT = """\
+def _msb_install_memory_hint():
+    import sys
+    message = {message!r}
+
+    def _on_memory_error(shell, etype, value, tb, tb_offset=None):
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        print(message, file=sys.stderr)
+
+    get_ipython().set_custom_exc((MemoryError,), _on_memory_error)
+
+
+_msb_install_memory_hint()
+del _msb_install_memory_hint
+"""
+
+
+# jupyter_server (a plain `jupyter lab` running these kernelspecs; our gateway gives each socket its own)
+# uses a client's session id as its ZMQ identity, and JupyterLab reconnects with the same session id
+# while the old socket is still open. ipykernel sets ZMQ_ROUTER_HANDOVER on its ROUTER sockets, so the
+# newest peer takes the identity over; tslab does not, and keeps answering the dead peer: the notebook
+# hangs. Loaded with NODE_OPTIONS=--require, so node processes the user starts load it too; there
+# zeromq is not beside the main script and it does nothing.
+NODE_ROUTER_HANDOVER = """\
+"use strict";
+(() => {
+  let zmq;
+  try {
+    const main = require("fs").realpathSync(process.argv[1] || "");
+    if (!main.includes("/tslab/")) return;
+    zmq = require(require.resolve("zeromq", { paths: [require("path").dirname(main)] }));
+  } catch {
+    return;
+  }
+  const bind = zmq.Router.prototype.bind;  // inherited from the native Socket, read-only: define, not assign
+  Object.defineProperty(zmq.Router.prototype, "bind", {
+    configurable: true, writable: true,
+    value: function (...args) {
+      this.handover = true;
+      return bind.apply(this, args);
+    },
+  });
+})();
+"""
+
+
+# The command runners start argv (no shell), copy its stdout and stderr to the kernel's streams as
+# they come, and print ``marker:<exit status>`` last. On an interrupt they kill the process group.
+PYTHON_COMMAND_RUNNER = r'''
+import codecs, os, selectors, signal, subprocess, sys
+
+def run(argv, marker):
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except FileNotFoundError:
+        sys.stderr.write("command not found: %s\n" % argv[0])
+        code = 127
+    except PermissionError as exc:
+        sys.stderr.write("cannot run %s: %s\n" % (argv[0], exc.strerror))
+        code = 126
+    except OSError as exc:
+        sys.stderr.write("cannot run %s: %s\n" % (argv[0], exc))
+        code = 126
+    else:
+        targets = {proc.stdout.fileno(): (sys.stdout, codecs.getincrementaldecoder("utf-8")("replace")),
+                   proc.stderr.fileno(): (sys.stderr, codecs.getincrementaldecoder("utf-8")("replace"))}
+        selector = selectors.DefaultSelector()
+        for fd in targets:
+            selector.register(fd, selectors.EVENT_READ)
+        try:
+            while targets:
+                for key, _ in selector.select(0.5):
+                    stream, decoder = targets[key.fd]
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        stream.write(decoder.decode(data))
+                    else:
+                        stream.write(decoder.decode(b"", final=True))
+                        selector.unregister(key.fd)
+                        del targets[key.fd]
+                    stream.flush()
+            code = proc.wait()
+        except KeyboardInterrupt:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
+            proc.wait()
+            sys.stderr.write("\n[interrupted: the command was killed]\n")
+            code = 130
+        finally:
+            selector.close()
+            proc.stdout.close()
+            proc.stderr.close()
+        if code < 0:
+            code = 128 - code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout.write("%s:%d\n" % (marker, code))
+    sys.stdout.flush()
+'''
+
+NODE_COMMAND_RUNNER = r'''await new Promise((resolve) => {
+  const argv = ARGV;
+  const marker = MARKER;
+  let finished = false;
+  let child = null;
+  const onSigint = () => { if (child) { try { process.kill(-child.pid, "SIGKILL"); } catch (e) { child.kill("SIGKILL"); } } };
+  const done = (code) => {
+    if (finished) { return; }
+    finished = true;
+    process.removeListener("SIGINT", onSigint);
+    process.stdout.write(marker + ":" + code + "\n");
+    resolve(undefined);
+  };
+  process.on("SIGINT", onSigint);
+  try {
+    child = require("child_process").spawn(argv[0], argv.slice(1), { stdio: ["ignore", "pipe", "pipe"], detached: true });
+  } catch (e) {
+    process.stderr.write("cannot run " + argv[0] + ": " + e.message + "\n");
+    done(126);
+    return;
+  }
+  child.stdout.on("data", (d) => process.stdout.write(d.toString()));
+  child.stderr.on("data", (d) => process.stderr.write(d.toString()));
+  child.on("error", (e) => {
+    if (Reflect.get(e, "code") === "ENOENT") { process.stderr.write("command not found: " + argv[0] + "\n"); done(127); }
+    else { process.stderr.write("cannot run " + argv[0] + ": " + e.message + "\n"); done(126); }
+  });
+  child.on("close", (code, signal) => {
+    if (signal === "SIGKILL" || signal === "SIGINT") { process.stderr.write("\n[interrupted: the command was killed]\n"); }
+    done(code === null ? 130 : code);
+  });
+})'''

@@ -1,0 +1,36 @@
+"""The sandboxes this process runs, and which of them count as sessions.
+
+The provisioner fills it as it starts and stops sandboxes; the warm pool marks the kernels that wait
+for a session; the session limit (MSB_MAX_SESSIONS) and the gateway read it.
+"""
+
+from __future__ import annotations
+
+from msb_kernels.backends.base import Sandbox
+from msb_kernels.errors import ResourceLimitExceeded
+
+# Sandboxes this process runs, by kernel id (sessions and waiting pooled kernels).
+live_sandboxes: dict[str, Sandbox] = {}
+# Kernels waiting in a warm pool (msb_kernels.pool): no one's session yet, so not counted unless configured.
+pooled_kernel_ids: set[str] = set()
+# The kernels MSB_MAX_SESSIONS counts: claimed by claim_session before a start or a handout from the
+# pool, released when the kernel stops for good.
+session_kernel_ids: set[str] = set()
+
+
+def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:
+    """Raise ResourceLimitExceeded when ``active`` sessions leave no room for one more: the one MSB_MAX_SESSIONS rule."""
+    if active >= max_sessions:
+        raise ResourceLimitExceeded(f"session limit reached: {active} of MSB_MAX_SESSIONS={max_sessions} sandboxed kernels run",
+                                    suggestions)
+
+
+def claim_session(kernel_id: str, max_sessions: int) -> None:
+    """Count ``kernel_id`` as a session, or raise ResourceLimitExceeded.
+
+    The check and the claim happen with no await between them, so concurrent starts cannot
+    all pass the check before any of them counts.
+    """
+    if kernel_id not in session_kernel_ids:
+        check_session_limit(len(session_kernel_ids), max_sessions)
+        session_kernel_ids.add(kernel_id)

@@ -1,0 +1,45 @@
+"""What a test may skip for, and the rule that a skip on CI's host is a failure unless listed here.
+
+A feature check that breaks (cgroups not detected, node not found after ``msb-kernels install``,
+a gateway that does not start) must not quietly turn its tests into skips on a host that has
+the feature. With ``MSB_TESTS_STRICT_SKIPS=1`` (``.ci/run`` sets it) any skip whose reason is
+not in :data:`EXPECTED_SKIPS` is reported as a failure. On other machines skips stay skips,
+each with its reason, because a developer's laptop may lack chromium or root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from msb_kernels.backends import cgroups
+from msb_kernels.templates import TEMPLATES
+
+# reason pattern -> why CI's host (2 cores, paravirtual KVM, root, cgroups v1, no internet) lacks it
+EXPECTED_SKIPS: dict[str, str] = {
+    r"microsandbox backend cannot run on this host: .*(virtualization|KVM|kvm)":
+        "microVMs cannot boot: KVM here has no vmx/svm",
+    r"the microsandbox backend's python kernel does not speak CurveZMQ":
+        "only a booted microVM image is checked for CurveZMQ",
+    r"microVMs boot on this host":
+        "the no-boot checks are skipped only where microVMs do boot",
+    r"the host's package indexes are .*none is a network service":
+        "CI's pip index is a local file mirror, which no sandbox can reach over a network",
+}
+
+
+def strict() -> bool:
+    return os.environ.get("MSB_TESTS_STRICT_SKIPS", "") not in ("", "0", "false")
+
+
+def unexpected(reason: str) -> bool:
+    return not any(re.search(pattern, reason) for pattern in EXPECTED_SKIPS)
+
+
+_cgroup_hierarchy, _cgroup_note = cgroups.detect()
+needs_cgroups = pytest.mark.skipif(_cgroup_hierarchy is None, reason=f"flavor limits need cgroups: {_cgroup_note}")
+
+_node_reason = TEMPLATES["node"].unavailable_reason()
+needs_node = pytest.mark.skipif(_node_reason is not None, reason=f"node kernels unavailable: {_node_reason}")
