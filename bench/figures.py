@@ -267,6 +267,31 @@ class Bench:
         self.figures["throughput"] = result
         self.figures["idle_memory"] = memory
 
+    async def burst(self) -> None:
+        """N kernels asked for at once: when the first, the median and the last answer (MSB_CONCURRENT_STARTS)."""
+        n = self.args.burst
+        runs: dict[str, Any] = {}
+        for key, name, turns in (("bare", BARE, None), ("msb", MSB, None), ("msb_all_at_once", MSB, n)):
+            log(f"burst: {n} {name} kernels at once" + (f" (MSB_CONCURRENT_STARTS={turns})" if turns else ""))
+            if turns:
+                os.environ["MSB_CONCURRENT_STARTS"] = str(turns)
+            began = time.perf_counter()
+
+            async def ready(name: str = name, began: float = began) -> tuple[float, Any, Any]:
+                _, km, kc = await start_kernel(name, timeout=600)
+                return time.perf_counter() - began, km, kc
+
+            try:
+                started = await asyncio.gather(*(ready() for _ in range(n)))
+            finally:
+                os.environ.pop("MSB_CONCURRENT_STARTS", None)
+            await asyncio.gather(*(stop_kernel(km, kc) for _, km, kc in started))
+            times = sorted(elapsed for elapsed, _, _ in started)
+            runs[key] = {"first_s": times[0], "median_s": statistics.median(times), "last_s": times[-1]}
+        runs["kernels"] = n
+        runs["turns"] = int(os.environ.get("MSB_CONCURRENT_STARTS") or len(os.sched_getaffinity(0)))
+        self.figures["burst"] = runs
+
     async def capacity_and_growth(self) -> None:
         levels = sorted(set(self.args.levels))
         target = max(self.args.capacity, max(levels))

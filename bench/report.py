@@ -79,6 +79,14 @@ def table(results: dict) -> str:
     m = f["idle_memory"]
     rows.append(f"| RSS per idle session (median of {m['msb']['sessions']}; all sandbox processes) | {m['msb']['rss_mib_median']:.1f} MiB "
                 f"({m['msb']['processes_per_session']:.0f} processes) | {m['bare']['rss_mib_median']:.1f} MiB | {m['added_mib']:+.1f} MiB |")
+    if b := f.get("burst"):  # absent from results written before this figure existed
+        def ready(run: dict) -> str:
+            return f"first {run['first_s']:.1f} / median {run['median_s']:.1f} / last {run['last_s']:.1f} s"
+
+        rows.append(f"| {b['kernels']} kernels asked for at once, ready at ({b['turns']} start at a time) | {ready(b['msb'])} | "
+                    f"{ready(b['bare'])} | {b['msb']['median_s'] / b['bare']['median_s']:.2f}x median |")
+        rows.append(f"| the same burst, all {b['kernels']} starting at once (MSB_CONCURRENT_STARTS={b['kernels']}) | "
+                    f"{ready(b['msb_all_at_once'])} | {ready(b['bare'])} | {b['msb_all_at_once']['median_s'] / b['bare']['median_s']:.2f}x median |")
     c = f["capacity"]
     rows.append(f"| capacity: idle small sessions at once (tried {c['tried']}) | {c['answering']} answering"
                 f"{' (stopped: ' + c['failure'] + ')' if c['failure'] else ''} | - | - |")

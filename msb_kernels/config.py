@@ -62,6 +62,8 @@ class MsbSettings(Configurable):
     shared_volume_guest_path = Unicode("/shared", help="Where the shared volume appears inside the sandbox.").tag(config=True)
     backend = Unicode("auto", help="Sandbox backend: auto, namespace or microsandbox.").tag(config=True)
     max_processes = Int(256, help="Most processes (and threads) one sandbox may hold; contains fork bombs.").tag(config=True)
+    concurrent_starts = Int(None, allow_none=True, help="Sandboxes one process starts at once; more wait their turn, so a burst of starts "
+                                                        "is ready first come, first served instead of all late together. Unset = the host's CPUs.").tag(config=True)
     runtime_dir = Unicode(None, allow_none=True, help="Host directory for sandbox state and kernel sockets.").tag(config=True)
     disk_reserve = Bool(True, help="Reserve each namespace sandbox's whole disk on the host at start, so sandboxes together can never fill "
                                    "the host's disk; false: sparse disks, each still capped at its flavor's size, started only while "
@@ -253,6 +255,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "session_timeout_seconds": lambda v: "is negative" if v < 0 else None,
     "max_sessions": lambda v: "is less than 1" if v < 1 else None,
     "max_processes": lambda v: "is less than 16" if v < 16 else None,
+    "concurrent_starts": _at_least(1),
     "backend": lambda v: None if v in backend_names() else "is not a backend",
     "shared_volume_path": _check_shared_path,
     "shared_volume_guest_path": _check_guest_path,
@@ -285,6 +288,7 @@ _ACCEPTED: dict[str, str] = {
     "session_timeout_seconds": "use a whole number of seconds >= 0 (0 never culls)",
     "max_sessions": "use a whole number >= 1",
     "max_processes": "use a whole number >= 16",
+    "concurrent_starts": "use a whole number >= 1, or leave it unset for the host's CPUs",
     "backend": "use one of " + ", ".join(backend_names()),
     "shared_volume_path": "create the directory first, or unset the variable for no shared volume",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",

@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 TINY = ["--quick", "--starts", "1", "--new-sessions", "1", "--executes", "3", "--stdout-samples", "2", "--parallel", "2",
         "--throughput-seconds", "0.3", "--capacity", "2", "--levels", "1", "2", "--growth-starts", "1",
-        "--growth-executes", "2", "--batch", "2"]
+        "--growth-executes", "2", "--batch", "2", "--burst", "2"]
 
 
 def test_quick_run_writes_json_table_and_chart(tmp_path):
@@ -22,7 +22,7 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert results["mode"] == "quick" and results["baseline"] == "python3"
     figures = results["figures"]
     assert set(figures) == {"cold_start", "mcp_new_session", "execute_direct", "first_stdout", "execute_websocket",
-                            "execute_mcp", "throughput", "idle_memory", "capacity", "cost_growth"}
+                            "execute_mcp", "throughput", "idle_memory", "burst", "capacity", "cost_growth"}
     backends = figures["cold_start"]["backends"]
     assert backends["namespace"]["available"] and backends["namespace"]["start"]["n"] == 1
     assert backends["microsandbox"]["available"] or backends["microsandbox"]["result"].startswith("unavailable: ")
@@ -35,6 +35,9 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
             assert {"n", "p50_ms", "p95_ms"} <= set(figures[section][key]), (section, key)
     assert figures["throughput"]["msb"]["executions"] > 0 and figures["throughput"]["bare"]["executions"] > 0
     assert figures["idle_memory"]["msb"]["rss_mib_median"] > 0 and figures["idle_memory"]["bare"]["rss_mib_median"] > 0
+    for key in ("bare", "msb", "msb_all_at_once"):
+        run = figures["burst"][key]
+        assert 0 < run["first_s"] <= run["median_s"] <= run["last_s"], (key, run)
     assert figures["capacity"]["answering"] == 2 and figures["capacity"]["failure"] is None
     assert set(figures["cost_growth"]["msb"]) == {"1", "2"} == set(figures["cost_growth"]["bare"])
     assert len(results["targets"]) == 7 and all({"target", "measured", "met"} <= set(t) for t in results["targets"])

@@ -38,7 +38,7 @@ async def test_fifty_new_sessions_at_once_on_a_busy_host_keep_every_output():
               "MSB_CAPACITY_CPUS": str(NEW_SESSIONS + 10), "MSB_POOL_SIZE": "0", "MSB_MCP_RUNNING_AFTER_SECONDS": "240",
               # 50 reserved 2 GiB disks would need 100 GiB: sparse ones hold only what the kernels write.
               "MSB_DISK_RESERVE": "false"}
-    burners = [multiprocessing.Process(target=burn, args=(240,), daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
+    burners = [multiprocessing.Process(target=burn, args=(240,), daemon=True) for _ in range(2 * len(os.sched_getaffinity(0)))]
     with gateway_process(TOKEN, **limits) as url:
         for burner in burners:
             burner.start()

@@ -37,6 +37,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "shared_volume_guest_path": ("/data", "/data"),
     "backend": ("namespace", "namespace"),
     "max_processes": ("64", 64),
+    "concurrent_starts": ("3", 3),
     "runtime_dir": ("{tmp}/rt", "{tmp}/rt"),
     "scratch_dir": ("{tmp}/scratch", "{tmp}/scratch"),
     "disk_reserve": ("false", False),
@@ -70,7 +71,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
 BAD_VALUES: dict[str, str] = {
     "default_flavor": "tiny", "session_timeout_seconds": "-1", "max_sessions": "0",
     "shared_volume_path": "/no/such/dir", "shared_volume_guest_path": "/proc/x", "backend": "docker",
-    "max_processes": "8", "require_limits": "maybe", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
+    "max_processes": "8", "concurrent_starts": "0", "require_limits": "maybe", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
     "python_image": " ", "node_image": " ", "boot_timeout_seconds": "0", "host": "a b", "port": "70000",
     "capacity_memory_mib": "0", "capacity_cpus": "0", "cull_interval_seconds": "0",
     "cull_connected": "sometimes", "cull_busy": "often", "pool_size": "python-huge=1",

@@ -7,6 +7,7 @@ backends/test_contract.py, which runs them for every backend.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import uuid
 
@@ -117,6 +118,20 @@ async def test_max_sessions_refuses_one_more(start_kernel, monkeypatch):
     monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(session_kernel_ids)))
     with pytest.raises(ResourceLimitExceeded, match="MSB_MAX_SESSIONS"):
         await start_kernel()
+
+
+async def test_a_burst_of_starts_takes_turns(start_kernel, monkeypatch):
+    """MSB_CONCURRENT_STARTS=1: each sandbox is created only once the one before it has bound its shell socket."""
+    monkeypatch.setenv("MSB_CONCURRENT_STARTS", "1")
+    kernels = await asyncio.gather(*(start_kernel() for _ in range(3)))
+    starts = []
+    for km, _ in kernels:
+        description = km.provisioner.describe()
+        shell = km.provisioner.io_dir / f"kernel-{km.shell_port}"
+        starts.append((description.created, shell.stat().st_mtime))
+    starts.sort()
+    for (_, bound), (created, _) in itertools.pairwise(starts):
+        assert created >= bound, f"a sandbox was created before the one ahead of it was listening: {starts}"
 
 
 async def test_host_environment_does_not_leak_into_the_kernel(start_kernel, monkeypatch):
