@@ -27,6 +27,7 @@ BACKEND_ENTRY_POINTS = "msb_kernels.backends"  # name = module:SandboxBackend su
 # The backends this package ships, also when it runs from a source tree that was never
 # installed (no entry points then); other packages add theirs as entry points.
 BUILTIN_BACKENDS = {"namespace": "msb_kernels.backends.namespace:NamespaceBackend",
+                    "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
                     "microsandbox": "msb_kernels.backends.microsandbox:MicrosandboxBackend"}
 
 
@@ -60,7 +61,7 @@ class MsbSettings(Configurable):
     max_sessions = Int(10, help="Most sandboxed kernels one msb-kernels process runs at once.").tag(config=True)
     shared_volume_path = Unicode(None, allow_none=True, help="Host directory mounted into every sandbox (unset = none).").tag(config=True)
     shared_volume_guest_path = Unicode("/shared", help="Where the shared volume appears inside the sandbox.").tag(config=True)
-    backend = Unicode("auto", help="Sandbox backend: auto, namespace or microsandbox.").tag(config=True)
+    backend = Unicode("auto", help="Sandbox backend: auto, namespace, gvisor or microsandbox.").tag(config=True)
     max_processes = Int(256, help="Most processes (and threads) one sandbox may hold; contains fork bombs.").tag(config=True)
     concurrent_starts = Int(None, allow_none=True, help="Sandboxes one process starts at once; more wait their turn, so a burst of starts "
                                                         "is ready first come, first served instead of all late together. Unset = the host's CPUs.").tag(config=True)

@@ -28,6 +28,8 @@ def _isolate_environment() -> Path:
     base = Path(tempfile.mkdtemp(prefix="msbt-", dir="/tmp"))
     os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
     os.environ["MSB_SCRATCH_DIR"] = str(base / "scratch")
+    # The namespace sandbox unless a test asks for another: with runsc installed, auto would pick gVisor.
+    os.environ["MSB_BACKEND"] = "namespace"
     # Tests that count sandboxes must not see pool kernels; the pool's own tests turn it on.
     os.environ["MSB_POOL_SIZE"] = "0"
     os.environ["JUPYTER_RUNTIME_DIR"] = str(base / "jr")

@@ -209,3 +209,20 @@ async def main():
     await km.shutdown_kernel()
 asyncio.run(main())
 """
+
+
+def write_attempts(blocked: list[str], allowed: list[str]) -> str:
+    """Kernel code whose value is ({path: outcome} for blocked, the same for allowed); outcome is
+    "written" or the OSError's class name. Each written file is removed again."""
+    return (
+        "import os\n"
+        "def attempt(path):\n"
+        "    try:\n"
+        "        with open(path, 'w') as f:\n"
+        "            f.write('x')\n"
+        "        os.remove(path)\n"
+        "        return 'written'\n"
+        "    except OSError as exc:\n"
+        "        return type(exc).__name__\n"
+        f"({{p: attempt(p) for p in {blocked!r}}}, {{p: attempt(os.path.expanduser(p)) for p in {allowed!r}}})"
+    )

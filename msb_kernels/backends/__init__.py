@@ -1,7 +1,8 @@
 """Backends and the factory that picks one.
 
-``namespace`` (namespace.py) runs everywhere Linux namespaces work; ``microsandbox``
-(microsandbox.py) boots a microVM per kernel where the host can. ``auto`` takes the
+``namespace`` (namespace.py) runs everywhere Linux namespaces work; ``gvisor``
+(gvisor.py) puts gVisor's application kernel between the code and the host where runsc is
+installed; ``microsandbox`` (microsandbox.py) boots a microVM per kernel where the host can. ``auto`` takes the
 first that can run here in ``auto_order`` (the microVM first), and says why.
 """
 

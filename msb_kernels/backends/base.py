@@ -3,7 +3,7 @@
 A backend turns a SandboxSpec (a kernel command, a flavor, a directory for the
 kernel's connection file and sockets) into a running, sized, isolated Sandbox.
 The provisioner (msb_kernels.provisioner) only talks to these two abstract classes,
-so a new backend is one new module beside namespace.py and microsandbox.py, named in
+so a new backend is one new module beside namespace.py, gvisor.py and microsandbox.py, named in
 config.BUILTIN_BACKENDS (or, from another package, an entry point in the
 ``msb_kernels.backends`` group). Each docstring names its caller.
 """
@@ -14,9 +14,12 @@ import abc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from msb_kernels.flavors import Flavor
+
+if TYPE_CHECKING:
+    from msb_kernels.config import MsbSettings
 
 SANDBOX_LABEL = "msb-kernels"  # every sandbox we create carries this label, for orphan sweeps
 
@@ -99,6 +102,10 @@ class Sandbox(abc.ABC):
         """Release what the sandbox held (limits, mounts, dirs). Called by the provisioner's cleanup;
         keep_io_dir is true on a restart, which reuses the connection directory."""
 
+    def memory_bytes(self) -> int | None:
+        """Memory the sandbox uses now, when the backend can tell. Called by the gateway's stats and `msb-kernels list`."""
+        return None
+
     def exit_reason(self) -> str | None:
         """Why the kernel died, when the backend knows (for example out of memory).
 
@@ -118,6 +125,16 @@ class SandboxBackend(abc.ABC):
     auto_order: ClassVar[int]  # MSB_BACKEND=auto tries lower numbers first: the stronger boundary
     transport: ClassVar[str]  # the ZMQ transport the host uses to reach the kernel: "ipc" or "tcp"
     guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
+
+    def __init__(self, settings: MsbSettings):
+        """One instance per (backend, runtime dir) in a process, made by get_backend."""
+        self.settings = settings
+
+    @abc.abstractmethod
+    def io_dir_for(self, sandbox_id: str) -> Path:
+        """The host dir for the kernel's connection file (and ipc sockets), shared with the guest.
+
+        Called by the provisioner's pre_launch, before the connection file is written; made if missing."""
 
     @classmethod
     @abc.abstractmethod

@@ -62,8 +62,9 @@ class SandboxCgroup:
             controller: mount / GROUP_PARENT / sandbox_id for controller, mount in hierarchy.mounts.items()
         }
 
-    def create(self, flavor: Flavor, max_processes: int) -> None:
-        memory = str(flavor.memory_bytes)
+    def create(self, flavor: Flavor, max_processes: int, *, memory_bytes: int | None = None) -> None:
+        """memory_bytes: the group's memory limit where it holds more than the kernel (a gVisor Sentry); default the flavor's."""
+        memory = str(memory_bytes or flavor.memory_bytes)
         if self.hierarchy.version == 1:
             for path in self.paths.values():
                 path.mkdir(parents=True, exist_ok=True)

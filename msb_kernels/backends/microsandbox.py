@@ -374,7 +374,7 @@ class MicrosandboxBackend(SandboxBackend):
     _availability: Availability | None = None
 
     def __init__(self, settings: MsbSettings):
-        self.settings = settings
+        super().__init__(settings)
         self.root = settings.runtime_root() / "microvm"
         self.ports = PortManager(*settings.ports, lock_dir=settings.runtime_root() / "ports")
         self._curve: dict[str, bool] = {}

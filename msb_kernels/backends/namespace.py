@@ -37,7 +37,8 @@ from msb_kernels.backends.base import (
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.processes import process_alive, process_start_time
+from msb_kernels.backends.processes import process_start_time
+from msb_kernels.backends.state import read_states, write_state
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.templates import TEMPLATES
@@ -231,7 +232,7 @@ class NamespaceBackend(SandboxBackend):
     _availability: Availability | None = None
 
     def __init__(self, settings: MsbSettings):
-        self.settings = settings
+        super().__init__(settings)
         self.root = settings.runtime_root()
         self.hierarchy, self.limits_note = cgroups.detect()
         self.rootful = os.geteuid() == 0
@@ -281,14 +282,8 @@ class NamespaceBackend(SandboxBackend):
             taken = {r.details.get("uid") for r in self.list_sandboxes()}
             uid = next(SANDBOX_UID_BASE + n for n in range(1, 1_000_000) if SANDBOX_UID_BASE + n not in taken)
             record["uid"] = uid
-            self._write_state(state_dir, record)
+            write_state(state_dir, record)
         return uid
-
-    @staticmethod
-    def _write_state(state_dir: Path, record: dict) -> None:
-        temporary = state_dir / "state.json.tmp"
-        temporary.write_text(json.dumps(record))
-        temporary.replace(state_dir / "state.json")
 
     async def create(self, spec: SandboxSpec) -> NamespaceSandbox:
         availability = self.availability()
@@ -306,7 +301,7 @@ class NamespaceBackend(SandboxBackend):
                   "flavor": spec.flavor.name, "template": spec.template}
         uid, gid = (self._allocate_uid(state_dir, record), SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
         if not self.rootful:
-            self._write_state(state_dir, record)
+            write_state(state_dir, record)
         if self.rootful:
             os.chown(spec.io_dir, uid, gid)
             for child in spec.io_dir.iterdir():
@@ -380,7 +375,7 @@ class NamespaceBackend(SandboxBackend):
         if lifeline_read is not None:
             os.close(lifeline_read)  # init holds its own copy now
         record.update(init_pid=init_pid, init_start=process_start_time(init_pid), uid=uid, cgroup=cgroup is not None)
-        self._write_state(state_dir, record)
+        write_state(state_dir, record)
         return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write,
                                 KernelStderr(spec.sandbox_id, stderr_read))
 
@@ -424,18 +419,7 @@ class NamespaceBackend(SandboxBackend):
             shutil.rmtree(state_dir, ignore_errors=True)
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        records = []
-        if not self.root.is_dir():
-            return records
-        for state_file in self.root.glob("*/state.json"):
-            try:
-                data = json.loads(state_file.read_text())
-            except (OSError, ValueError):
-                continue
-            owner_alive = process_alive(data.get("owner_pid"), data.get("owner_start"))
-            running = process_alive(data.get("init_pid"), data.get("init_start"))
-            records.append(SandboxRecord(data["sandbox_id"], self.name, owner_alive, running, data.get("created", 0.0), data))
-        return records
+        return read_states(self.root, self.name)
 
     async def sweep_orphans(self) -> list[str]:
         swept = []

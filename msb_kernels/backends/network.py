@@ -17,6 +17,7 @@ fenced off explicitly:
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 from pathlib import Path
 
@@ -37,6 +38,23 @@ RESOLV_CONFS = ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf")  # the s
 
 def helper_path() -> str | None:
     return shutil.which(HELPER, path="/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+
+
+TUN_DEVICE = "/dev/net/tun"
+
+
+def tun_unusable_reason(rootful: bool) -> str | None:
+    """Why slirp4netns, run as this user, cannot open the tun device it needs; None when it can."""
+    if rootful:
+        return None
+    try:
+        mode = os.stat(TUN_DEVICE).st_mode
+    except OSError:
+        return f"{TUN_DEVICE} does not exist (load the tun module: modprobe tun)"
+    if mode & 0o006 != 0o006:
+        return (f"{TUN_DEVICE} is mode {mode & 0o777:04o}, so only root opens it "
+                f"(as root: chmod 0666 {TUN_DEVICE}, the usual mode; or run msb-kernels as root)")
+    return None
 
 
 def describe(allowed: bool) -> str:
@@ -89,6 +107,10 @@ def network_plan(state_dir: Path, rootful: bool) -> dict:
     if path is None:
         raise SandboxError(f"MSB_ALLOW_NETWORK=true, but {HELPER}, which gives namespace sandboxes their network, is not installed; "
                            f"{INSTALL_HINT}, or unset MSB_ALLOW_NETWORK", [INSTALL_HINT, "or unset MSB_ALLOW_NETWORK to run kernels without network"])
+    tun = tun_unusable_reason(rootful)
+    if tun:
+        raise SandboxError(f"MSB_ALLOW_NETWORK=true, but {HELPER} cannot give this user's sandboxes a network: {tun}",
+                           [f"as root: chmod 0666 {TUN_DEVICE}", "or unset MSB_ALLOW_NETWORK to run kernels without network"])
     return {
         "helper": [path, *HELPER_OPTIONS],
         "interface": INTERFACE,

@@ -66,3 +66,4 @@ async def test_fifty_new_sessions_at_once_on_a_busy_host_keep_every_output():
         finally:
             for burner in burners:
                 burner.terminate()
+                burner.join()

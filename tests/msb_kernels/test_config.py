@@ -155,7 +155,7 @@ def test_an_apps_traitlets_config_is_honoured():
         ("MSB_SHARED_VOLUME_PATH", "/no/such/dir", "MSB_SHARED_VOLUME_PATH (c.MsbSettings.shared_volume_path)='/no/such/dir' does not exist; create the directory first"),
         ("MSB_SHARED_VOLUME_GUEST_PATH", "shared", "is not an absolute path"),
         ("MSB_SHARED_VOLUME_GUEST_PATH", "/usr/lib", "would hide a directory the sandbox needs"),
-        ("MSB_BACKEND", "docker", "MSB_BACKEND (c.MsbSettings.backend)='docker' is not a backend; use one of auto, namespace, microsandbox"),
+        ("MSB_BACKEND", "docker", "MSB_BACKEND (c.MsbSettings.backend)='docker' is not a backend; use one of auto, namespace, gvisor, microsandbox"),
     ],
 )
 def test_bad_values_name_the_variable_and_the_accepted_values(monkeypatch, variable, value, message):

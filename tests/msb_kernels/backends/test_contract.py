@@ -1,6 +1,6 @@
 """The contract every sandbox backend keeps: the kernel protocol and isolation, per backend.
 
-Each test runs once per backend (MSB_BACKEND=namespace, MSB_BACKEND=microsandbox).
+Each test runs once per backend (MSB_BACKEND=namespace, gvisor and microsandbox).
 A backend that cannot run on this host is skipped with its reason, which for the
 microVM backend is `msb doctor`'s (for example "CPU virtualization is not
 available"), so `pytest -ra` prints why.
@@ -30,7 +30,7 @@ from tests.kernel_helpers import (
 
 pytestmark = pytest.mark.asyncio
 
-BACKENDS = ["namespace", "microsandbox"]
+BACKENDS = ["namespace", "gvisor", "microsandbox"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

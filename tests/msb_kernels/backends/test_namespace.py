@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import host_pids
-from tests.kernel_helpers import OWNER_SCRIPT, execute
+from tests.kernel_helpers import OWNER_SCRIPT, execute, write_attempts
 from tests.skips import needs_cgroups
 
 pytestmark = pytest.mark.asyncio
@@ -32,20 +32,7 @@ async def test_only_loopback_exists_in_the_sandbox(shared_kernel):
 async def test_writes_outside_the_allowed_dirs_fail(shared_kernel):
     _, kc = shared_kernel
     venv_file = os.path.join(sys.prefix, "msb-escape")
-    code = (
-        "import os\n"
-        "def attempt(path):\n"
-        "    try:\n"
-        "        with open(path, 'w') as f:\n"
-        "            f.write('x')\n"
-        "        os.remove(path)\n"
-        "        return 'written'\n"
-        "    except OSError as exc:\n"
-        "        return type(exc).__name__\n"
-        f"blocked = {{p: attempt(p) for p in ['/msb-escape', '/usr/msb-escape', '/etc/msb-escape', '/root/msb-escape', '/run/msb-escape', {venv_file!r}]}}\n"
-        "allowed = {p: attempt(p) for p in ['/tmp/ok', os.path.expanduser('~/ok'), '/run/kernel/ok', '/dev/shm/ok']}\n"
-        "(blocked, allowed)"
-    )
+    code = write_attempts(['/msb-escape', '/usr/msb-escape', '/etc/msb-escape', '/root/msb-escape', '/run/msb-escape', venv_file], ['/tmp/ok', '~/ok', '/run/kernel/ok', '/dev/shm/ok'])
     blocked, allowed = (await execute(kc, code)).value
     assert all(outcome in ("OSError", "PermissionError") for outcome in blocked.values()), blocked
     assert set(allowed.values()) == {"written"}, allowed

@@ -1,0 +1,361 @@
+"""The gVisor backend: each kernel in its own ``runsc`` sandbox, behind gVisor's application kernel.
+
+Sandboxed code never makes a system call to the host kernel: gVisor's Sentry answers it.
+Each sandbox has a directory under the runtime root:
+
+    <runtime root>/<sandbox id>/state.json      who owns it, the runsc pid, its cgroup
+    <runtime root>/<sandbox id>/io/             connection file and ZMQ ipc sockets (/run/kernel inside)
+    <runtime root>/<sandbox id>/bundle/         the OCI bundle: config.json and a read-only root
+    <runtime root>/runsc/                       runsc's own state (its --root)
+
+The kernel creates its ipc sockets in /run/kernel, a bind mount of io/; ``--host-uds=create``
+lets those sockets appear on the host, where jupyter_client connects to them. Limits:
+
+- memory: the kernel's address space is capped at the flavor inside gVisor (RLIMIT_AS), so an
+  allocation past it is a MemoryError; the host cgroup holds the whole sandbox, Sentry included,
+  to the flavor plus ``SENTRY_MEMORY_MIB``, and its OOM kill is the exit reason;
+- processes: RLIMIT_NPROC inside gVisor refuses the fork; a host pids limit near the kernel's own
+  count would crash the Sentry instead, so the host limit is only a distant backstop;
+- CPU: the host cgroup's CFS quota, for the whole sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from msb_kernels.backends import cgroups
+from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.namespace import KernelStderr, python_readonly_paths
+from msb_kernels.backends.nsinit import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
+from msb_kernels.backends.processes import process_start_time
+from msb_kernels.backends.state import read_states, write_state
+from msb_kernels.config import MsbSettings
+from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.templates import TEMPLATES
+
+log = logging.getLogger("msb_kernels")
+
+SENTRY_MEMORY_MIB = 384  # the Sentry, the gofer and their page tables, beside the kernel's own memory
+# An idle ipykernel reserves about 750 MiB of address space it never touches (thread stacks, malloc
+# arenas), so RLIMIT_AS is the flavor plus this: an allocation past the flavor is still a MemoryError.
+ADDRESS_SPACE_HEADROOM_MIB = 768
+HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
+SENTRY_THREADS = 512
+USER_PACKAGES = f"{SANDBOX_HOME}/.local/site-packages"
+INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), or see https://gvisor.dev/docs/user_guide/install/"
+
+# pid 1 inside: starts the kernel in its own process group, then becomes the namespace sandbox's
+# reaper, which passes signals on (an interrupt is a SIGINT to pid 1 from `runsc kill`), reaps the
+# orphans of shell escapes and exits as the kernel did.
+GUEST_INIT = r"""
+import os, sys
+kernel = os.fork()
+if kernel == 0:
+    os.setpgid(0, 0)
+    os.execv(sys.argv[3], sys.argv[3:])
+os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[1], str(kernel), "-1", sys.argv[2]])
+"""
+
+
+def runsc_path() -> str | None:
+    return shutil.which("runsc") or next((p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc")
+                                          if os.access(p, os.X_OK)), None)
+
+
+class GVisorSandbox(Sandbox):
+    """A kernel under ``runsc run`` (attached: the sandbox ends with that process)."""
+
+    def __init__(self, spec: SandboxSpec, backend: GVisorBackend, state_dir: Path, process: asyncio.subprocess.Process,
+                 cgroup: cgroups.SandboxCgroup | None, stderr: KernelStderr):
+        super().__init__(spec)
+        self.stderr = stderr
+        self.backend = backend
+        self.state_dir = state_dir
+        self.process = process
+        self.cgroup = cgroup
+        self.stopped_by_owner = False
+        self._final_exit_reason: str | None = None
+        self._cleaned_up = False
+
+    @property
+    def exit_code(self) -> int | None:
+        """The kernel's status as a Popen returncode: negative for a signal, whether runsc or the kernel got it."""
+        code = self.process.returncode
+        return -(code - 128) if code is not None and code > 128 else code  # runsc run exits 128+N for signal N
+
+    async def poll(self) -> int | None:
+        return self.exit_code
+
+    async def wait(self) -> int | None:
+        await self.process.wait()
+        return self.exit_code
+
+    async def send_signal(self, signum: int) -> None:
+        if self.process.returncode is not None:
+            return
+        if signum == signal.SIGKILL:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()  # runsc run is attached: the Sentry and the gofer go with it
+            return
+        await self.backend.runsc("kill", self.sandbox_id, str(int(signum)))
+
+    async def kill(self) -> None:
+        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
+        await self.send_signal(signal.SIGKILL)
+
+    async def terminate(self) -> None:
+        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
+        await self.send_signal(signal.SIGTERM)
+
+    def exit_reason(self) -> str | None:
+        if self._cleaned_up:
+            return self._final_exit_reason
+        if self.cgroup is not None and self.cgroup.oom_kills() > 0:
+            return self.spec.flavor.out_of_memory_message()
+        code = self.exit_code
+        if self.stopped_by_owner or not code:
+            return None
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by signal {signal.Signals(-code).name}"
+            return f"killed by signal {-code}"
+        return f"the kernel exited with status {code}"
+
+    def memory_bytes(self) -> int | None:
+        return self.cgroup.memory_bytes() if self.cgroup else None
+
+    async def cleanup(self, keep_io_dir: bool = False) -> None:
+        if self.process.returncode is None:
+            await self.kill()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 10)
+        reason = self._final_exit_reason = self.exit_reason()
+        self._cleaned_up = True
+        if reason:
+            log.warning("kernel %s: %s", self.sandbox_id, reason)
+        self.stderr.close()
+        await self.backend.remove(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
+
+    def info(self) -> dict:
+        return {**super().info(), "backend": "gvisor", "runsc_pid": self.process.pid,
+                "limits": "cgroup" if self.cgroup else "rlimit"}
+
+
+class GVisorBackend(SandboxBackend):
+    name = "gvisor"
+    auto_order = 50
+    transport = "ipc"
+    guest_io_dir = "/run/kernel"
+    _availability: Availability | None = None
+
+    def __init__(self, settings: MsbSettings):
+        super().__init__(settings)
+        self.root = settings.runtime_root()
+        self.runsc_root = self.root / "runsc"
+        self.hierarchy, self.limits_note = cgroups.detect()
+
+    # -- availability ----------------------------------------------------------
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if cls._availability is None:
+            cls._availability = cls._probe()
+        return cls._availability
+
+    @classmethod
+    def _probe(cls) -> Availability:
+        if not sys.platform.startswith("linux"):
+            return Availability(False, "gVisor runs only on Linux")
+        runsc = runsc_path()
+        if runsc is None:
+            return Availability(False, f"runsc is not installed; {INSTALL_HINT}")
+        if os.geteuid() != 0:
+            return Availability(False, "runsc needs root to create its sandboxes; run msb-kernels as root, "
+                                       "or use MSB_BACKEND=namespace")
+        try:
+            version = subprocess.run([runsc, "--version"], capture_output=True, text=True, timeout=10).stdout.split("\n")[0]
+        except (OSError, subprocess.SubprocessError) as exc:
+            return Availability(False, f"{runsc} does not run: {exc}; {INSTALL_HINT}")
+        hierarchy, note = cgroups.detect()
+        warnings = [] if hierarchy else [f"the CPU quota and the host's memory backstop need cgroups ({note}); "
+                                         "memory (RLIMIT_AS) and processes (RLIMIT_NPROC) are still capped inside gVisor"]
+        return Availability(True, f"gVisor ({version.strip() or runsc}); limits by {note}" if hierarchy
+                            else f"gVisor ({version.strip() or runsc})", warnings)
+
+    # -- create ----------------------------------------------------------------
+
+    def io_dir_for(self, sandbox_id: str) -> Path:
+        io_dir = self.root / sandbox_id / "io"
+        io_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        os.chmod(io_dir.parent, 0o700)
+        os.chmod(io_dir, 0o700)
+        return io_dir
+
+    async def runsc(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """One runsc command on this backend's state (kill, delete, list)."""
+        process = await asyncio.create_subprocess_exec(
+            runsc_path() or "runsc", f"--root={self.runsc_root}", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout)
+        except asyncio.TimeoutError:
+            process.kill()
+            out, err = await process.communicate()
+        return subprocess.CompletedProcess(args, process.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def _bundle(self, spec: SandboxSpec, state_dir: Path, cgroup_path: str | None) -> Path:
+        """The OCI bundle: a root that holds only generated /etc files and mount points, and the host's
+        system directories, the kernel's interpreter and its io dir mounted into it."""
+        bundle = state_dir / "bundle"
+        root = bundle / "rootfs"
+        (root / "etc").mkdir(parents=True, exist_ok=True)
+        (root / "etc" / "passwd").write_text(f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\n"
+                                             "nobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n")
+        (root / "etc" / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
+        (root / "etc" / "hostname").write_text("sandbox\n")
+        (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n")
+        (root / "etc" / "resolv.conf").write_text("")
+        mounts: list[dict] = []
+
+        def bind(source: str, destination: str, readonly: bool) -> None:
+            mounts.append({"destination": destination, "type": "bind", "source": source,
+                           "options": ["rbind", "ro" if readonly else "rw"]})
+
+        for name in SYSTEM_DIRS:
+            source = "/" + name
+            if os.path.islink(source):  # merged /usr: the link, not a second mount
+                os.symlink(os.readlink(source), root / name)
+            elif os.path.isdir(source):
+                bind(source, source, readonly=True)
+        for name in ETC_ENTRIES:
+            source = "/etc/" + name
+            if os.path.exists(source):
+                bind(os.path.realpath(source), source, readonly=True)
+        flavor = spec.flavor
+        for destination, size_mib, mode in (("/tmp", flavor.memory_scratch_mib, "1777"), (SANDBOX_HOME, flavor.memory_scratch_mib, "0700"),
+                                            ("/dev/shm", flavor.shm_mib, "1777"), ("/run", 1, "0755")):
+            options = [f"size={size_mib}m", f"mode={mode}", "nosuid", "nodev"]
+            if destination == SANDBOX_HOME:
+                options += ["uid=1000", "gid=1000"]
+            mounts.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
+        covered = ("/usr/", "/tmp/", "/home/", "/run/", "/etc/")
+        for path in sorted(set(spec.readonly_paths) | set(python_readonly_paths())):  # the kernel's and pid 1's interpreter
+            if os.path.exists(path) and not path.startswith(covered):
+                bind(path, path, readonly=True)
+        bind(str(spec.io_dir), self.guest_io_dir, readonly=False)
+        if spec.shared_volume:
+            bind(str(spec.shared_volume.host_path), spec.shared_volume.guest_path, readonly=False)
+
+        template = TEMPLATES[spec.template]
+        env = dict(spec.env)
+        if template.user_packages:
+            env.update(PIP_TARGET=USER_PACKAGES, PYTHONPATH=USER_PACKAGES, PIP_DISABLE_PIP_VERSION_CHECK="1")
+        rlimits = [{"type": "RLIMIT_NPROC", "hard": spec.max_processes, "soft": spec.max_processes},
+                   {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
+        if template.data_limit_caps_memory:
+            address_space = flavor.memory_bytes + ADDRESS_SPACE_HEADROOM_MIB * 1024 * 1024
+            rlimits.append({"type": "RLIMIT_AS", "hard": address_space, "soft": address_space})
+        config = {
+            "ociVersion": "1.0.2",
+            "process": {"terminal": False, "user": {"uid": 1000, "gid": 1000}, "cwd": SANDBOX_HOME,
+                        "args": [sys.executable, "-I", "-S", "-c", GUEST_INIT, REAPER, f"{self.guest_io_dir}/exit_status", *spec.argv],
+                        "env": [f"{k}={v}" for k, v in env.items()], "noNewPrivileges": True, "rlimits": rlimits,
+                        "capabilities": {key: [] for key in ("bounding", "effective", "inheritable", "permitted", "ambient")}},
+            "root": {"path": "rootfs", "readonly": True},
+            "hostname": "sandbox",
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *mounts],
+            "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")]},
+        }
+        if cgroup_path:  # made and sized by us beforehand; runsc moves the Sentry and the gofer into it
+            config["linux"]["cgroupsPath"] = cgroup_path
+        (bundle / "config.json").write_text(json.dumps(config, indent=1))
+        return bundle
+
+    async def create(self, spec: SandboxSpec) -> GVisorSandbox:
+        availability = self.availability()
+        if not availability.ok:
+            raise BackendUnavailable(f"the gvisor backend cannot run here: {availability.reason}")
+        if spec.allow_network:
+            raise SandboxError("MSB_ALLOW_NETWORK is not supported by the gvisor backend: its sandboxes have no network",
+                               ["unset MSB_ALLOW_NETWORK", "or set MSB_BACKEND=namespace for kernels that need the internet"])
+        if self.hierarchy is None and self.settings.require_limits:
+            raise SandboxError(f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
+                               ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS"])
+        state_dir = spec.io_dir.parent
+        os.chown(spec.io_dir, 1000, 1000)
+        for child in spec.io_dir.iterdir():
+            os.chown(child, 1000, 1000, follow_symlinks=False)
+        self.runsc_root.mkdir(mode=0o700, exist_ok=True)
+        cgroup = None
+        if self.hierarchy is not None:
+            cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id)
+            try:
+                cgroup.create(spec.flavor, HOST_PIDS_BACKSTOP * spec.max_processes + SENTRY_THREADS,
+                              memory_bytes=spec.flavor.memory_bytes + SENTRY_MEMORY_MIB * 1024 * 1024)
+            except OSError as exc:
+                cgroup.destroy(timeout=0)
+                raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
+        bundle = self._bundle(spec, state_dir, f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None)
+        record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
+                  "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+                  "flavor": spec.flavor.name, "template": spec.template, "cgroup": cgroup is not None}
+        # runsc with SIGKILL as its parent-death signal: runsc run is attached, so when this process
+        # dies, even by kill -9, the whole sandbox goes with it.
+        argv = [runsc_path() or "runsc", f"--root={self.runsc_root}", "--network=none", "--host-uds=create",
+                "run", f"--bundle={bundle}", spec.sandbox_id]
+        stderr_read, stderr_write = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                "setpriv", "--pdeathsig", "KILL", "--", *argv, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=stderr_write, start_new_session=True)
+        except OSError as exc:
+            os.close(stderr_read)
+            await self.remove(state_dir, cgroup, keep_io_dir=True)
+            raise SandboxError(f"cannot start runsc: {exc}", [INSTALL_HINT]) from exc
+        finally:
+            os.close(stderr_write)
+        record.update(init_pid=process.pid, init_start=process_start_time(process.pid))  # runsc run, which holds it
+        write_state(state_dir, record)
+        return GVisorSandbox(spec, self, state_dir, process, cgroup, KernelStderr(spec.sandbox_id, stderr_read))
+
+    # -- removal and orphans ---------------------------------------------------
+
+    async def remove(self, state_dir: Path, cgroup: cgroups.SandboxCgroup | None, *, keep_io_dir: bool) -> None:
+        await self.runsc("delete", "--force", state_dir.name)
+        if cgroup is not None and not cgroup.destroy():
+            log.warning("cgroup of sandbox %s still has processes", state_dir.name)
+        shutil.rmtree(state_dir / "bundle", ignore_errors=True)
+        if keep_io_dir:
+            with contextlib.suppress(FileNotFoundError):
+                (state_dir / "state.json").unlink()
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        return read_states(self.root, self.name)
+
+    async def sweep_orphans(self) -> list[str]:
+        swept = []
+        for record in self.list_sandboxes():
+            if record.owner_alive or (record.details.get("owner_pid") is None and record.running):
+                continue
+            if record.running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record.details["init_pid"], signal.SIGKILL)
+            cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
+            await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
+            swept.append(record.sandbox_id)
+        if swept:
+            log.info("swept %d orphaned gVisor sandbox(es): %s", len(swept), ", ".join(swept))
+        return swept

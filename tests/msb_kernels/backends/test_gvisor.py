@@ -1,0 +1,160 @@
+"""The gVisor backend live: limits, escapes and the owner's death, beside the contract suite (test_contract.py).
+
+Every test here starts real kernels under runsc. Where runsc is missing or cannot run, they
+skip with the backend's own reason (which says how to install it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from msb_kernels.backends.gvisor import GVisorBackend
+from tests.conftest import REPO, VENV_BIN
+from tests.kernel_helpers import OWNER_SCRIPT, execute, write_attempts
+from tests.msb_kernels.backends.test_namespace import FORK_BOMB, SPINNERS
+from tests.skips import needs_cgroups
+
+_availability = GVisorBackend.availability()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not _availability.ok, reason=f"gvisor backend cannot run on this host: {_availability.reason}")]
+
+
+@pytest.fixture(autouse=True)
+def gvisor(monkeypatch):
+    monkeypatch.setenv("MSB_BACKEND", "gvisor")
+
+
+def test_auto_picks_gvisor_over_namespaces_and_says_why(monkeypatch):
+    from msb_kernels.backends import backend_classes, choose_backend
+
+    if backend_classes()["microsandbox"].availability().ok:
+        pytest.skip("microVMs boot on this host, so auto picks them first")
+    name, why = choose_backend("auto")
+    assert name == "gvisor" and why.startswith("picked gvisor: gVisor (runsc version"), why
+    assert "microsandbox:" in why  # and why not the microVM
+    doctor = subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "MSB_BACKEND": "auto"})
+    assert "backend gvisor: ok - gVisor (runsc version" in doctor.stdout, doctor.stdout
+    assert "picked gvisor" in doctor.stdout, doctor.stdout
+
+
+async def test_code_runs_on_gvisors_kernel_not_the_hosts(start_kernel):
+    km, kc = await start_kernel()
+    seen = (await execute(kc, "import ctypes, os, platform; (platform.release(), os.getuid(), "
+                              "ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))")).value  # PR_GET_NO_NEW_PRIVS
+    assert seen is not None
+    assert seen[0] == "4.4.0" and seen[0] != os.uname().release, "the kernel sees the host's Linux, not gVisor's"
+    assert seen[1] == 1000 and seen[2] == 1
+    # The host sees runsc's processes only: no process of the sandbox runs the kernel's Python.
+    sandbox = km.provisioner.sandbox
+    host_commands = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in sandbox.cgroup.pids() if Path(f"/proc/{pid}").exists()}
+    assert host_commands and not any("python" in c or "ipykernel" in c for c in host_commands), host_commands
+
+
+async def test_memory_past_the_flavor_is_a_memory_error_with_advice_and_the_kernel_lives(start_kernel):
+    _, kc = await start_kernel()
+    result = await execute(kc, "x = bytearray(1536 << 20)")
+    assert result.status == "error" and result.error["ename"] == "MemoryError", result
+    assert "out of memory for flavor small (1024 MiB); try medium" in result.stderr
+    assert (await execute(kc, "y = bytearray(256 << 20); len(y) >> 20")).result == "256"
+
+
+@needs_cgroups
+async def test_fork_bomb_is_refused_inside_gvisor_and_never_crashes_the_sandbox(start_kernel, monkeypatch):
+    """The same bomb as the namespace test's, at a lower MSB_MAX_PROCESSES: forks under ptrace are slow."""
+    from msb_kernels.config import load_settings
+
+    monkeypatch.setenv("MSB_MAX_PROCESSES", "48")
+    km, kc = await start_kernel()
+    _, bystander = await start_kernel()
+    refused = int((await execute(kc, FORK_BOMB.format(seconds=4), timeout=180)).result)
+    assert refused > 0, "no fork was refused"
+    assert await km.is_alive() and (await execute(kc, "'alive'")).result == "'alive'"
+    spawned = await execute(bystander, "import subprocess; subprocess.run(['true']).returncode", timeout=60)
+    assert spawned.result == "0"
+    limit = load_settings().max_processes
+    assert (await execute(kc, "import resource; resource.getrlimit(resource.RLIMIT_NPROC)[0]")).value == limit
+
+
+@needs_cgroups
+async def test_cpu_time_is_capped_by_the_sandboxs_cgroup(start_kernel):
+    km, kc = await start_kernel()
+    stat = km.provisioner.sandbox.cgroup.paths["cpu"] / "cpu.stat" if "cpu" in km.provisioner.sandbox.cgroup.paths else None
+    used = float((await execute(kc, SPINNERS, timeout=60)).stdout)
+    assert used < 1.3, f"two spinning processes got {used:.2f} CPUs in a 1-CPU flavor"
+    if stat is not None:  # cgroup v1: the quota bit, so the cap and not the host's other load held them
+        throttled = dict(line.split() for line in stat.read_text().splitlines())["nr_throttled"]
+        assert int(throttled) > 0, "the sandbox was never throttled"
+
+
+async def test_writes_outside_the_allowed_dirs_fail_and_shell_escapes_work(start_kernel):
+    _, kc = await start_kernel()
+    venv_file = os.path.join(sys.prefix, "msb-escape")
+    code = write_attempts(['/msb-escape', '/usr/msb-escape', '/etc/msb-escape', '/run/msb-escape', venv_file], ['/tmp/ok', '~/ok', '/run/kernel/ok', '/dev/shm/ok'])
+    blocked, allowed = (await execute(kc, code)).value
+    assert all(outcome in ("OSError", "PermissionError", "FileNotFoundError") for outcome in blocked.values()), blocked
+    assert set(allowed.values()) == {"written"}, allowed
+    assert not os.path.exists(venv_file)
+    shell = await execute(kc, "!echo shell-ok\nimport os; m, s = os.openpty(); print(os.ttyname(s))")
+    assert "shell-ok" in shell.stdout and "/dev/pts/" in shell.stdout, shell
+
+
+async def test_kill_9_of_the_host_process_leaves_no_sandbox():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()  # SIGKILL: no cleanup code runs in the owner
+        owner.wait()
+    assert started["pids"], "the sandbox had no host processes to watch"
+    deadline = time.monotonic() + 15
+    while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"]):
+        assert time.monotonic() < deadline, "gVisor's processes outlived their owner"
+        await asyncio.sleep(0.1)
+    assert Path(started["state_dir"]).exists()
+    next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
+    assert next_start.returncode == 0, next_start.stderr[-2000:]
+    assert not Path(started["state_dir"]).exists()
+    assert not any(Path(p).exists() for p in started["cgroups"])
+
+
+def test_papermill_runs_a_notebook_with_shell_escapes_under_gvisor(tmp_path):
+    notebook = nbformat.read(REPO / "tests" / "data" / "shell_escapes.ipynb", as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell("import platform; print('kernel release', platform.release())"))
+    source, output = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(notebook, source)
+    result = subprocess.run([str(VENV_BIN / "papermill"), str(source), str(output), "-k", "msb-python-small"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs = [json.dumps(cell.get("outputs", [])) for cell in nbformat.read(output, as_version=4).cells]
+    assert "pip " in outputs[1] and "warmest: Rome" in outputs[5] and "bash sees 3 lines" in outputs[6]
+    assert "kernel release 4.4.0" in outputs[-1], outputs[-1]
+
+
+async def test_the_gateway_and_its_pool_serve_gvisor_kernels_to_an_mcp_client():
+    """msb-kernels serve with MSB_BACKEND=gvisor and a warm pool, unchanged: an assistant's session runs on gVisor."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.mcp_bridge.conftest import gateway_process
+
+    token = "gvisor-" + os.urandom(8).hex()
+    with gateway_process(token, MSB_BACKEND="gvisor", MSB_POOL_SIZE="python-small=1") as url:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(120)) as http:
+            async with Client(streamable_http_client(url + "/mcp", http_client=http)) as client:
+                result = await client.call_tool("execute_code", {"code": "import platform; print(platform.release())"})
+                assert not result.is_error, result.content
+                assert result.structured_content["stdout"] == "4.4.0\n"
+                again = await client.call_tool("execute_code", {"code": "print('same session')",
+                                                                "session_id": result.structured_content["session_id"]})
+                assert again.structured_content["stdout"] == "same session\n"
