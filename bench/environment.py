@@ -10,12 +10,13 @@ from pathlib import Path
 VENV_BIN = Path(sys.executable).parent
 
 
-def isolate(base: Path, max_sessions: int) -> None:
+def isolate(base: Path, max_sessions: int, backend: str = "namespace") -> None:
     """Own runtime dirs (short paths: ipc sockets), no stray MSB_* settings, room for the capacity run."""
     for name in list(os.environ):
         if name.startswith("MSB_"):
             del os.environ[name]
     os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
+    os.environ["MSB_BACKEND"] = backend  # never auto: which backend the figures measure is the run's choice
     os.environ["JUPYTER_RUNTIME_DIR"] = str(base / "jr")
     os.environ["MSB_MAX_SESSIONS"] = str(max_sessions)
     os.environ["MSB_POOL_SIZE"] = "0"

@@ -41,7 +41,7 @@ class Bench:
         self.base = base
         self.results: dict[str, Any] = {"machine": machine(), "mode": "quick" if args.quick else "full",
                                         "counts": {k: v for k, v in vars(args).items() if k != "quick"},
-                                        "baseline": BARE, "sandboxed": MSB, "figures": {}}
+                                        "baseline": BARE, "sandboxed": MSB, "backend": args.backend, "figures": {}}
         self.figures = self.results["figures"]
 
     async def cold_start(self) -> None:
@@ -51,7 +51,7 @@ class Bench:
         for name, cls in backend_classes().items():
             availability = cls.availability()
             backends[name] = {"available": availability.ok, "reason": availability.reason}
-        for name in ("namespace", "microsandbox"):
+        for name in ("namespace", "gvisor", "microsandbox"):
             backends.setdefault(name, {"available": False, "reason": "not installed"})
         starts: dict[str, list[float]] = {BARE: []}
         available = [name for name, info in backends.items() if info["available"]]
@@ -65,7 +65,7 @@ class Bench:
                 elapsed, km, kc = await start_kernel(BARE if name == BARE else MSB)
                 starts[name].append(elapsed)
                 await stop_kernel(km, kc)
-        os.environ.pop("MSB_BACKEND", None)
+        os.environ["MSB_BACKEND"] = self.args.backend
         bare = summary(starts[BARE])
         for name, info in backends.items():
             if info["available"]:

@@ -44,7 +44,8 @@ def targets(figures: dict) -> list[dict]:
 
 def table(results: dict) -> str:
     f = results["figures"]
-    rows = ["| figure | sandboxed (msb-python-small) | bare ipykernel (python3) | sandboxed vs bare |", "|---|---|---|---|"]
+    backend = results.get("backend", "namespace")  # results written before --backend existed measured namespaces
+    rows = [f"| figure | sandboxed (msb-python-small, {backend}) | bare ipykernel (python3) | sandboxed vs bare |", "|---|---|---|---|"]
 
     def pp(s: dict, digits: int = 2) -> str:
         return f"p50 {s['p50_ms']:.{digits}f} / p95 {s['p95_ms']:.{digits}f} ms"

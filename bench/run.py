@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run.py            # the full run (about 10 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick    # a short smoke run with small counts
+    .venv/bin/python bench/run.py --backend gvisor   # every figure with gVisor sandboxes
 
 Writes bench/results/bench.json, bench/results/bench.md and bench/results/bench.png.
 The baseline is the kernelspec "python3" (ipykernel's own, no sandbox); the sandboxed
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--growth-executes", type=int, help="1+1 round trips at each level (100)")
     parser.add_argument("--burst", type=int, help="kernels asked for at once in the burst figure (20)")
     parser.add_argument("--batch", type=int, help="kernels started at once while filling up (5)")
+    parser.add_argument("--backend", default="namespace", help="MSB_BACKEND of the sandboxed kernels in every figure but "
+                        "the cold start, which measures each backend that runs here (namespace)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (bench/results)")
     parser.add_argument("--replot", type=Path, metavar="JSON", help="only rewrite the table and chart from an earlier bench.json")
     args = parser.parse_args(argv)
@@ -61,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> dict:
     base = Path(tempfile.mkdtemp(prefix="msbb-", dir="/tmp"))  # short: ipc socket paths must fit in 107 bytes
-    isolate(base, max_sessions=max(args.capacity, max(args.levels)) + 10)
+    isolate(base, max_sessions=max(args.capacity, max(args.levels)) + 10, backend=args.backend)
     bench = Bench(args, base)
     began = time.perf_counter()
     try:

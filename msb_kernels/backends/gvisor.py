@@ -88,6 +88,11 @@ class GVisorSandbox(Sandbox):
         self._cleaned_up = False
 
     @property
+    def init_pid(self) -> int:
+        """The host process that holds the sandbox (runsc run): its descendants are the Sentry and the gofer."""
+        return self.process.pid
+
+    @property
     def exit_code(self) -> int | None:
         """The kernel's status as a Popen returncode: negative for a signal, whether runsc or the kernel got it."""
         code = self.process.returncode

@@ -21,7 +21,8 @@ def test_flavors_are_the_documented_sizes():
         "out of memory for flavor large (4096 MiB); free memory (del large objects) or restart the kernel")
 
 
-def test_defaults_are_the_documented_ones():
+def test_defaults_are_the_documented_ones(monkeypatch):
+    monkeypatch.delenv("MSB_BACKEND")  # the suite's own choice (tests/conftest.py)
     settings = load_settings()
     assert (settings.default_flavor, settings.session_timeout_seconds, settings.max_sessions) == ("small", 1800, 10)
     assert settings.shared_volume is None and settings.shared_volume_guest_path == "/shared"
