@@ -226,3 +226,30 @@ def write_attempts(blocked: list[str], allowed: list[str]) -> str:
         "        return type(exc).__name__\n"
         f"({{p: attempt(p) for p in {blocked!r}}}, {{p: attempt(os.path.expanduser(p)) for p in {allowed!r}}})"
     )
+
+
+async def assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds: float) -> None:
+    """A kernel started by another process, which is then killed with SIGKILL (no cleanup code runs):
+    the sandbox's host processes end within grace_seconds, and its state stays on disk until the next
+    start, in a new process, sweeps it and its cgroups. MSB_BACKEND picks the backend."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()
+        owner.wait()
+    assert started["pids"], "the sandbox had no host processes to watch"
+    deadline = time.monotonic() + grace_seconds
+    while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"]):
+        assert time.monotonic() < deadline, "sandbox processes outlived their owner"
+        await asyncio.sleep(0.1)
+    assert Path(started["state_dir"]).exists()
+    next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
+    assert next_start.returncode == 0, next_start.stderr[-2000:]
+    assert not Path(started["state_dir"]).exists()
+    assert not any(Path(p).exists() for p in started["cgroups"])

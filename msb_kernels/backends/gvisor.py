@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -38,7 +39,14 @@ from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, San
 from msb_kernels.backends.namespace import KernelStderr, python_readonly_paths
 from msb_kernels.backends.nsinit import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.backends.processes import process_start_time
-from msb_kernels.backends.state import read_states, write_state
+from msb_kernels.backends.state import (
+    exit_status_reason,
+    make_io_dir,
+    read_states,
+    remove_state_dir,
+    take_orphans,
+    write_state,
+)
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.templates import TEMPLATES
@@ -67,6 +75,7 @@ os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[1], str(ker
 """
 
 
+@functools.cache
 def runsc_path() -> str | None:
     return shutil.which("runsc") or next((p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc")
                                           if os.access(p, os.X_OK)), None)
@@ -130,11 +139,7 @@ class GVisorSandbox(Sandbox):
         code = self.exit_code
         if self.stopped_by_owner or not code:
             return None
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"killed by signal {signal.Signals(-code).name}"
-            return f"killed by signal {-code}"
-        return f"the kernel exited with status {code}"
+        return exit_status_reason(code)
 
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_bytes() if self.cgroup else None
@@ -200,12 +205,7 @@ class GVisorBackend(SandboxBackend):
     # -- create ----------------------------------------------------------------
 
     def io_dir_for(self, sandbox_id: str) -> Path:
-        io_dir = self.root / sandbox_id / "io"
-        io_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o755)
-        os.chmod(io_dir.parent, 0o700)
-        os.chmod(io_dir, 0o700)
-        return io_dir
+        return make_io_dir(self.root, sandbox_id)
 
     async def runsc(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """One runsc command on this backend's state (kill, delete, list)."""
@@ -341,23 +341,14 @@ class GVisorBackend(SandboxBackend):
         if cgroup is not None and not cgroup.destroy():
             log.warning("cgroup of sandbox %s still has processes", state_dir.name)
         shutil.rmtree(state_dir / "bundle", ignore_errors=True)
-        if keep_io_dir:
-            with contextlib.suppress(FileNotFoundError):
-                (state_dir / "state.json").unlink()
-        else:
-            shutil.rmtree(state_dir, ignore_errors=True)
+        remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
 
     def list_sandboxes(self) -> list[SandboxRecord]:
         return read_states(self.root, self.name)
 
     async def sweep_orphans(self) -> list[str]:
         swept = []
-        for record in self.list_sandboxes():
-            if record.owner_alive or (record.details.get("owner_pid") is None and record.running):
-                continue
-            if record.running:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(record.details["init_pid"], signal.SIGKILL)
+        for record in take_orphans(self.list_sandboxes()):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)

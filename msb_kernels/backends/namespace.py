@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +37,14 @@ from msb_kernels.backends.base import (
     SandboxSpec,
 )
 from msb_kernels.backends.processes import process_start_time
-from msb_kernels.backends.state import read_states, write_state
+from msb_kernels.backends.state import (
+    exit_status_reason,
+    make_io_dir,
+    read_states,
+    remove_state_dir,
+    take_orphans,
+    write_state,
+)
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.templates import TEMPLATES
@@ -191,11 +197,7 @@ class NamespaceSandbox(Sandbox):
             return self.spec.flavor.out_of_memory_message()
         if self.stopped_by_owner or not self._exited() or not self.exit_code:
             return None
-        if self.exit_code < 0:
-            with contextlib.suppress(ValueError):
-                return f"killed by signal {signal.Signals(-self.exit_code).name}"
-            return f"killed by signal {-self.exit_code}"
-        return f"the kernel exited with status {self.exit_code}"
+        return exit_status_reason(self.exit_code)
 
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_bytes() if self.cgroup else None
@@ -267,13 +269,7 @@ class NamespaceBackend(SandboxBackend):
     # -- create ----------------------------------------------------------------
 
     def io_dir_for(self, sandbox_id: str) -> Path:
-        """The host dir shared with the sandbox; made before the kernel's connection file is written."""
-        io_dir = self.root / sandbox_id / "io"
-        io_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o755)
-        os.chmod(io_dir.parent, 0o700)
-        os.chmod(io_dir, 0o700)
-        return io_dir
+        return make_io_dir(self.root, sandbox_id)
 
     def _allocate_uid(self, state_dir: Path, record: dict) -> int:
         """Reserve a host uid no other live sandbox has, and write the state file under the same lock."""
@@ -412,23 +408,14 @@ class NamespaceBackend(SandboxBackend):
         if self.memory_scratch_reason is None:
             # Its loop device lets go once the sandbox's mount namespace is gone; the blocks are freed then.
             scratch.remove_image(scratch.image_path(self.settings.scratch_root(), state_dir.name))
-        if keep_io_dir:
-            with contextlib.suppress(FileNotFoundError):
-                (state_dir / "state.json").unlink()
-        else:
-            shutil.rmtree(state_dir, ignore_errors=True)
+        remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
 
     def list_sandboxes(self) -> list[SandboxRecord]:
         return read_states(self.root, self.name)
 
     async def sweep_orphans(self) -> list[str]:
         swept = []
-        for record in self.list_sandboxes():
-            if record.owner_alive or (record.details.get("owner_pid") is None and record.running):
-                continue
-            if record.running:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(record.details["init_pid"], signal.SIGKILL)
+        for record in take_orphans(self.list_sandboxes()):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             self.remove_state(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)

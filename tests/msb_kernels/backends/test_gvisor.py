@@ -6,12 +6,10 @@ skip with the backend's own reason (which says how to install it).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -19,7 +17,7 @@ import pytest
 
 from msb_kernels.backends.gvisor import GVisorBackend
 from tests.conftest import REPO, VENV_BIN
-from tests.kernel_helpers import OWNER_SCRIPT, execute, write_attempts
+from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, write_attempts
 from tests.msb_kernels.backends.test_namespace import FORK_BOMB, SPINNERS
 from tests.skips import needs_cgroups
 
@@ -109,22 +107,7 @@ async def test_writes_outside_the_allowed_dirs_fail_and_shell_escapes_work(start
 
 
 async def test_kill_9_of_the_host_process_leaves_no_sandbox():
-    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True)
-    try:
-        started = json.loads(owner.stdout.readline())
-    finally:
-        owner.kill()  # SIGKILL: no cleanup code runs in the owner
-        owner.wait()
-    assert started["pids"], "the sandbox had no host processes to watch"
-    deadline = time.monotonic() + 15
-    while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"]):
-        assert time.monotonic() < deadline, "gVisor's processes outlived their owner"
-        await asyncio.sleep(0.1)
-    assert Path(started["state_dir"]).exists()
-    next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
-    assert next_start.returncode == 0, next_start.stderr[-2000:]
-    assert not Path(started["state_dir"]).exists()
-    assert not any(Path(p).exists() for p in started["cgroups"])
+    await assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds=15)
 
 
 def test_papermill_runs_a_notebook_with_shell_escapes_under_gvisor(tmp_path):

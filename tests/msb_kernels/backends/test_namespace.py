@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import host_pids
-from tests.kernel_helpers import OWNER_SCRIPT, execute, write_attempts
+from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, write_attempts
 from tests.skips import needs_cgroups
 
 pytestmark = pytest.mark.asyncio
@@ -262,22 +262,7 @@ async def test_a_crashed_kernel_leaves_nothing_behind(start_kernel):
 
 
 async def test_kill_9_of_the_host_process_leaves_no_sandbox_after_next_start():
-    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True)
-    try:
-        started = json.loads(owner.stdout.readline())
-    finally:
-        owner.kill()  # SIGKILL: no cleanup code runs in the owner
-        owner.wait()
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"]):
-        assert time.monotonic() < deadline, "sandbox processes outlived their owner"
-        await asyncio.sleep(0.1)
-    # Its state is still on disk; the next start of msb-kernels, in a new process, sweeps it.
-    assert Path(started["state_dir"]).exists()
-    next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
-    assert next_start.returncode == 0, next_start.stderr[-2000:]
-    assert not Path(started["state_dir"]).exists()
-    assert not any(Path(p).exists() for p in started["cgroups"])
+    await assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds=10)
 
 
 async def test_sweep_stops_a_running_sandbox_whose_owner_died(runtime_root):
