@@ -19,6 +19,8 @@ from bench.stats import summary
 BARE = "python3"
 MSB = "msb-python-small"
 MiB = 1024 * 1024
+# (MSB_BACKEND, MSB_TRANSPORT) of the side-by-side figure: each backend, and the namespace sandbox over tcp
+SIDE_BY_SIDE = (("namespace", "ipc"), ("namespace", "tcp"), ("gvisor", "ipc"), ("microsandbox", "tcp"))
 
 
 def log(message: str) -> None:
@@ -144,6 +146,41 @@ class Bench:
         finally:
             await stop_kernel(msb_km, msb_kc)
             await stop_kernel(bare_km, bare_kc)
+
+    async def backends_side_by_side(self) -> None:
+        """Round trip and idle memory of one kernel of every backend that runs here, and bare, in turn."""
+        from msb_kernels.backends import backend_classes
+
+        classes = backend_classes()
+        variants = [(name, transport) for name, transport in SIDE_BY_SIDE if name in classes and classes[name].availability().ok]
+        n = self.args.executes
+        log(f"execute 1+1 and idle memory, side by side: {BARE} and {', '.join(f'{b}/{t}' for b, t in variants)}, {n} each, interleaved")
+        kernels: dict[str, tuple[Any, Any]] = {}
+        try:
+            _, km, kc = await start_kernel(BARE)
+            kernels["bare"] = (km, kc)
+            for name, transport in variants:
+                os.environ["MSB_BACKEND"], os.environ["MSB_TRANSPORT"] = name, transport
+                _, km, kc = await start_kernel(MSB)
+                kernels[f"{name}/{transport}"] = (km, kc)
+            await asyncio.sleep(2)  # let them settle to idle
+            rss = {key: kernel_rss(km) / MiB for key, (km, _) in kernels.items()}
+            for _, kc in kernels.values():
+                for _ in range(20):
+                    await execute_rtt(kc)
+            samples: dict[str, list[float]] = {key: [] for key in kernels}
+            order = list(kernels)
+            for i in range(n):
+                for key in order[i % len(order):] + order[:i % len(order)]:
+                    samples[key].append(await execute_rtt(kernels[key][1]))
+                if i % 100 == 99:
+                    for _, kc in kernels.values():
+                        await drain_iopub(kc)
+        finally:
+            os.environ["MSB_BACKEND"] = self.args.backend
+            os.environ.pop("MSB_TRANSPORT", None)
+            await asyncio.gather(*(stop_kernel(km, kc) for km, kc in kernels.values()))
+        self.figures["side_by_side"] = {key: {"execute": summary(samples[key]), "rss_mib": rss[key]} for key in kernels}
 
     async def gateway_and_mcp(self) -> None:
         """Gateway WebSocket (sandboxed) beside jupyter_server's WebSocket to a bare kernel; MCP in memory and over HTTP."""

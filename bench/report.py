@@ -67,6 +67,12 @@ def table(results: dict) -> str:
                     f"{s['p95_ms'] - b['p95_ms']:+.2f} ms p95 |")
 
     rtt("execute 1+1, direct client", f["execute_direct"]["msb"], f["execute_direct"]["bare"])
+    for key, figure in f.get("side_by_side", {}).items():  # absent from results written before this figure existed
+        if key != "bare":
+            bare = f["side_by_side"]["bare"]
+            rtt(f"execute 1+1, direct, {key} (side by side)", figure["execute"], bare["execute"])
+            rows.append(f"| RSS of one idle session, {key} (side by side; all its host processes) | {figure['rss_mib']:.1f} MiB | "
+                        f"{bare['rss_mib']:.1f} MiB | {figure['rss_mib'] - bare['rss_mib']:+.1f} MiB |")
     rtt("execute 1+1, gateway WebSocket", f["execute_websocket"]["msb"], f["execute_websocket"]["bare_ws"], "plain jupyter_server WS: ")
     rtt("execute 1+1, WebSockets, client with TCP_QUICKACK (diagnostic)", f["execute_websocket"]["msb_quickack"],
         f["execute_websocket"]["bare_ws_quickack"], "plain jupyter_server WS: ")

@@ -71,6 +71,7 @@ async def run(args: argparse.Namespace) -> dict:
         await bench.cold_start()
         await bench.mcp_new_session()
         await bench.round_trips()
+        await bench.backends_side_by_side()
         await bench.gateway_and_mcp()
         await bench.throughput_and_memory()
         await bench.burst()

@@ -97,6 +97,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _print_microsandbox_report(settings)
     chosen, why = choose_backend(settings.backend)
     print(f"-> {why}")
+    try:
+        transport = backend_classes()[chosen].transport_for(settings.transport)
+    except MsbError as exc:
+        print(exc.report("msb-kernels doctor"))
+        return 1
+    print(f"-> kernels reached over {transport} (MSB_TRANSPORT={settings.transport})")
     return 0
 
 

@@ -45,6 +45,8 @@ def backend_names() -> tuple[str, ...]:
     return ("auto", *backend_locations())
 
 
+TRANSPORTS = ("auto", "ipc", "tcp")  # MSB_TRANSPORT; each backend says which of ipc and tcp it can use
+
 # Guest paths the sandbox itself needs; a shared volume may not shadow them.
 RESERVED_GUEST_PATHS = ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/run", "/tmp", "/home", "/sys")
 
@@ -71,7 +73,10 @@ class MsbSettings(Configurable):
                                    "the host has that much free.").tag(config=True)
     scratch_dir = Unicode(None, allow_none=True, help="Host directory on a disk for the namespace sandboxes' scratch disk images (unset = /var/tmp/msb-kernels).").tag(config=True)
     require_limits = Bool(False, help="Refuse to start a sandbox whose flavor limits cannot all be enforced with cgroups.").tag(config=True)
-    port_range = Unicode("8000-9000", help="Host TCP ports for microVM kernels' ZMQ channels, as FIRST-LAST (5 per kernel).").tag(config=True)
+    transport = Unicode("auto", help="How the host reaches kernels' ZMQ channels: auto (the backend's own: ipc for namespace and gVisor, "
+                                     "tcp for microVMs), ipc, or tcp (namespace: through host ports from MSB_PORT_RANGE, with CurveZMQ on; "
+                                     "for kernels whose ZMQ has no ipc).").tag(config=True)
+    port_range = Unicode("8000-9000", help="Host TCP ports for kernels reached over tcp (microVMs, MSB_TRANSPORT=tcp), as FIRST-LAST (5 per kernel).").tag(config=True)
     allow_network = Bool(False, help="Let kernels reach the public internet (outbound), never the host or its LAN: "
                                      "microVMs by their network policy, namespace sandboxes through slirp4netns.").tag(config=True)
     python_image = Unicode("msb-kernels/python:latest", help="microVM image for python kernels (build it with `msb-kernels image build python`).").tag(config=True)
@@ -258,6 +263,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "max_processes": lambda v: "is less than 16" if v < 16 else None,
     "concurrent_starts": _at_least(1),
     "backend": lambda v: None if v in backend_names() else "is not a backend",
+    "transport": lambda v: None if v in TRANSPORTS else "is not a transport",
     "shared_volume_path": _check_shared_path,
     "shared_volume_guest_path": _check_guest_path,
     "port_range": _check_port_range,
@@ -291,6 +297,7 @@ _ACCEPTED: dict[str, str] = {
     "max_processes": "use a whole number >= 16",
     "concurrent_starts": "use a whole number >= 1, or leave it unset for the host's CPUs",
     "backend": "use one of " + ", ".join(backend_names()),
+    "transport": "use one of " + ", ".join(TRANSPORTS),
     "shared_volume_path": "create the directory first, or unset the variable for no shared volume",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "runtime_dir": "use a writable directory with a short path",

@@ -1,7 +1,8 @@
-"""Host TCP ports for kernels whose ZMQ channels cross a VM boundary.
+"""Host TCP ports for kernels reached over tcp.
 
 A microVM kernel is only reachable through ports published on the host, five per
-kernel (shell, iopub, stdin, control, hb). The PortManager hands them out from
+kernel (shell, iopub, stdin, control, hb); so is a namespace sandbox's kernel under
+MSB_TRANSPORT=tcp. The PortManager hands them out from
 MSB_PORT_RANGE: never one that is already bound on the host, never one twice, and
 it takes them all back when the kernel goes, whichever way it goes (shutdown,
 crash, cull, a failed start). Running out is a ResourceLimitExceeded error.
@@ -20,16 +21,23 @@ import random
 import socket
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from msb_kernels.errors import ResourceLimitExceeded
+
+if TYPE_CHECKING:
+    from msb_kernels.config import MsbSettings
 
 PORTS_PER_KERNEL = 5
 
 
 def port_is_free(port: int) -> bool:
-    """Whether nothing on this host listens on (or holds) TCP port, on loopback or any address."""
+    """Whether nothing on this host listens on (or holds) TCP port, on loopback or any address.
+
+    Connections closing on the port (TIME_WAIT, after a kernel's) do not count: what binds there sets SO_REUSEADDR."""
     for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0")):
         probe = socket.socket(family, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((address, port))
         except OSError as exc:
@@ -126,3 +134,8 @@ class PortManager:
             allocated = sum(len(ports) for ports in self._owners.values())
         return {"allocated": allocated, "available": self.size - allocated, "kernels": len(self._owners),
                 "range_first": self.first, "range_last": self.last}
+
+
+def host_ports(settings: MsbSettings) -> PortManager:
+    """MSB_PORT_RANGE, shared (by the lock files) with every msb-kernels process on the same runtime dir."""
+    return PortManager(*settings.ports, lock_dir=settings.runtime_root() / "ports")

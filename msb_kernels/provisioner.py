@@ -13,6 +13,7 @@ change of their own. A start request may pick the flavor with ``KERNEL_FLAVOR`` 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -289,11 +290,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _until_listening(self, sandbox: Sandbox) -> None:
         """Keep the start's turn until the kernel has bound its shell socket: past its imports, the CPU a start costs."""
-        if self.backend.transport != "ipc":
-            return  # a microVM's TCP channels tell nothing before the kernel answers; its boot, in create, is the cost
-        shell = self.io_dir / f"kernel-{self.connection_info['shell_port']}"
+        port = self.connection_info["shell_port"]
+        if self.backend.transport == "ipc":
+            shell = self.io_dir / f"kernel-{port}"
+            listening = shell.exists
+        else:
+            listening = functools.partial(sandbox.kernel_listening, port)
         deadline = time.monotonic() + LISTEN_WAIT_SECONDS
-        while not shell.exists() and time.monotonic() < deadline and await sandbox.poll() is None:
+        while not listening() and time.monotonic() < deadline and await sandbox.poll() is None:
             await asyncio.sleep(0.01)
 
     async def cleanup(self, restart: bool = False) -> None:

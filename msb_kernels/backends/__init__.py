@@ -20,7 +20,7 @@ log = logging.getLogger("msb_kernels")
 
 __all__ = ["Availability", "Sandbox", "SandboxBackend", "SandboxSpec", "backend_classes", "choose_backend", "get_backend"]
 
-_instances: dict[tuple[str, str], SandboxBackend] = {}
+_instances: dict[tuple[str, str, str], SandboxBackend] = {}
 
 
 @functools.cache
@@ -69,9 +69,9 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def get_backend(settings: MsbSettings) -> SandboxBackend:
-    """One backend instance per (choice, runtime dir) in this process; logs the choice once."""
+    """One backend instance per (choice, runtime dir, transport) in this process; logs the choice once."""
     name, why = choose_backend(settings.backend)
-    key = (name, str(settings.runtime_root()))
+    key = (name, str(settings.runtime_root()), backend_classes()[name].transport_for(settings.transport))
     if key not in _instances:
         log.info("msb-kernels backend: %s", why)
         for warning in backend_classes()[name].availability().warnings:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from msb_kernels.errors import ConfigError
 from msb_kernels.flavors import Flavor
 
 if TYPE_CHECKING:
@@ -102,6 +103,12 @@ class Sandbox(abc.ABC):
         """Release what the sandbox held (limits, mounts, dirs). Called by the provisioner's cleanup;
         keep_io_dir is true on a restart, which reuses the connection directory."""
 
+    def kernel_listening(self, port: int) -> bool:
+        """tcp: whether the kernel has bound port yet; True where the backend cannot tell.
+
+        Called by the provisioner, which holds a start's turn until the shell port is bound."""
+        return True
+
     def memory_bytes(self) -> int | None:
         """Memory the sandbox uses now, when the backend can tell. Called by the gateway's stats and `msb-kernels list`."""
         return None
@@ -123,12 +130,25 @@ class SandboxBackend(abc.ABC):
 
     name: ClassVar[str]  # its MSB_BACKEND value and entry point name
     auto_order: ClassVar[int]  # MSB_BACKEND=auto tries lower numbers first: the stronger boundary
-    transport: ClassVar[str]  # the ZMQ transport the host uses to reach the kernel: "ipc" or "tcp"
+    transports: ClassVar[tuple[str, ...]]  # the ZMQ transports ("ipc", "tcp") it can reach kernels by; MSB_TRANSPORT=auto takes the first
     guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
 
     def __init__(self, settings: MsbSettings):
-        """One instance per (backend, runtime dir) in a process, made by get_backend."""
+        """One instance per (backend, runtime dir, transport) in a process, made by get_backend."""
         self.settings = settings
+        self.transport = self.transport_for(settings.transport)
+
+    @classmethod
+    def transport_for(cls, requested: str) -> str:
+        """The transport MSB_TRANSPORT=requested means for this backend; ConfigError where it has no such path."""
+        if requested == "auto":
+            return cls.transports[0]
+        if requested not in cls.transports:
+            raise ConfigError(f"MSB_TRANSPORT={requested}: the {cls.name} backend reaches its kernels only over "
+                              f"{' or '.join(cls.transports)}",
+                              [f"set MSB_TRANSPORT to auto or {' or '.join(cls.transports)}",
+                               "or pick a backend with that transport (MSB_BACKEND=namespace does ipc and tcp)"])
+        return requested
 
     @abc.abstractmethod
     def io_dir_for(self, sandbox_id: str) -> Path:

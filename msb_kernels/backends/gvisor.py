@@ -164,7 +164,7 @@ class GVisorSandbox(Sandbox):
 class GVisorBackend(SandboxBackend):
     name = "gvisor"
     auto_order = 50
-    transport = "ipc"
+    transports = ("ipc",)  # --network=none: no tcp path into the sandbox
     guest_io_dir = "/run/kernel"
     _availability: Availability | None = None
 

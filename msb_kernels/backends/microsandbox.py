@@ -52,7 +52,7 @@ from msb_kernels.backends.base import (
 from msb_kernels.backends.processes import owner_alive, process_start_time
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.ports import PortManager
+from msb_kernels.ports import host_ports
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -369,14 +369,14 @@ def _run_coroutine(factory: Callable[[], Awaitable[T]], timeout: float = 60) -> 
 class MicrosandboxBackend(SandboxBackend):
     name = "microsandbox"
     auto_order = 10
-    transport = "tcp"
+    transports = ("tcp",)  # a VM has no ipc path to the host
     guest_io_dir = GUEST_IO_DIR
     _availability: Availability | None = None
 
     def __init__(self, settings: MsbSettings):
         super().__init__(settings)
         self.root = settings.runtime_root() / "microvm"
-        self.ports = PortManager(*settings.ports, lock_dir=settings.runtime_root() / "ports")
+        self.ports = host_ports(settings)
         self._curve: dict[str, bool] = {}
         self._sweeper: asyncio.Task | None = None
 

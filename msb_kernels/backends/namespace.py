@@ -10,6 +10,12 @@ directory under the runtime root:
     <scratch root>/<sandbox id>.img          that disk (scratch.py)
 
 The state files are what the orphan sweep reads after a crash or a kill -9.
+
+The host reaches the kernel over ipc sockets in io/ (the default), or with
+MSB_TRANSPORT=tcp over five host ports: this process binds them on the host's
+127.0.0.1 and holds them for the kernel's life (restarts included), and a relay
+inside the sandbox joins them to the kernel's ports on the sandbox's own 127.0.0.1
+(nsinit._relay). The sandbox still has no route anywhere.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +54,7 @@ from msb_kernels.backends.state import (
 )
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.ports import host_ports
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -202,6 +210,15 @@ class NamespaceSandbox(Sandbox):
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_bytes() if self.cgroup else None
 
+    def kernel_listening(self, port: int) -> bool:
+        """tcp: whether a socket in the sandbox's network namespace listens on port (its /proc/<init>/net/tcp)."""
+        try:
+            table = Path(f"/proc/{self.init_pid}/net/tcp").read_text()
+        except OSError:
+            return True  # gone, or unreadable: nothing to wait for
+        listening = f":{port:04X} 00000000:0000 0A"
+        return any(listening in line for line in table.splitlines())
+
     async def cleanup(self, keep_io_dir: bool = False) -> None:
         if not self._exited():
             await self.kill()
@@ -229,8 +246,9 @@ class NamespaceSandbox(Sandbox):
 class NamespaceBackend(SandboxBackend):
     name = "namespace"
     auto_order = 90
-    transport = "ipc"
+    transports = ("ipc", "tcp")
     guest_io_dir = "/run/kernel"
+    guest_ip = "127.0.0.1"  # tcp: the sandbox's own loopback, where the relay connects
     _availability: Availability | None = None
 
     def __init__(self, settings: MsbSettings):
@@ -239,6 +257,42 @@ class NamespaceBackend(SandboxBackend):
         self.hierarchy, self.limits_note = cgroups.detect()
         self.rootful = os.geteuid() == 0
         self.memory_scratch_reason = scratch.unavailable_reason()
+        self.ports = host_ports(settings) if self.transport == "tcp" else None
+        self._listeners: dict[str, list[socket.socket]] = {}  # tcp: per sandbox id, bound until release_ports
+
+    # -- tcp: host ports -------------------------------------------------------
+
+    def reserve_ports(self, sandbox_id: str) -> list[int] | None:
+        return self.ports.allocate(sandbox_id) if self.ports else None
+
+    def release_ports(self, sandbox_id: str) -> None:
+        for listener in self._listeners.pop(sandbox_id, []):
+            listener.close()
+        if self.ports:
+            self.ports.release(sandbox_id)
+
+    def _bound_listeners(self, sandbox_id: str) -> list[socket.socket]:
+        """The sandbox's host ports, bound and listening on 127.0.0.1; a restart reuses them."""
+        if sandbox_id not in self._listeners:
+            bound = []
+            try:
+                for port in self.reserve_ports(sandbox_id) or []:
+                    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    bound.append(listener)
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the last kernel's TIME_WAITs
+                    listener.bind((self.host_ip, port))
+                    listener.listen(64)
+            except OSError as exc:
+                for listener in bound:
+                    listener.close()
+                raise SandboxError(f"cannot bind the kernel's host port on {self.host_ip}: {exc}",
+                                   ["start the kernel again (another program took that port)",
+                                    "or move MSB_PORT_RANGE to ports nothing else uses"]) from None
+            self._listeners[sandbox_id] = bound
+        return self._listeners[sandbox_id]
+
+    def stats(self) -> dict:
+        return {"ports": self.ports.stats()} if self.ports else {}
 
     # -- availability ----------------------------------------------------------
 
@@ -288,6 +342,7 @@ class NamespaceBackend(SandboxBackend):
         if self.hierarchy is None and self.settings.require_limits:
             raise SandboxError(f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
                                ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS to accept rlimits"])
+        listeners = self._bound_listeners(spec.sandbox_id) if self.ports else []
         state_dir = spec.io_dir.parent
         network_plan = network.network_plan(state_dir, self.rootful) if spec.allow_network else None
         (state_dir / "root").mkdir(exist_ok=True)
@@ -351,6 +406,7 @@ class NamespaceBackend(SandboxBackend):
             "lifeline_fd": lifeline_read,
             "kernel_dirs": [USER_PACKAGES] if template.user_packages else [],
             "network": network_plan,
+            "listen_fds": [listener.fileno() for listener in listeners],
         }
         stderr_read, stderr_write = os.pipe()
         try:
@@ -380,7 +436,7 @@ class NamespaceBackend(SandboxBackend):
         launcher = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-I", LAUNCHER,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env={"PATH": "/usr/bin:/bin"},
-            pass_fds=(lifeline,) if lifeline is not None else (), start_new_session=True,
+            pass_fds=([lifeline] if lifeline is not None else []) + plan["listen_fds"], start_new_session=True,
         )
         assert launcher.stdin and launcher.stdout
         try:

@@ -14,8 +14,9 @@ The host side (namespace.py) writes one JSON line, the launch plan, to stdin. Th
    host and the LAN, while it still holds CAP_NET_ADMIN over the namespace.
 3. Init gives up host privileges for good: an unprivileged uid when the host is
    root, no_new_privs, and a user namespace where it is uid 1000.
-4. It forks the kernel and re-execs itself as a tiny reaper that forwards signals
-   to the kernel and kills the sandbox when the owner's lifeline closes.
+4. With MSB_TRANSPORT=tcp it forks the relay (see _relay). Then it forks the kernel
+   and re-execs itself as a tiny reaper that forwards signals to the kernel and kills
+   the sandbox when the owner's lifeline closes.
 5. The launcher prints ``{"pid": <init's host pid>}`` (or ``{"error": ...}``),
    waits for the host to close stdin (it has taken a pidfd by then), and exits.
 
@@ -56,6 +57,8 @@ MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MNT_DETACH = 2
 PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 PR_SET_NO_NEW_PRIVS = 38
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -67,6 +70,9 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST, RTN_PROHIBIT = 254, 4, 1, 8
 RTA_DST, RTA_GATEWAY, IFA_ADDRESS, IFA_LOCAL = 1, 5, 1, 2
 NETWORK_READY_TIMEOUT = 10.0
+RELAY_NAME = b"msb-relay"
+RELAY_CHUNK = 256 * 1024
+RELAY_BUFFER_LIMIT = 4 * 1024 * 1024  # per direction; past it the relay stops reading the sender
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_AUTOCLEAR = 4
@@ -481,6 +487,14 @@ def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_e
         _check(_libc.sethostname(plan["hostname"].encode(), len(plan["hostname"])), "sethostname")
         _drop_privileges(plan)
         _apply_fallback_limits(plan)
+        listeners = plan.get("listen_fds") or []
+        if listeners and os.fork() == 0:
+            try:
+                _relay(listeners)
+            finally:
+                os._exit(1)
+        for fd in listeners:
+            os.close(fd)  # before the kernel exists: only the relay holds the host's sockets
         error_read, error_write = os.pipe()  # close-on-exec: EOF means the exec worked
         kernel = os.fork()
         if kernel == 0:
@@ -504,6 +518,111 @@ def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_e
     os.execve(python, [python, "-I", "-S", "-c", REAPER, str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status"], {"PATH": "/usr/bin:/bin"})
 
 
+def _relay(listeners: list[int]) -> None:
+    """The tcp transport: copy bytes between the host's loopback and the kernel's, both ways.
+
+    listeners are TCP sockets the host bound on its own 127.0.0.1, in the host's network
+    namespace; each accepted connection is joined to the same port on the sandbox's own
+    127.0.0.1, where the kernel binds. Such a socket could be disconnected and reconnected
+    anywhere the host can reach, so no sandboxed process may ever hold one: the relay is
+    forked before the kernel and made undumpable at once (no ptrace, no /proc/<pid>/fd, no
+    pidfd_getfd for the kernel's processes), and init closes its own copies before the kernel exists.
+    """
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(undumpable)")
+    _libc.prctl(PR_SET_NAME, RELAY_NAME, 0, 0, 0)
+    # The capabilities init holds over the sandbox's own user namespace go at an exec; the relay never execs.
+    header = struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0)
+    _check(_libc.capset(header, bytes(24)), "capset")
+    for name in os.listdir("/proc/self/fd"):  # nothing of init's but the listeners
+        if int(name) > 2 and int(name) not in listeners:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+    poller = select.poll()
+    listening = {}
+    for fd in listeners:
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        listening[fd] = sock
+        poller.register(fd, select.POLLIN)
+    peer: dict[int, socket.socket] = {}  # fd -> the socket its bytes go to
+    socks: dict[int, socket.socket] = {}
+    pending: dict[int, bytearray] = {}  # fd -> bytes waiting to be written to it
+
+    def watch(fd: int) -> None:
+        """Read fd unless its peer is backed up; write fd while it has bytes waiting."""
+        other = peer[fd].fileno()
+        events = (select.POLLIN if len(pending[other]) < RELAY_BUFFER_LIMIT else 0) | (select.POLLOUT if pending[fd] else 0)
+        poller.modify(fd, events)
+
+    def close(fd: int) -> None:
+        for one in (fd, peer[fd].fileno()):
+            poller.unregister(one)
+            socks.pop(one).close()
+            peer.pop(one)
+            pending.pop(one)
+
+    def flush(fd: int) -> bool:
+        try:
+            sent = socks[fd].send(pending[fd])
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        del pending[fd][:sent]
+        return True
+
+    while True:
+        for fd, events in poller.poll():
+            if fd in listening:
+                try:
+                    outer, _ = listening[fd].accept()
+                except OSError:
+                    continue
+                inner = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    inner.connect(("127.0.0.1", listening[fd].getsockname()[1]))
+                except OSError:  # the kernel is not listening yet: ZMQ reconnects
+                    outer.close()
+                    inner.close()
+                    continue
+                for one, other in ((outer, inner), (inner, outer)):
+                    one.setblocking(False)
+                    one.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    socks[one.fileno()], peer[one.fileno()], pending[one.fileno()] = one, other, bytearray()
+                    poller.register(one.fileno(), select.POLLIN)
+                continue
+            if fd not in socks:
+                continue  # closed with its peer earlier in this round
+            other = peer[fd].fileno()
+            if events & select.POLLOUT and not flush(fd):
+                close(fd)
+                continue
+            if events & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                try:
+                    data = socks[fd].recv(RELAY_CHUNK)
+                except BlockingIOError:
+                    data = None
+                except OSError:
+                    data = b""
+                if data == b"":
+                    try:  # what the closing side sent before it closed still goes through
+                        socks[other].settimeout(1)
+                        socks[other].sendall(pending[other])
+                    except OSError:
+                        pass
+                    close(fd)
+                    continue
+                if data:
+                    pending[other] += data
+                    if not flush(other):
+                        close(fd)
+                        continue
+            watch(fd)
+            watch(other)
+
+
 def _helper_log_tail(network: dict) -> str:
     try:
         with open(network["log"], errors="replace") as handle:
@@ -519,6 +638,8 @@ def main() -> None:
         plan = json.loads(sys.stdin.readline())
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
+        for fd in plan.get("listen_fds") or []:
+            os.set_inheritable(fd, False)  # inherited by forks only: the relay's, never an exec's
         for procs in plan["cgroup_procs"]:
             _write(procs, str(os.getpid()))
         network_ready = network_exit = helper_pid_pipe = None

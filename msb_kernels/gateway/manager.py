@@ -411,7 +411,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
 
 
 def port_stats(settings: Any) -> dict:
-    """Host ports from the backend (a microVM backend publishes 5 per kernel); the namespace backend uses none."""
+    """Host ports from the backend: 5 per kernel over tcp (microVMs, MSB_TRANSPORT=tcp); none over ipc."""
     try:
         from msb_kernels.backends import get_backend
 

@@ -22,7 +22,7 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert results["mode"] == "quick" and results["baseline"] == "python3"
     figures = results["figures"]
     assert set(figures) == {"cold_start", "mcp_new_session", "execute_direct", "first_stdout", "execute_websocket",
-                            "execute_mcp", "throughput", "idle_memory", "burst", "capacity", "cost_growth"}
+                            "execute_mcp", "throughput", "idle_memory", "burst", "capacity", "cost_growth", "side_by_side"}
     backends = figures["cold_start"]["backends"]
     assert backends["namespace"]["available"] and backends["namespace"]["start"]["n"] == 1
     assert backends["microsandbox"]["available"] or backends["microsandbox"]["result"].startswith("unavailable: ")
@@ -33,6 +33,12 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
                           ("execute_websocket", ("msb", "bare_ws", "bare")), ("execute_mcp", ("memory", "http", "bare"))):
         for key in keys:
             assert {"n", "p50_ms", "p95_ms"} <= set(figures[section][key]), (section, key)
+    side = figures["side_by_side"]  # every backend that runs here, and the namespace sandbox over tcp
+    expected = {"bare", "namespace/ipc", "namespace/tcp"} | ({"gvisor/ipc"} if backends["gvisor"]["available"] else set())
+    assert set(side) == expected | ({"microsandbox/tcp"} if backends["microsandbox"]["available"] else set()), side
+    assert all(figure["execute"]["n"] == 3 and figure["rss_mib"] > 0 for figure in side.values()), side
+    table = (out / "bench.md").read_text()
+    assert all(f"execute 1+1, direct, {key} (side by side)" in table for key in expected - {"bare"}), table
     assert figures["throughput"]["msb"]["executions"] > 0 and figures["throughput"]["bare"]["executions"] > 0
     assert figures["idle_memory"]["msb"]["rss_mib_median"] > 0 and figures["idle_memory"]["bare"]["rss_mib_median"] > 0
     for key in ("bare", "msb", "msb_all_at_once"):

@@ -37,6 +37,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "shared_volume_path": ("{tmp}", "{tmp}"),
     "shared_volume_guest_path": ("/data", "/data"),
     "backend": ("namespace", "namespace"),
+    "transport": ("tcp", "tcp"),
     "max_processes": ("64", 64),
     "concurrent_starts": ("3", 3),
     "runtime_dir": ("{tmp}/rt", "{tmp}/rt"),
@@ -71,7 +72,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
 # A bad value for every setting that can have one, and the start of the advice the error must carry.
 BAD_VALUES: dict[str, str] = {
     "default_flavor": "tiny", "session_timeout_seconds": "-1", "max_sessions": "0",
-    "shared_volume_path": "/no/such/dir", "shared_volume_guest_path": "/proc/x", "backend": "docker",
+    "shared_volume_path": "/no/such/dir", "shared_volume_guest_path": "/proc/x", "backend": "docker", "transport": "udp",
     "max_processes": "8", "concurrent_starts": "0", "require_limits": "maybe", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
     "python_image": " ", "node_image": " ", "boot_timeout_seconds": "0", "host": "a b", "port": "70000",
     "capacity_memory_mib": "0", "capacity_cpus": "0", "cull_interval_seconds": "0",
@@ -180,3 +181,15 @@ def test_cli_reports_a_bad_setting_without_a_traceback(command, tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "msb-kernels: error: MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large" in result.stderr
+
+
+@pytest.mark.parametrize(("backend", "refused", "accepted"), [("gvisor", "tcp", "ipc"), ("microsandbox", "ipc", "tcp")])
+def test_a_transport_the_backend_lacks_is_refused_by_name(backend, refused, accepted):
+    from msb_kernels.backends import backend_classes
+
+    cls = backend_classes()[backend]
+    assert cls.transport_for("auto") == accepted
+    with pytest.raises(ConfigError) as caught:
+        cls.transport_for(refused)
+    assert str(caught.value) == f"MSB_TRANSPORT={refused}: the {backend} backend reaches its kernels only over {accepted}"
+    assert f"set MSB_TRANSPORT to auto or {accepted}" in caught.value.suggestions[0]

@@ -73,9 +73,23 @@ def test_msb_kernels_run_prints_the_notebook_outputs():
     assert "[+ image/png]" in result.stdout
 
 
+@pytest.fixture(params=["namespace", "gvisor"])
+def node_backend(request, monkeypatch) -> str:
+    """Node kernels in the namespace sandbox, and under gVisor where runsc runs (else a skip that says why)."""
+    from msb_kernels.backends import backend_classes
+
+    if request.param != "namespace":
+        availability = backend_classes()[request.param].availability()
+        if not availability.ok:
+            pytest.skip(f"{request.param} backend cannot run on this host: {availability.reason}")
+    monkeypatch.setenv("MSB_BACKEND", request.param)
+    return request.param
+
+
 @needs_node
-async def test_node_kernel_runs_javascript_in_a_sandbox(start_kernel):
+async def test_node_kernel_runs_javascript_in_a_sandbox(start_kernel, node_backend):
     km, kc = await start_kernel("msb-node-small")
+    assert km.provisioner.backend.name == node_backend
     result = await execute(kc, "let total = 20; console.log('hi from node'); total * 2")
     assert result.status == "ok"
     assert "hi from node" in result.stdout and "40" in result.stdout
@@ -84,16 +98,17 @@ async def test_node_kernel_runs_javascript_in_a_sandbox(start_kernel):
         "const fs = require('fs');\n"
         f"let repo; try {{ fs.readFileSync({str(REPO / 'README.md')!r}); repo = 'readable'; }} catch (e) {{ repo = e.code; }}\n"
         "console.log(JSON.stringify({root: fs.readdirSync('/').sort(), repo}));\n"
-        "console.log(require('os').hostname(), process.getuid());"
+        "console.log(require('os').hostname(), process.getuid(), require('os').release());"
     ))
     listing = json.loads(probe.stdout.splitlines()[0])
     assert "home" in listing["root"] and "sandbox 1000" in probe.stdout
+    assert probe.stdout.split()[-1] == ("4.4.0" if node_backend == "gvisor" else os.uname().release), probe.stdout  # whose kernel
     assert listing["repo"] == "ENOENT", "the checkout is visible to a node kernel"
     assert km.provisioner.template_spec.name == "node"
 
 
 @needs_node
-async def test_node_kernel_cannot_reach_the_host_network(start_kernel):
+async def test_node_kernel_cannot_reach_the_host_network(start_kernel, node_backend):
     """The same escape as the contract suite's, from JavaScript: net.connect to the host's listeners fails."""
     _, kc = await start_kernel("msb-node-small")
     with HostListener() as listener:

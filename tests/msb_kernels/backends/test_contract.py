@@ -1,6 +1,7 @@
 """The contract every sandbox backend keeps: the kernel protocol and isolation, per backend.
 
-Each test runs once per backend (MSB_BACKEND=namespace, gvisor and microsandbox).
+Each test runs once per backend (MSB_BACKEND=namespace, gvisor and microsandbox), and
+once more for the namespace sandbox reached over tcp (MSB_TRANSPORT=tcp).
 A backend that cannot run on this host is skipped with its reason, which for the
 microVM backend is `msb doctor`'s (for example "CPU virtualization is not
 available"), so `pytest -ra` prints why.
@@ -30,22 +31,35 @@ from tests.kernel_helpers import (
 
 pytestmark = pytest.mark.asyncio
 
-BACKENDS = ["namespace", "gvisor", "microsandbox"]
+# test id -> (MSB_BACKEND, MSB_TRANSPORT): each backend on its own transport, and the namespace sandbox on tcp too
+VARIANTS = {
+    "namespace": ("namespace", "ipc"),
+    "namespace-tcp": ("namespace", "tcp"),
+    "gvisor": ("gvisor", "ipc"),
+    "microsandbox": ("microsandbox", "tcp"),
+}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def backend(request):
-    """MSB_BACKEND=<param> for the tests that use it, or a skip that says why the backend cannot run here."""
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request) -> tuple[str, str]:
+    """MSB_BACKEND and MSB_TRANSPORT for the tests that use it, or a skip that says why the backend cannot run here."""
+    name, transport = VARIANTS[request.param]
     classes = backend_classes()
-    if request.param not in classes:
-        pytest.skip(f"{request.param} backend is not installed")
-    availability = classes[request.param].availability()
+    if name not in classes:
+        pytest.skip(f"{name} backend is not installed")
+    availability = classes[name].availability()
     if not availability.ok:
-        pytest.skip(f"{request.param} backend cannot run on this host: {availability.reason}")
+        pytest.skip(f"{name} backend cannot run on this host: {availability.reason}")
     patch = pytest.MonkeyPatch()
-    patch.setenv("MSB_BACKEND", request.param)
-    yield request.param
+    patch.setenv("MSB_BACKEND", name)
+    patch.setenv("MSB_TRANSPORT", transport)
+    yield name, transport
     patch.undo()
+
+
+@pytest.fixture(scope="module")
+def backend(variant) -> str:
+    return variant[0]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +74,11 @@ async def fresh_kernel(backend, start_kernel):
     return await start_kernel(env={"MSB_BACKEND": backend})
 
 
-async def test_the_kernel_runs_in_the_requested_backend(contract_kernel, backend):
+async def test_the_kernel_runs_in_the_requested_backend(contract_kernel, variant):
     km, kc = contract_kernel
+    backend, transport = variant
     assert km.provisioner.backend.name == backend
-    assert km.transport == km.provisioner.backend.transport
+    assert km.transport == km.provisioner.backend.transport == transport
     assert (await execute(kc, "import os; os.environ['MSB_SANDBOX']")).value == backend
 
 
@@ -162,16 +177,19 @@ async def test_restart_forgets_state_in_a_fresh_sandbox(fresh_kernel):
     assert (await execute(kc, "40 + 2")).result == "42"
 
 
-async def test_curve_encryption_over_tcp_or_when_asked(backend, start_kernel):
-    """tcp backends turn CurveZMQ on by themselves; any backend does under transport_encryption='auto'.
+async def test_curve_encryption_over_tcp_or_when_asked(variant, start_kernel):
+    """tcp turns CurveZMQ on by itself; any backend does under transport_encryption='auto'.
     A client without the keys then gets no answer: the channels really are encrypted."""
     from msb_kernels.backends import get_backend
     from msb_kernels.config import load_settings
 
+    backend, transport = variant
     if not await get_backend(load_settings()).supports_curve("python"):
         pytest.skip(f"the {backend} backend's python kernel does not speak CurveZMQ (an offline Debian image has "
                     "ipykernel 6.17; `msb-kernels image build python --online` installs one that does)")
-    km, kc = await start_kernel(env={"MSB_BACKEND": backend}, transport_encryption="auto")
+    asked = {} if transport == "tcp" else {"transport_encryption": "auto"}
+    km, kc = await start_kernel(env={"MSB_BACKEND": backend}, **asked)
+    assert km.transport == transport
     assert km.curve_publickey is not None and km.curve_secretkey is not None
     guest_file = json.loads((km.provisioner.io_dir / "connection.json").read_text())
     assert guest_file["curve_publickey"] == km.curve_publickey.decode()

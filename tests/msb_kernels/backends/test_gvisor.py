@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -43,6 +44,10 @@ def test_auto_picks_gvisor_over_namespaces_and_says_why(monkeypatch):
                             env={**os.environ, "MSB_BACKEND": "auto"})
     assert "backend gvisor: ok - gVisor (runsc version" in doctor.stdout, doctor.stdout
     assert "picked gvisor" in doctor.stdout, doctor.stdout
+    assert doctor.stdout.rstrip().endswith("-> kernels reached over ipc (MSB_TRANSPORT=auto)"), doctor.stdout
+    doctor = subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "MSB_BACKEND": "auto", "MSB_TRANSPORT": "tcp"})
+    assert doctor.returncode == 1 and "MSB_TRANSPORT=tcp: the gvisor backend reaches its kernels only over ipc" in doctor.stdout
 
 
 async def test_code_runs_on_gvisors_kernel_not_the_hosts(start_kernel):
@@ -123,21 +128,42 @@ def test_papermill_runs_a_notebook_with_shell_escapes_under_gvisor(tmp_path):
     assert "kernel release 4.4.0" in outputs[-1], outputs[-1]
 
 
-async def test_the_gateway_and_its_pool_serve_gvisor_kernels_to_an_mcp_client():
-    """msb-kernels serve with MSB_BACKEND=gvisor and a warm pool, unchanged: an assistant's session runs on gVisor."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
+async def test_jupyter_server_and_the_mcp_inspector_share_a_gvisor_kernel_through_the_gateway(tmp_path):
+    """What users run, unchanged, against `msb-kernels serve` with MSB_BACKEND=gvisor and a warm pool:
+    `jupyter server --gateway-url` starts a kernel and runs a cell over its WebSocket, and the
+    MCP Inspector CLI (the TypeScript SDK) uses the same kernel as its session, over HTTP /mcp."""
+    from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
+    from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway, launch_jupyter_server
+    from tests.msb_kernels.gateway.test_notebook_users import pool_ready, pooled_ids
 
-    from tests.mcp_bridge.conftest import gateway_process
-
-    token = "gvisor-" + os.urandom(8).hex()
-    with gateway_process(token, MSB_BACKEND="gvisor", MSB_POOL_SIZE="python-small=1") as url:
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(120)) as http:
-            async with Client(streamable_http_client(url + "/mcp", http_client=http)) as client:
-                result = await client.call_tool("execute_code", {"code": "import platform; print(platform.release())"})
-                assert not result.is_error, result.content
-                assert result.structured_content["stdout"] == "4.4.0\n"
-                again = await client.call_tool("execute_code", {"code": "print('same session')",
-                                                                "session_id": result.structured_content["session_id"]})
-                assert again.structured_content["stdout"] == "same session\n"
+    if missing := inspector_missing():
+        pytest.skip(missing)
+    gateway = await launch_gateway({"MSB_BACKEND": "gvisor", "MSB_POOL_SIZE": "python-small=1"})
+    try:
+        lab = await launch_jupyter_server(gateway)
+        try:
+            (pooled,) = pooled_ids(gateway, await pool_ready(gateway))
+            started = time.monotonic()
+            created = await lab.request("POST", "/api/sessions", {"path": "work/gvisor.ipynb", "type": "notebook",
+                                                                  "name": "gvisor.ipynb", "kernel": {"name": "msb-python-small"}})
+            took = time.monotonic() - started
+            assert created.code == 201, created.body
+            kernel_id = created.json["kernel"]["id"]
+            assert kernel_id == pooled and (await gateway.stats())["pool"]["handed_out"] == 1
+            print(f"a notebook session on gVisor, served from the pool through jupyter server, in {took * 1000:.0f} ms")
+            notebook = await KernelSocket.open(lab, kernel_id)
+            seen = await notebook.execute("import platform; shared = 'set in the notebook'; print(platform.release())")
+            assert seen.stdout == "4.4.0\n", seen.messages
+            inspector = Inspector([gateway.url + "/mcp"], inspector_env(
+                NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=gateway.token,
+                MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl")))
+            result = (await inspector.call("execute_code", code="print(shared, platform.release())", session_id=kernel_id)).structured
+            assert result.get("stdout") == "set in the notebook 4.4.0\n", result
+            assert (await notebook.execute("print(shared)")).stdout == "set in the notebook\n"
+            stats = (await gateway.request("GET", "/api/msb/stats")).json
+            assert [k["backend"] for k in stats["kernels"] if k["id"] == kernel_id] == ["gvisor"], stats
+            notebook.connection.close()
+        finally:
+            lab.stop()
+    finally:
+        gateway.stop()

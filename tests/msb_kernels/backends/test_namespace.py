@@ -82,6 +82,69 @@ async def test_other_kernels_processes_and_sockets_are_invisible(start_kernel):
     assert (await execute(kc_b, "1 + 1")).result == "2"
 
 
+RELAY_PROBE = """
+import ctypes, errno, os, platform, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def comm(pid):
+    try:
+        return open(f'/proc/{pid}/comm').read().strip()
+    except OSError:
+        return ''
+relay = next(int(p) for p in os.listdir('/proc') if p.isdigit() and comm(p) == 'msb-relay')
+def attempt(call):
+    try:
+        call()
+        return 'done'
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+def syscall(number, *args):
+    if libc.syscall(number, *args) < 0:
+        raise OSError(ctypes.get_errno(), 'syscall')
+outcomes = {'list_fds': attempt(lambda: os.listdir(f'/proc/{relay}/fd')),
+            'ptrace': attempt(lambda: syscall(101, 0x4206, relay, 0, 0)),  # PTRACE_SEIZE: the relay would go on running
+            'kill': attempt(lambda: os.kill(relay, 0))}
+pidfd = os.pidfd_open(relay)
+outcomes['pidfd_getfd'] = attempt(lambda: syscall(438, pidfd, 3, 0))
+# Every socket the other processes here hold must be one of this namespace (listed in its /proc/net).
+known = set()
+for table in ('tcp', 'tcp6', 'udp', 'udp6', 'unix', 'raw', 'netlink', 'packet'):
+    try:
+        known.update(open(f'/proc/net/{table}').read().split())
+    except OSError:
+        pass
+foreign = []
+for pid in (p for p in os.listdir('/proc') if p.isdigit() and int(p) != relay):
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            target = os.readlink(f'/proc/{pid}/fd/{fd}')
+        except OSError:
+            continue
+        if target.startswith('socket:[') and target[8:-1] not in known:
+            foreign.append((pid, fd, target))
+outcomes['foreign_sockets'] = foreign
+outcomes
+"""
+
+
+async def test_tcp_transport_keeps_the_hosts_sockets_out_of_the_kernels_reach(start_kernel, monkeypatch):
+    """MSB_TRANSPORT=tcp: the relay holds sockets of the host's network namespace, which could be reconnected
+    anywhere; the kernel's processes can neither read its descriptors, nor trace it, nor copy one out,
+    and hold no socket outside the sandbox's namespace. The host ports are free again after shutdown."""
+    from msb_kernels.ports import port_is_free
+
+    monkeypatch.setenv("MSB_TRANSPORT", "tcp")
+    km, kc = await start_kernel()
+    assert km.transport == "tcp"
+    ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port]
+    assert not any(port_is_free(port) for port in ports)
+    outcomes = (await execute(kc, RELAY_PROBE)).value
+    assert outcomes == {"list_fds": "EACCES", "ptrace": "EPERM", "kill": "done", "pidfd_getfd": "EPERM",
+                        "foreign_sockets": []}, outcomes
+    await km.shutdown_kernel(now=True)
+    assert all(port_is_free(port) for port in ports)
+    assert km.provisioner.backend.ports.owned(km.kernel_id) == []
+
+
 @needs_cgroups
 async def test_allocating_past_the_flavor_raises_memory_error_with_advice(start_kernel):
     km, kc = await start_kernel()

@@ -69,7 +69,9 @@ SCRIPT = textwrap.dedent("""
         out = []
         await kc.execute_interactive(CODE, output_hook=lambda m: out.append(m["content"].get("text", "")), timeout=60)
         kc.stop_channels(); await km.shutdown_kernel()
-        print("".join(out).strip())
+        seen = json.loads("".join(out).strip())
+        seen["transport"], seen["encrypted"] = km.transport, getattr(km, "curve_publickey", None) is not None
+        print(json.dumps(seen))
     asyncio.run(main())
 """)
 
@@ -135,6 +137,12 @@ def test_unprivileged_user_gets_a_sandbox_with_rlimit_fallback(unprivileged_pyth
     assert seen["tmp_mib"] == FLAVORS["small"].memory_scratch_mib
     assert "/tmp and /home/sandbox are RAM (tmpfs), not disk" in log
     assert seen["pty"] == "/dev/pts/0"
+
+
+def test_unprivileged_user_gets_the_tcp_transport(unprivileged_python, nobody_home):
+    """MSB_TRANSPORT=tcp without root: the relay works in a user namespace too, and CurveZMQ is on."""
+    seen, _ = run_as_nobody(unprivileged_python, nobody_home, MSB_TRANSPORT="tcp")
+    assert (seen["transport"], seen["encrypted"], seen["uid"], seen["ifaces"]) == ("tcp", True, 1000, ["lo"]), seen
 
 
 def test_require_limits_refuses_without_cgroups(unprivileged_python, nobody_home):

@@ -54,14 +54,10 @@ def free_port() -> int:
 
 
 def sandbox_records(runtime_dir: Path) -> list:
-    """Every sandbox under runtime_dir, as the backend sees them (live or orphaned)."""
-    from traitlets.config import Config
+    """Every namespace and gVisor sandbox under runtime_dir, as the backends see them (live or orphaned)."""
+    from msb_kernels.backends.state import read_states
 
-    from msb_kernels.backends.namespace import NamespaceBackend
-    from msb_kernels.config import MsbSettings
-
-    settings = MsbSettings(config=Config({"MsbSettings": {"runtime_dir": str(runtime_dir)}}))
-    return NamespaceBackend(settings).list_sandboxes()
+    return read_states(runtime_dir, "namespace") + read_states(runtime_dir, "gvisor")
 
 
 def init_pids(gateway: Gateway) -> dict[str, int]:
