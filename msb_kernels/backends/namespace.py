@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from msb_kernels.backends import cgroups, network, scratch
+from msb_kernels.backends import cgroups, network, scratch, uids
 from msb_kernels.backends.base import (
     Availability,
     Sandbox,
@@ -59,9 +58,6 @@ from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
 
-# Host uids for sandboxes when msb-kernels runs as root: one per live sandbox, far above real users.
-SANDBOX_UID_BASE = 2_000_000_000
-SANDBOX_GID = SANDBOX_UID_BASE
 LAUNCH_TIMEOUT = 30.0
 USER_PACKAGES = "/home/sandbox/.local/site-packages"
 LAUNCHER = str(Path(__file__).resolve().with_name("nsinit.py"))
@@ -325,16 +321,6 @@ class NamespaceBackend(SandboxBackend):
     def io_dir_for(self, sandbox_id: str) -> Path:
         return make_io_dir(self.root, sandbox_id)
 
-    def _allocate_uid(self, state_dir: Path, record: dict) -> int:
-        """Reserve a host uid no other live sandbox has, and write the state file under the same lock."""
-        with open(self.root / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            taken = {r.details.get("uid") for r in self.list_sandboxes()}
-            uid = next(SANDBOX_UID_BASE + n for n in range(1, 1_000_000) if SANDBOX_UID_BASE + n not in taken)
-            record["uid"] = uid
-            write_state(state_dir, record)
-        return uid
-
     async def create(self, spec: SandboxSpec) -> NamespaceSandbox:
         availability = self.availability()
         if not availability.ok:
@@ -350,9 +336,9 @@ class NamespaceBackend(SandboxBackend):
         record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
                   "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
                   "flavor": spec.flavor.name, "template": spec.template}
-        uid, gid = (self._allocate_uid(state_dir, record), SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
-        if not self.rootful:
-            write_state(state_dir, record)
+        uid, gid = (uids.claim(spec.sandbox_id), uids.SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
+        record["uid"] = uid
+        write_state(state_dir, record)
         if self.rootful:
             os.chown(spec.io_dir, uid, gid)
             for child in spec.io_dir.iterdir():
@@ -426,8 +412,10 @@ class NamespaceBackend(SandboxBackend):
             os.close(stderr_write)  # the sandbox holds its own copy now
         if lifeline_read is not None:
             os.close(lifeline_read)  # init holds its own copy now
-        record.update(init_pid=init_pid, init_start=process_start_time(init_pid), uid=uid, cgroup=cgroup is not None)
+        record.update(init_pid=init_pid, init_start=process_start_time(init_pid), cgroup=cgroup is not None)
         write_state(state_dir, record)
+        if self.rootful:
+            uids.hand_over(uid, spec.sandbox_id, init_pid)
         return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write,
                                 KernelStderr(spec.sandbox_id, stderr_read))
 
@@ -461,6 +449,9 @@ class NamespaceBackend(SandboxBackend):
     def remove_state(self, state_dir: Path, cgroup: cgroups.SandboxCgroup | None, *, keep_io_dir: bool) -> None:
         if cgroup is not None and not cgroup.destroy():
             log.warning("cgroup of sandbox %s still has processes", state_dir.name)
+        if self.rootful:
+            with contextlib.suppress(OSError, ValueError):
+                uids.release(json.loads((state_dir / "state.json").read_text()).get("uid"), state_dir.name)
         if self.memory_scratch_reason is None:
             # Its loop device lets go once the sandbox's mount namespace is gone; the blocks are freed then.
             scratch.remove_image(scratch.image_path(self.settings.scratch_root(), state_dir.name))

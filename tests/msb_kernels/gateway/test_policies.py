@@ -141,3 +141,21 @@ async def test_kernel_websockets_have_nagle_off(gateway: Gateway) -> None:
     finally:
         ws.close()
         assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a host uid per sandbox is how msb-kernels runs as root")
+async def test_two_gateways_never_share_a_host_uid(gateway_factory) -> None:
+    """Two gateways with their own runtime dirs (two teams on one host): their sandboxes run as different
+    host uids, so neither team's kernels can signal or trace the other's. A uid is free again once its sandbox is gone."""
+    from msb_kernels.backends import uids
+
+    first, second = await gateway_factory(), await gateway_factory()
+    kernels = [(gateway, await gateway.start_kernel()) for gateway in (first, second)]
+    records = [next(r for r in gateway.sandboxes() if r.sandbox_id == kernel_id) for gateway, kernel_id in kernels]
+    host_uids = [record.details["uid"] for record in records]
+    assert host_uids[0] != host_uids[1], host_uids
+    assert [os.stat(f"/proc/{record.details['init_pid']}").st_uid for record in records] == host_uids
+    gateway, kernel_id = kernels[0]
+    assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+    assert not (uids.HOST_UIDS_DIR / str(host_uids[0])).exists()
+    assert (uids.HOST_UIDS_DIR / str(host_uids[1])).exists()
