@@ -88,7 +88,7 @@ class MsbSettings(Configurable):
     port = Int(8765, help="TCP port msb-kernels serve listens on.").tag(config=True)
     token = Unicode(None, allow_none=True, help="Token clients send (Authorization: token ...); unset = generated and printed.").tag(config=True)
     capacity_memory_mib = Int(None, allow_none=True, help="Memory (MiB) the flavors of all kernels may add up to; unset = the host's memory.").tag(config=True)
-    capacity_cpus = Int(None, allow_none=True, help="CPUs the flavors of all kernels may add up to; unset = 4 x the host's CPUs.").tag(config=True)
+    capacity_cpus = Int(None, allow_none=True, help="CPUs the flavors of all kernels may add up to; unset = no CPU limit (CPU time is shared; each kernel is held to its flavor's CPUs).").tag(config=True)
     cull_interval_seconds = Int(60, help="How often the gateway looks for idle kernels.").tag(config=True)
     cull_connected = Bool(False, help="Cull idle kernels that still have a client connected (jupyter_server's default: no).").tag(config=True)
     cull_busy = Bool(False, help="Cull kernels that are busy (jupyter_server's default: no).").tag(config=True)
@@ -277,7 +277,7 @@ _ACCEPTED: dict[str, str] = {
     "port": "use a TCP port from 1 to 65535",
     "token": "set a long random secret, or leave it unset to have one generated",
     "capacity_memory_mib": "use a whole number of MiB >= 1, or leave it unset for the host's memory",
-    "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for 4 x the host's CPUs",
+    "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for no CPU limit",
     "cull_interval_seconds": "use a whole number of seconds >= 1",
     "cull_connected": "use true or false",
     "cull_busy": "use true or false",

@@ -16,7 +16,7 @@ MSB_PORT                    TCP port                                     8765
 MSB_TOKEN                   the token clients send as                    generated and printed
                             ``Authorization: token ...``
 MSB_CAPACITY_MEMORY_MIB     memory the flavors of all kernels may use    the host's memory
-MSB_CAPACITY_CPUS           CPUs the flavors of all kernels may use      4 x the host's CPUs
+MSB_CAPACITY_CPUS           CPUs the flavors of all kernels may use      no limit (CPU time is shared)
 MSB_CULL_INTERVAL_SECONDS   how often idle kernels are looked for        60
 MSB_CULL_CONNECTED          cull idle kernels that have a client         false (jupyter_server's)
 MSB_CULL_BUSY               cull busy kernels                            false (jupyter_server's)

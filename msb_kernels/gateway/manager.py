@@ -92,7 +92,6 @@ def host_cpus() -> int:
         return os.cpu_count() or 1
 
 
-CPU_OVERCOMMIT = 4  # CPU time is shared, memory is not: the default CPU capacity is 4 x the host's cores
 
 
 def _is_sandboxed(resource_dir: str) -> bool:
@@ -141,14 +140,17 @@ def describe(km: Any) -> SandboxDescription | None:
 class MsbKernelManager(AsyncMappingKernelManager):
     """jupyter_server's kernel manager, with sandbox limits and stats."""
 
-    # The capacity is MsbSettings' (MSB_CAPACITY_*, or `serve --capacity-*`); unset means the host's size.
+    # The capacity is MsbSettings' (MSB_CAPACITY_*, or `serve --capacity-*`). Memory is the real limit:
+    # unset, the flavors add up to at most the host's memory, so no kernel filling its flavor is the reason
+    # another is killed. CPU time is shared (each kernel is held to its flavor's CPUs by its quota, and an
+    # idle one uses none), so unset, CPUs admit any number of kernels.
     @property
     def capacity_memory_mib(self) -> int:
         return self.msb_settings.capacity_memory_mib or host_memory_mib()
 
     @property
-    def capacity_cpus(self) -> int:
-        return self.msb_settings.capacity_cpus or CPU_OVERCOMMIT * host_cpus()
+    def capacity_cpus(self) -> int | None:
+        return self.msb_settings.capacity_cpus
 
     # jupyter_server's culling traits, with defaults from MSB_* variables.
     @default("cull_idle_timeout")
@@ -204,12 +206,13 @@ class MsbKernelManager(AsyncMappingKernelManager):
         over = []
         if memory + flavor.memory_mib > self.capacity_memory_mib:
             over.append(("capacity_memory", f"memory {memory} + {flavor.memory_mib} MiB > MSB_CAPACITY_MEMORY_MIB={self.capacity_memory_mib}"))
-        if cpus + flavor.cpus > self.capacity_cpus:
+        if self.capacity_cpus is not None and cpus + flavor.cpus > self.capacity_cpus:
             over.append(("capacity_cpus", f"CPUs {cpus} + {flavor.cpus} > MSB_CAPACITY_CPUS={self.capacity_cpus}"))
         if not over:
             return
         fitting = [f for f in FLAVORS.values() if f.memory_mib < flavor.memory_mib
-                   and memory + f.memory_mib <= self.capacity_memory_mib and cpus + f.cpus <= self.capacity_cpus]
+                   and memory + f.memory_mib <= self.capacity_memory_mib
+                   and (self.capacity_cpus is None or cpus + f.cpus <= self.capacity_cpus)]
         suggestions = ["stop a session you no longer need (DELETE /api/kernels/<id>)"]
         if fitting:
             suggestions.append("pick a smaller flavor: " + ", ".join(f"{f.name} ({f.cpus} CPU, {f.memory_mib} MiB)" for f in fitting))
@@ -394,13 +397,14 @@ class MsbKernelManager(AsyncMappingKernelManager):
             "total_memory_mb": memory,
             "total_cpus": cpus,
             "capacity": {"memory_mb": self.capacity_memory_mib, "cpus": self.capacity_cpus},
-            "available": {"memory_mb": max(0, self.capacity_memory_mib - memory), "cpus": max(0, self.capacity_cpus - cpus)},
+            "available": {"memory_mb": max(0, self.capacity_memory_mib - memory),
+                          "cpus": None if self.capacity_cpus is None else max(0, self.capacity_cpus - cpus)},
             "flavor_counts": {name: sum(1 for a in self.allocations.values() if a.flavor.name == name) for name in FLAVORS},
             "utilization": {
                 "sessions": percent(active, self.msb_settings.max_sessions),
                 "ports": percent(ports["allocated"], ports["allocated"] + ports["available"]),
                 "memory": percent(memory, self.capacity_memory_mib),
-                "cpus": percent(cpus, self.capacity_cpus),
+                "cpus": percent(cpus, self.capacity_cpus or host_cpus()),  # unlimited: the share of the host's CPUs
             },
             "culling": {"idle_timeout": self.cull_idle_timeout, "interval": self.cull_interval,
                         "connected": self.cull_connected, "busy": self.cull_busy},

@@ -159,3 +159,17 @@ async def test_two_gateways_never_share_a_host_uid(gateway_factory) -> None:
     assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
     assert not (uids.HOST_UIDS_DIR / str(host_uids[0])).exists()
     assert (uids.HOST_UIDS_DIR / str(host_uids[1])).exists()
+
+
+async def test_by_default_cpus_do_not_limit_how_many_kernels_start(gateway_factory) -> None:
+    """Idle kernels use no CPU, and each is held to its flavor's CPUs by its quota: by default the gateway admits
+    more small kernels than 4 x the host's cores (the old default stopped at that), and memory is the limit."""
+    from msb_kernels.gateway.manager import host_cpus, host_memory_mib
+
+    count = 4 * host_cpus() + 1
+    gateway = await gateway_factory(extra_env={"MSB_MAX_SESSIONS": str(count + 1)})
+    for _ in range(count):
+        await gateway.start_kernel("msb-python-small")
+    stats = await gateway.stats()
+    assert stats["total_cpus"] == count and stats["capacity"] == {"memory_mb": host_memory_mib(), "cpus": None}, stats
+    assert stats["available"]["cpus"] is None and stats["utilization"]["cpus"] == round(100.0 * count / host_cpus(), 1)
