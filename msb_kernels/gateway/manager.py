@@ -270,6 +270,11 @@ class MsbKernelManager(AsyncMappingKernelManager):
             raise MsbHTTPError(SandboxError(f"the {kernel_name} kernel did not start: {type(exc).__name__}: {exc}",
                                             ["run `msb-kernels doctor` to check this host"])) from exc
 
+    async def shutdown_all(self, now: bool = True) -> None:  # type: ignore[override]
+        """At the gateway's stop, every sandbox is killed at once: it is thrown away with whatever it held, so asking
+        each kernel to shut down first only adds shutdown_wait_time (5 s) per kernel that is busy or ignores the request."""
+        await self._async_shutdown_all(now=now)
+
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
         km = super().remove_kernel(kernel_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from mcp_bridge import jupyter_ws
 from msb_kernels.backends import cgroups
 from msb_kernels.templates import TEMPLATES
 from tests.conftest import TEST_BASE, VENV_BIN
@@ -278,14 +279,21 @@ async def test_idle_kernels_are_culled_honouring_the_kernelspec_override(gateway
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-async def test_a_clean_stop_leaves_no_sandbox(gateway_factory, signum: int) -> None:
-    gateway = await gateway_factory()
-    kernel_id = await gateway.start_kernel()
+async def test_a_clean_stop_leaves_no_sandbox(gateway_factory, signum: int, tmp_path: Path) -> None:
+    """Quickly too: a kernel that is busy and ignores the shutdown request does not hold the stop up for
+    shutdown_wait_time (set to 60 s here, so waiting for it would fail the 20 s bound)."""
+    (tmp_path / "msb_kernels_serve_config.py").write_text("c.KernelManager.shutdown_wait_time = 60\n")
+    gateway = await gateway_factory(extra_env={"JUPYTER_CONFIG_DIR": str(tmp_path)})
+    kernel_id, stubborn_id = await gateway.start_kernel(), await gateway.start_kernel()
     pids = init_pids(gateway)
-    assert list(pids) == [kernel_id]
+    assert set(pids) == {kernel_id, stubborn_id}
     ws = await KernelSocket.open(gateway, kernel_id)
     await ws.execute("import subprocess\nchild = subprocess.Popen(['sleep', '600'])")  # something more to stop
-    assert gateway.stop(signum) == 0, gateway.log()[-3000:]
+    stubborn = await KernelSocket.open(gateway, stubborn_id)
+    busy = stubborn.send("execute_request", jupyter_ws.execute_content(
+        "import signal\nfor s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\nprint('busy', flush=True)\nwhile True: pass"))
+    await stubborn.wait_for(busy, lambda m: m["msg_type"] == "stream", 60)
+    assert gateway.stop(signum, timeout=20) == 0, gateway.log()[-3000:]
     assert not gateway.sandboxes(), "a sandbox outlived the server"
     assert not any(pid_alive(pid) for pid in pids.values())
     assert not list(gateway.runtime_dir.glob("*/state.json"))
