@@ -15,6 +15,7 @@ nothing started through the gateway runs outside a sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -83,6 +84,37 @@ def host_memory_mib() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 4096
+
+
+def gateway_process_stats() -> dict:
+    """The gateway's own footprint, for an operator watching it over days: it should return to where it was
+    once the kernels it ran are gone."""
+    stats: dict[str, Any] = {"pid": os.getpid()}
+    with contextlib.suppress(OSError, ValueError):
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        stats.update(rss_mib=round(int(status["VmRSS"].split()[0]) / 1024, 1), threads=int(status["Threads"]))
+        stats["open_fds"] = len(os.listdir("/proc/self/fd"))
+    return stats
+
+
+def give_memory_back() -> None:
+    """Return the heap a finished kernel's buffers used to the OS (glibc keeps freed memory otherwise, and
+    RSS would only ever grow)."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
+
+
+def _load_libc() -> Any:
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim  # noqa: B018 - glibc only; musl and macOS have none
+        return libc
+    return None
+
+
+_libc = _load_libc()
 
 
 def host_cpus() -> int:
@@ -283,6 +315,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
             reason = self._stop_reasons.pop(kernel_id, "shut down")
             exit_reason = described.last_exit_reason if (described := describe(km)) else None
             self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
+        give_memory_back()
         return km
 
     def _record_stop(self, allocation: Allocation, status: str, reason: str, exit_reason: str | None = None) -> None:
@@ -416,6 +449,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
             "pool": self.pool.stats(),
             "kernels": kernels,
             "recently_stopped": list(self.stopped),
+            "gateway": gateway_process_stats(),
         }
 
 
