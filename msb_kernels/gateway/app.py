@@ -33,8 +33,11 @@ Plus MSB_SESSION_TIMEOUT_SECONDS (idle time before a kernel is culled; a kernels
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from jupyter_core.application import JupyterApp
@@ -56,6 +59,23 @@ from msb_kernels.gateway.manager import MsbKernelManager, MsbKernelSpecManager
 # The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
 # variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.
 JUPYTERLAB_ALLOWED_ENVS = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
+
+
+def hold_runtime_dir(root: Path) -> int:
+    """One gateway per runtime dir: a gateway answers for the sandboxes there (its start-up sweep, its stats),
+    so two on one dir would act on each other's. Returns the descriptor that holds the lock for this process's life."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / "gateway.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(f"another msb-kernels serve (pid {holder}) already uses the runtime dir {root}",
+                          ["stop that server first", "or give this one a runtime dir of its own: MSB_RUNTIME_DIR=/path"]) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 class MsbGatewayApp(ServerApp):
@@ -112,6 +132,7 @@ class MsbGatewayApp(ServerApp):
 
     def initialize(self, argv: list[str] | None = None, **kwargs: Any) -> None:
         self.msb_settings = load_settings(self.config)  # a bad MSB_* value fails here, naming the variable
+        self.runtime_dir_lock = hold_runtime_dir(self.msb_settings.runtime_root())
         if self.msb_settings.token and "token" not in self.config.IdentityProvider:
             self.config.IdentityProvider.token = self.msb_settings.token
         kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions

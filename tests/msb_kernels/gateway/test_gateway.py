@@ -21,7 +21,7 @@ from mcp_bridge import jupyter_ws
 from msb_kernels.backends import cgroups
 from msb_kernels.templates import TEMPLATES
 from tests.conftest import TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, init_pids, launch_jupyter_server, pid_alive, wait_until
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, free_port, init_pids, launch_jupyter_server, pid_alive, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -313,6 +313,19 @@ async def test_restart_after_kill_9_leaves_no_orphan(gateway_factory) -> None:
     assert not again.sandboxes(), "the restarted server left an orphan"
     assert "left behind" in again.log()
     assert (await again.stats())["active_sessions"] == 0
+
+
+async def test_a_second_gateway_on_the_same_runtime_dir_is_refused(gateway_factory) -> None:
+    """It stops at once, saying whose dir it is and what to do, and the first one's kernel is unharmed."""
+    first = await gateway_factory()
+    kernel_id = await first.start_kernel()
+    second = subprocess.run([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(free_port())], capture_output=True, text=True,
+                            timeout=60, env={**first.env, "MSB_TOKEN": "another"})
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+    assert f"another msb-kernels serve (pid {first.process.pid}) already uses the runtime dir {first.runtime_dir}" in second.stderr
+    assert "MSB_RUNTIME_DIR" in second.stderr
+    ws = await KernelSocket.open(first, kernel_id)
+    assert (await ws.execute("1 + 1")).result == "2"
 
 
 def test_bad_settings_stop_the_start_with_a_clear_message(tmp_path: Path) -> None:
