@@ -27,9 +27,9 @@ def targets(figures: dict) -> list[dict]:
     add("execute RTT p50 within +1 ms of bare, through the gateway",
         f"{delta_ws:+.2f} ms vs a bare kernel behind plain jupyter_server ({w['msb']['p50_ms']:.2f} vs {w['bare_ws']['p50_ms']:.2f} ms); "
         f"{delta_direct:+.2f} ms vs bare direct", delta_ws <= 1.0)
-    m = f["execute_mcp"]["memory"]
-    add("MCP execute_code('1+1') on an existing session p50 <= 15 ms",
-        f"{m['p50_ms']:.2f} ms in memory, {f['execute_mcp']['http']['p50_ms']:.2f} ms over HTTP", m["p50_ms"] <= 15)
+    m, h = f["execute_mcp"]["memory"], f["execute_mcp"]["http"]
+    add("MCP execute_code('1+1') on an existing session p50 <= 15 ms, in memory and over HTTP",
+        f"{m['p50_ms']:.2f} ms in memory, {h['p50_ms']:.2f} ms over HTTP", m["p50_ms"] <= 15 and h["p50_ms"] <= 15)  # met only on both paths
     p = f["mcp_new_session"]["pool"]
     add("new session from the warm pool p50 <= 50 ms", f"{p['p50_ms']:.1f} ms", p["p50_ms"] <= 50)
     c = f["capacity"]

@@ -47,5 +47,14 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert figures["capacity"]["answering"] == 2 and figures["capacity"]["failure"] is None
     assert set(figures["cost_growth"]["msb"]) == {"1", "2"} == set(figures["cost_growth"]["bare"])
     assert len(results["targets"]) == 7 and all({"target", "measured", "met"} <= set(t) for t in results["targets"])
+    # A target with two paths is met only when both are: the in-memory figure alone once printed "MET".
+    sys.path.insert(0, str(REPO))
+    from bench import report
+
+    figures["execute_mcp"]["memory"]["p50_ms"], figures["execute_mcp"]["http"]["p50_ms"] = 3.0, 18.54
+    (mcp_target,) = [t for t in report.targets(figures) if t["target"].startswith("MCP execute_code")]
+    assert mcp_target["met"] is False and "18.54 ms over HTTP" in mcp_target["measured"], mcp_target
+    figures["execute_mcp"]["http"]["p50_ms"] = 12.0
+    assert [t["met"] for t in report.targets(figures) if t["target"].startswith("MCP execute_code")] == [True]
     assert (out / "bench.md").read_text().startswith("| figure |")
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
