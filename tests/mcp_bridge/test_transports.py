@@ -11,6 +11,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -246,8 +247,9 @@ class JupyterWebsocket:
 
 @pytest.fixture(scope="module")
 def gateway():
-    """`msb-kernels serve` in a subprocess (the gateway this bridge mounts into and attaches to)."""
-    with gateway_process(TOKEN) as url:
+    """`msb-kernels serve` in a subprocess (the gateway this bridge mounts into and attaches to), with a runtime
+    dir of its own: the tests below start other gateways on the suite's while this one runs."""
+    with gateway_process(TOKEN, MSB_RUNTIME_DIR=str(Path(os.environ["MSB_RUNTIME_DIR"]).parent / "gw-module")) as url:
         yield url
 
 
