@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 
 from msb_kernels.backends import cgroups
-from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.namespace import KernelStderr, python_readonly_paths
 from msb_kernels.backends.nsinit import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.backends.processes import process_start_time
 from msb_kernels.backends.state import (
-    exit_status_reason,
+    HostCgroupSandbox,
     make_io_dir,
     read_states,
     remove_state_dir,
@@ -81,20 +81,16 @@ def runsc_path() -> str | None:
                                           if os.access(p, os.X_OK)), None)
 
 
-class GVisorSandbox(Sandbox):
+class GVisorSandbox(HostCgroupSandbox):
     """A kernel under ``runsc run`` (attached: the sandbox ends with that process)."""
 
     def __init__(self, spec: SandboxSpec, backend: GVisorBackend, state_dir: Path, process: asyncio.subprocess.Process,
                  cgroup: cgroups.SandboxCgroup | None, stderr: KernelStderr):
-        super().__init__(spec)
+        super().__init__(spec, cgroup)
         self.stderr = stderr
         self.backend = backend
         self.state_dir = state_dir
         self.process = process
-        self.cgroup = cgroup
-        self.stopped_by_owner = False
-        self._final_exit_reason: str | None = None
-        self._cleaned_up = False
 
     @property
     def init_pid(self) -> int:
@@ -131,28 +127,15 @@ class GVisorSandbox(Sandbox):
         self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
         await self.send_signal(signal.SIGTERM)
 
-    def exit_reason(self) -> str | None:
-        if self._cleaned_up:
-            return self._final_exit_reason
-        if self.cgroup is not None and self.cgroup.oom_kills() > 0:
-            return self.spec.flavor.out_of_memory_message()
-        code = self.exit_code
-        if self.stopped_by_owner or not code:
-            return None
-        return exit_status_reason(code)
-
-    def memory_bytes(self) -> int | None:
-        return self.cgroup.memory_bytes() if self.cgroup else None
+    def ended_with(self) -> int | None:
+        return self.exit_code
 
     async def cleanup(self, keep_io_dir: bool = False) -> None:
         if self.process.returncode is None:
             await self.kill()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.process.wait(), 10)
-        reason = self._final_exit_reason = self.exit_reason()
-        self._cleaned_up = True
-        if reason:
-            log.warning("kernel %s: %s", self.sandbox_id, reason)
+        self.latch_exit_reason()
         self.stderr.close()
         await self.backend.remove(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
 

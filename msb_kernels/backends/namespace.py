@@ -37,14 +37,13 @@ from pathlib import Path
 from msb_kernels.backends import cgroups, network, scratch, uids
 from msb_kernels.backends.base import (
     Availability,
-    Sandbox,
     SandboxBackend,
     SandboxRecord,
     SandboxSpec,
 )
 from msb_kernels.backends.processes import process_start_time
 from msb_kernels.backends.state import (
-    exit_status_reason,
+    HostCgroupSandbox,
     make_io_dir,
     read_states,
     remove_state_dir,
@@ -129,21 +128,17 @@ class KernelStderr:
             self.fd = -1
 
 
-class NamespaceSandbox(Sandbox):
+class NamespaceSandbox(HostCgroupSandbox):
     def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, init_pid: int, pidfd: int,
                  cgroup: cgroups.SandboxCgroup | None, lifeline: int | None, stderr: KernelStderr | None = None):
-        super().__init__(spec)
+        super().__init__(spec, cgroup)
         self.backend = backend
         self.state_dir = state_dir
         self.init_pid = init_pid
         self.pidfd = pidfd
-        self.cgroup = cgroup
         self.lifeline = lifeline
         self.stderr = stderr
         self.exit_code: int | None = None
-        self.stopped_by_owner = False  # kill() or terminate(): a shutdown, not a death worth a reason
-        self._final_exit_reason: str | None = None  # latched by cleanup: the cgroup that tells OOM goes with it
-        self._cleaned_up = False
 
     def _exited(self) -> bool:
         if self.exit_code is not None:
@@ -194,17 +189,8 @@ class NamespaceSandbox(Sandbox):
         self.stopped_by_owner = self.stopped_by_owner or not self._exited()
         await self.send_signal(signal.SIGTERM)
 
-    def exit_reason(self) -> str | None:
-        if self._cleaned_up:
-            return self._final_exit_reason
-        if self.cgroup is not None and self.cgroup.oom_kills() > 0:
-            return self.spec.flavor.out_of_memory_message()
-        if self.stopped_by_owner or not self._exited() or not self.exit_code:
-            return None
-        return exit_status_reason(self.exit_code)
-
-    def memory_bytes(self) -> int | None:
-        return self.cgroup.memory_bytes() if self.cgroup else None
+    def ended_with(self) -> int | None:
+        return self.exit_code if self._exited() else None
 
     def kernel_listening(self, port: int) -> bool:
         """tcp: whether a socket in the sandbox's network namespace listens on port (its /proc/<init>/net/tcp)."""
@@ -220,10 +206,7 @@ class NamespaceSandbox(Sandbox):
             await self.kill()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wait(), 5)
-        reason = self._final_exit_reason = self.exit_reason()
-        self._cleaned_up = True
-        if reason:
-            log.warning("kernel %s: %s", self.sandbox_id, reason)
+        self.latch_exit_reason()
         if self.lifeline is not None:
             with contextlib.suppress(OSError):
                 os.close(self.lifeline)

@@ -3,15 +3,23 @@ host process holds it. The sweeps read it after a crash or a kill -9, when no li
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from msb_kernels.backends.base import SandboxRecord
+from msb_kernels.backends.base import Sandbox, SandboxRecord, SandboxSpec
 from msb_kernels.backends.processes import process_alive
+
+if TYPE_CHECKING:
+    from msb_kernels.backends.cgroups import SandboxCgroup
+
+log = logging.getLogger("msb_kernels")
 
 
 def write_state(state_dir: Path, record: dict) -> None:
@@ -80,3 +88,40 @@ def exit_status_reason(code: int) -> str:
             return f"killed by signal {signal.Signals(-code).name}"
         return f"killed by signal {-code}"
     return f"the kernel exited with status {code}"
+
+
+class HostCgroupSandbox(Sandbox):
+    """What the namespace and gVisor sandboxes share: a host cgroup (or none) for limits and memory, and
+    why the kernel ended, latched at cleanup, because the cgroup that counted an OOM kill goes then and
+    the bridge may ask after jupyter_client has restarted the kernel."""
+
+    def __init__(self, spec: SandboxSpec, cgroup: SandboxCgroup | None):
+        super().__init__(spec)
+        self.cgroup = cgroup
+        self.stopped_by_owner = False  # kill() or terminate(): a shutdown, not a death worth a reason
+        self._final_exit_reason: str | None = None
+        self._cleaned_up = False
+
+    @abc.abstractmethod
+    def ended_with(self) -> int | None:
+        """The kernel's exit status once it has ended (a Popen returncode: negative for a signal), else None."""
+
+    def exit_reason(self) -> str | None:
+        if self._cleaned_up:
+            return self._final_exit_reason
+        if self.cgroup is not None and self.cgroup.oom_kills() > 0:
+            return self.spec.flavor.out_of_memory_message()
+        code = self.ended_with()
+        if self.stopped_by_owner or not code:
+            return None
+        return exit_status_reason(code)
+
+    def memory_bytes(self) -> int | None:
+        return self.cgroup.memory_bytes() if self.cgroup else None
+
+    def latch_exit_reason(self) -> None:
+        """Called by cleanup once the kernel has ended and before its cgroup goes; logs the reason, if any."""
+        reason = self._final_exit_reason = self.exit_reason()
+        self._cleaned_up = True
+        if reason:
+            log.warning("kernel %s: %s", self.sandbox_id, reason)
