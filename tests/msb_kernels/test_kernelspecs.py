@@ -142,11 +142,17 @@ def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_pat
 
 
 @pytest.mark.slow
-def test_papermill_runs_a_notebook_with_shell_escapes(tmp_path):
-    output = tmp_path / "out.ipynb"
-    result = subprocess.run([str(VENV_BIN / "papermill"), str(REPO / "tests" / "data" / "shell_escapes.ipynb"), str(output), "-k", "msb-python-small"],
-                            capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_papermill_runs_a_notebook_with_shell_escapes(tmp_path, transport):
+    """Over the namespace sandbox's both transports (MSB_TRANSPORT=tcp: the relay, with CurveZMQ)."""
+    notebook = nbformat.read(REPO / "tests" / "data" / "shell_escapes.ipynb", as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell("import json; print('transport', json.load(open('/run/kernel/connection.json'))['transport'])"))
+    source, output = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(notebook, source)
+    result = subprocess.run([str(VENV_BIN / "papermill"), str(source), str(output), "-k", "msb-python-small"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "MSB_TRANSPORT": transport})
     assert result.returncode == 0, result.stderr[-2000:]
     outputs = [json.dumps(cell.get("outputs", [])) for cell in nbformat.read(output, as_version=4).cells]
     assert "pip " in outputs[1] and "ipykernel==" in outputs[2]
     assert "weather.csv" in outputs[3] and "warmest: Rome" in outputs[5] and "bash sees 3 lines" in outputs[6]
+    assert f"transport {transport}" in outputs[-1], outputs[-1]
