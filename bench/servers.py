@@ -74,11 +74,12 @@ class Server:
         self.log_file.close()
 
 
-def start_gateway(base: Path) -> Server:
-    port, token = free_port(), secrets.token_hex(16)
+def start_gateway(base: Path, port: int | None = None, token: str | None = None, log: str = "gateway.log") -> Server:
+    """port and token: a gateway that takes over from another on the same runtime dir."""
+    port, token = port or free_port(), token or secrets.token_hex(16)
     env = {**os.environ, "MSB_RUNTIME_DIR": str(base / "gw"), "MSB_TOKEN": token, "MSB_POOL_SIZE": "0"}
     return Server([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port)], env, port, token,
-                  "/api/msb/health", base / "gateway.log")
+                  "/api/msb/health", base / log)
 
 
 def start_plain_jupyter_server(base: Path) -> Server:

@@ -297,9 +297,14 @@ class ManagedKernelSessions(KernelSessions):
         await self.kernel_manager.restart_kernel(session_id, now=True)
 
     async def close(self) -> None:
-        """Close connections and stop every kernel this bridge started (the gateway's own kernels stay)."""
+        """Close connections and stop every kernel this bridge started, when it owns the kernel manager. A manager
+        it was given (the gateway's) decides what happens to its kernels: the gateway stops them, or, with
+        MSB_KEEP_KERNELS, leaves them for the next gateway, MCP sessions included."""
         for session_id in list(self.connections):
             await self.drop_connection(session_id)
+        if not self.owns_kernel_manager:
+            self.started.clear()
+            return
 
         async def shutdown(session_id: str) -> None:
             with contextlib.suppress(Exception):

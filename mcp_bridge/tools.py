@@ -132,7 +132,10 @@ async def get_execution_output(session_id: SessionId, execution_id: Annotated[st
     execution = state.executions.get(execution_id) if state else None
     if execution is None:
         await bridge.sessions.info(session_id)  # SessionNotFound first, when the session is gone
-        raise InvalidRequest(f"session {session_id} has no execution {execution_id!r} (only the last {bridge.options.kept_executions} are kept)")
+        raise InvalidRequest(f"session {session_id} has no execution {execution_id!r}: only the last {bridge.options.kept_executions} "
+                             "are kept, and none from before a restart of the server (the session and its variables outlive "
+                             "a gateway restart, but the output of what ran through it is lost)",
+                             ["run the code again, or read its effects from the session's variables"])
     await bridge.wait(execution, ctx)
     return execution_result(execution, since)
 

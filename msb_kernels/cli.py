@@ -167,9 +167,25 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from msb_kernels.backends import get_backend
 
-    swept = asyncio.run(get_backend(load_settings()).sweep_orphans())
+    backend = get_backend(load_settings())
+    swept = asyncio.run(backend.sweep_orphans(include_adoptable=args.include_adoptable))
     print(f"removed {len(swept)} orphaned sandbox(es)" + (f": {', '.join(swept)}" if swept else ""))
+    waiting = [record.sandbox_id for record in backend.list_sandboxes() if record.adoptable]
+    if waiting:
+        print(f"left {len(waiting)} adoptable sandbox(es) running for the next msb-kernels serve: {', '.join(waiting)} "
+              "(they stop by themselves after MSB_ADOPT_GRACE_SECONDS; --include-adoptable stops them now)")
     return 0
+
+
+def sandbox_state(record) -> str:
+    """What `msb-kernels list` says of one sandbox: who holds it, and whether a gateway may still adopt it."""
+    if not record.running:
+        return "stopped  dead (the next sweep removes it)"
+    if record.owner_alive:
+        return f"running  owned by pid {record.details.get('owner_pid')}"
+    if record.adoptable:
+        return f"running  adoptable (held by keeper pid {record.details.get('keeper_pid')} for the next msb-kernels serve)"
+    return "running  orphaned (the next sweep stops it)"
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -177,9 +193,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     records = get_backend(load_settings()).list_sandboxes()
     for record in records:
-        state = "running" if record.running else "stopped"
-        owner = "owned" if record.owner_alive else "orphaned"
-        print(f"{record.sandbox_id}  {record.backend}  {record.details.get('flavor', '?')}  {state}  {owner}")
+        print(f"{record.sandbox_id}  {record.backend}  {record.details.get('flavor', '?')}  {sandbox_state(record)}")
     if not records:
         print("no sandboxes")
     return 0
@@ -214,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--save-archive", metavar="PATH", type=Path, help="offline: also keep the image tar (Docker-save format) at PATH")
     b.set_defaults(func=cmd_image_build)
     p = sub.add_parser("sweep", help="stop sandboxes whose owning process is gone")
+    p.add_argument("--include-adoptable", action="store_true",
+                   help="also stop the kernels a stopped gateway left running for the next one to adopt")
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("list", help="list this host's sandboxes")
     p.set_defaults(func=cmd_list)

@@ -92,6 +92,11 @@ class MsbSettings(Configurable):
     cull_interval_seconds = Int(60, help="How often the gateway looks for idle kernels.").tag(config=True)
     cull_connected = Bool(False, help="Cull idle kernels that still have a client connected (jupyter_server's default: no).").tag(config=True)
     cull_busy = Bool(False, help="Cull kernels that are busy (jupyter_server's default: no).").tag(config=True)
+    keep_kernels = Bool(False, help="A clean stop of msb-kernels serve leaves its kernels running, for the next one on the same "
+                                    "runtime dir to adopt (`serve --keep-kernels`); without it a clean stop stops them all.").tag(config=True)
+    adopt_grace_seconds = Int(300, help="Seconds the gateway's kernels outlive it (a keep stop, a crash, a kill -9) for the next "
+                                        "msb-kernels serve on the same runtime dir to adopt them; past it they are stopped. "
+                                        "0: kernels end with the gateway.").tag(config=True)
     # warm pool
     pool_size = Unicode("python-small=1", help="Kernels kept started per kernelspec, as TEMPLATE-FLAVOR=COUNT,...").tag(config=True)
     pool_counts_as_sessions = Bool(False, help="Count waiting pooled kernels toward MSB_MAX_SESSIONS and the capacity.").tag(config=True)
@@ -270,6 +275,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "python_image": _check_image,
     "node_image": _check_image,
     "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
+    "adopt_grace_seconds": lambda v: "is negative" if v < 0 else None,
 }
 
 _ACCEPTED: dict[str, str] = {
@@ -309,6 +315,8 @@ _ACCEPTED: dict[str, str] = {
     "python_image": "use an image reference such as msb-kernels/python:latest",
     "node_image": "use an image reference such as msb-kernels/node:latest",
     "boot_timeout_seconds": "use a whole number of seconds >= 1",
+    "keep_kernels": "use true or false",
+    "adopt_grace_seconds": "use a whole number of seconds >= 0 (0: kernels end with the gateway)",
 }
 
 

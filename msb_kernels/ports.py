@@ -116,6 +116,14 @@ class PortManager:
             self._owners[owner] = chosen
             return list(chosen)
 
+    def claim(self, owner: str, ports: list[int]) -> None:
+        """Count ports the owner's sandbox still holds bound (an adopted kernel's), and keep other processes off them."""
+        with self._lock:
+            for port in ports:
+                if port not in self._locks:
+                    self._claim(port)
+            self._owners[owner] = list(ports)
+
     def release(self, owner: str) -> list[int]:
         """Give the owner's ports back; releasing twice, or an owner with none, does nothing."""
         with self._lock:

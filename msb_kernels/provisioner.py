@@ -32,7 +32,7 @@ from msb_kernels.backends.base import SharedVolume
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.registry import claim_session, live_sandboxes, pooled_kernel_ids, session_kernel_ids
+from msb_kernels.registry import adoptions, claim_session, live_sandboxes, pooled_kernel_ids, session_kernel_ids
 from msb_kernels.templates import Template, get_template
 
 log = logging.getLogger("msb_kernels")
@@ -125,15 +125,21 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         km = self.parent
         self.settings: MsbSettings = load_settings(getattr(km, "config", None))
+        adopting = adoptions.get(self.kernel_id)
         start_env = kwargs.get("env") or {}
-        self.flavor_spec = get_flavor(start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
-                                      argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor")
+        if adopting:
+            self.flavor_spec, self.template = get_flavor(adopting["flavor"]), adopting["template"]
+        else:
+            self.flavor_spec = get_flavor(start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
+                                          argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor")
         self.template_spec = get_template(self.template, argument="template")
         reason = self.template_spec.unavailable_reason()
-        if reason:
+        if reason and not adopting:
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
         self.backend: SandboxBackend = get_backend(self.settings)
-        if self.kernel_id not in pooled_kernel_ids:
+        if adopting:
+            session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
+        elif self.kernel_id not in pooled_kernel_ids:
             claim_session(self.kernel_id, self.settings.max_sessions)
         try:
             await self._sweep_once()
@@ -144,15 +150,20 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         self.io_dir = self.backend.io_dir_for(self.kernel_id)
         km.transport = self.backend.transport
         try:
-            if self.backend.transport == "ipc":
-                km.ip = str(self.io_dir / "kernel")
-            else:
-                self._use_reserved_ports(km)
-            await self._set_up_encryption(km)
             extra_arguments = kwargs.pop("extra_arguments", [])
-            km.write_connection_file(jupyter_session=start_env.get("JPY_SESSION_NAME", ""))
-            self.connection_info = km.get_connection_info()
-            self._write_guest_files()
+            if adopting:
+                km.load_connection_info(adopting["connection"])  # the running kernel's ports and keys
+                km.write_connection_file()
+                self.connection_info = km.get_connection_info()
+            else:
+                if self.backend.transport == "ipc":
+                    km.ip = str(self.io_dir / "kernel")
+                else:
+                    self._use_reserved_ports(km)
+                await self._set_up_encryption(km)
+                km.write_connection_file(jupyter_session=start_env.get("JPY_SESSION_NAME", ""))
+                self.connection_info = km.get_connection_info()
+                self._write_guest_files()
             cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
         except BaseException:
             self.backend.release_ports(self.kernel_id)
@@ -274,7 +285,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             max_processes=self.settings.max_processes,
             allow_network=self.settings.allow_network,
             owner_pid=os.getpid(),
+            adopt_grace=self._adopt_grace(),
         )
+        if adoptions.pop(self.kernel_id, None) is not None:
+            try:
+                self.sandbox = await self.backend.adopt(spec)
+            except BaseException:
+                self.backend.release_ports(self.kernel_id)
+                session_kernel_ids.discard(self.kernel_id)
+                raise
+            live_sandboxes[self.kernel_id] = self.sandbox
+            log.info("kernel %s adopted, still running in its %s sandbox (%s)", self.kernel_id, self.backend.name, self.flavor_spec.name)
+            return self.connection_info
         async with start_turn(self.settings):
             try:
                 self.sandbox = await self.backend.create(spec)
@@ -287,6 +309,12 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
                  self.flavor_spec.name, self.flavor_spec.cpus, self.flavor_spec.memory_mib)
         return self.connection_info
+
+    def _adopt_grace(self) -> float:
+        """Seconds the sandbox outlives this process: a gateway's kernels (MSB_ADOPT_GRACE_SECONDS), so that the next
+        gateway can adopt them; 0 for every other owner (msb-mcp, nbclient, papermill), whose kernels end with it."""
+        manager = getattr(self.parent, "parent", None)
+        return float(getattr(manager, "adopt_grace_seconds", 0) or 0)
 
     async def _until_listening(self, sandbox: Sandbox) -> None:
         """Keep the start's turn until the kernel has bound its shell socket: past its imports, the CPU a start costs."""

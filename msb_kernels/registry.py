@@ -16,6 +16,9 @@ pooled_kernel_ids: set[str] = set()
 # The kernels MSB_MAX_SESSIONS counts: claimed by claim_session before a start or a handout from the
 # pool, released when the kernel stops for good.
 session_kernel_ids: set[str] = set()
+# Kernels the gateway is adopting from the one before it, with their adoption records: their provisioner
+# takes over the running sandbox instead of creating one.
+adoptions: dict[str, dict] = {}
 
 
 def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:

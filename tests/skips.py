@@ -15,6 +15,7 @@ import re
 import pytest
 
 from msb_kernels.backends import cgroups
+from msb_kernels.backends.gvisor import GVisorBackend
 from msb_kernels.templates import TEMPLATES
 
 # reason pattern -> why CI's host (2 cores, paravirtual KVM, root, cgroups v1, no internet) lacks it
@@ -47,3 +48,6 @@ needs_cgroups = pytest.mark.skipif(_cgroup_hierarchy is None, reason=f"flavor li
 
 _node_reason = TEMPLATES["node"].unavailable_reason()
 needs_node = pytest.mark.skipif(_node_reason is not None, reason=f"node kernels unavailable: {_node_reason}")
+
+_gvisor = GVisorBackend.availability()
+needs_runsc = pytest.mark.skipif(not _gvisor.ok, reason=f"gvisor backend cannot run on this host: {_gvisor.reason}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from msb_kernels.errors import ConfigError
+from msb_kernels.errors import ConfigError, SandboxError
 from msb_kernels.flavors import Flavor
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ class SandboxSpec:
     shared_volume: SharedVolume | None = None
     max_processes: int = 256
     allow_network: bool = False  # outbound to the public internet (MSB_ALLOW_NETWORK); never the host or its LAN
-    owner_pid: int | None = None  # sandboxes die with this host process unless it is None
+    owner_pid: int | None = None  # sandboxes die with this host process unless it is None or adopt_grace is set
+    adopt_grace: float = 0  # > 0: a keeper holds the sandbox, which outlives its owner this long for another to adopt it
 
 
 @dataclass
@@ -58,6 +59,8 @@ class SandboxRecord:
     running: bool
     created: float
     details: dict = field(default_factory=dict)
+    keeper_alive: bool = False  # a keeper holds it (its owner may come and go)
+    adoptable: bool = False  # its owner is gone, and its keeper holds it running for the next gateway to adopt
 
 
 @dataclass
@@ -172,10 +175,17 @@ class SandboxBackend(abc.ABC):
         """Every sandbox of ours on this host, live or orphaned. Called by `msb-kernels list` and the sweeps."""
 
     @abc.abstractmethod
-    async def sweep_orphans(self) -> list[str]:
-        """Stop and remove sandboxes whose owner is gone; return their ids.
+    async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
+        """Stop and remove sandboxes whose owner is gone; return their ids. Adoptable ones (SandboxRecord.adoptable)
+        are left for the next gateway, unless include_adoptable.
 
-        Called by the provisioner before its first start in a process, the gateway at start, and `msb-kernels sweep`."""
+        Called by the provisioner before its first start in a process, the gateway at start (after adopting what
+        it could, with include_adoptable), and `msb-kernels sweep`."""
+
+    async def adopt(self, spec: SandboxSpec) -> Sandbox:
+        """Take over the running sandbox spec.sandbox_id that a keeper holds (see SandboxSpec.adopt_grace), as
+        create would have returned it. Called by the provisioner when the gateway adopts its kernels at start."""
+        raise SandboxError(f"the {self.name} backend cannot adopt the sandboxes of another process")
 
     # -- optional hooks for tcp backends (defaults suit a backend the host reaches over ipc) --
 
@@ -193,6 +203,12 @@ class SandboxBackend(abc.ABC):
     async def supports_curve(self, template: str) -> bool:
         """Whether the kernel this backend runs for template can speak CurveZMQ (for transport encryption)."""
         return True
+
+    def settings_env(self) -> dict[str, str]:
+        """The settings that find this backend's sandboxes, as MSB_* variables, whatever config file or flag set them:
+        for a process of ours that outlives this one (a keeper's closing sweep)."""
+        return {"MSB_BACKEND": self.name, "MSB_RUNTIME_DIR": str(self.settings.runtime_root()),
+                "MSB_SCRATCH_DIR": str(self.settings.scratch_root()), "MSB_TRANSPORT": self.transport}
 
     def stats(self) -> dict:
         """Backend counters for stats endpoints (for example host ports allocated and available)."""

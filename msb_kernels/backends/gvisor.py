@@ -34,13 +34,15 @@ import sys
 import time
 from pathlib import Path
 
-from msb_kernels.backends import cgroups
+from msb_kernels.backends import adoption, cgroups
+from msb_kernels.backends.adoption import KeeperLink
 from msb_kernels.backends.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.namespace import KernelStderr, python_readonly_paths
 from msb_kernels.backends.nsinit import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
-from msb_kernels.backends.processes import process_start_time
+from msb_kernels.backends.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.state import (
     HostCgroupSandbox,
+    adopt_held_sandbox,
     make_io_dir,
     read_states,
     remove_state_dir,
@@ -82,15 +84,17 @@ def runsc_path() -> str | None:
 
 
 class GVisorSandbox(HostCgroupSandbox):
-    """A kernel under ``runsc run`` (attached: the sandbox ends with that process)."""
+    """A kernel under ``runsc run`` (attached: the sandbox ends with that process), which is this process's child,
+    or a keeper's (a PidfdProcess then)."""
 
-    def __init__(self, spec: SandboxSpec, backend: GVisorBackend, state_dir: Path, process: asyncio.subprocess.Process,
-                 cgroup: cgroups.SandboxCgroup | None, stderr: KernelStderr):
+    def __init__(self, spec: SandboxSpec, backend: GVisorBackend, state_dir: Path, process: asyncio.subprocess.Process | PidfdProcess,
+                 cgroup: cgroups.SandboxCgroup | None, stderr: KernelStderr | None, keeper: KeeperLink | None = None):
         super().__init__(spec, cgroup)
         self.stderr = stderr
         self.backend = backend
         self.state_dir = state_dir
         self.process = process
+        self.keeper = keeper
 
     @property
     def init_pid(self) -> int:
@@ -101,6 +105,8 @@ class GVisorSandbox(HostCgroupSandbox):
     def exit_code(self) -> int | None:
         """The kernel's status as a Popen returncode: negative for a signal, whether runsc or the kernel got it."""
         code = self.process.returncode
+        if isinstance(self.process, PidfdProcess):
+            return code  # the reaper's word, from exit_status
         return -(code - 128) if code is not None and code > 128 else code  # runsc run exits 128+N for signal N
 
     async def poll(self) -> int | None:
@@ -136,7 +142,12 @@ class GVisorSandbox(HostCgroupSandbox):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.process.wait(), 10)
         self.latch_exit_reason()
-        self.stderr.close()
+        if self.keeper is not None:
+            self.keeper.close()
+        if isinstance(self.process, PidfdProcess):
+            self.process.close()
+        if self.stderr is not None:
+            self.stderr.close()
         await self.backend.remove(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
 
     def info(self) -> dict:
@@ -298,24 +309,61 @@ class GVisorBackend(SandboxBackend):
         record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
                   "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
                   "flavor": spec.flavor.name, "template": spec.template, "cgroup": cgroup is not None}
-        # runsc with SIGKILL as its parent-death signal: runsc run is attached, so when this process
-        # dies, even by kill -9, the whole sandbox goes with it.
-        argv = [runsc_path() or "runsc", f"--root={self.runsc_root}", "--network=none", "--host-uds=create",
-                "run", f"--bundle={bundle}", spec.sandbox_id]
+        # runsc with SIGKILL as its parent-death signal: runsc run is attached, so when its parent dies, even by
+        # kill -9, the whole sandbox goes with it. Its parent is this process, or the sandbox's keeper.
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", runsc_path() or "runsc", f"--root={self.runsc_root}", "--network=none",
+                "--host-uds=create", "run", f"--bundle={bundle}", spec.sandbox_id]
         stderr_read, stderr_write = os.pipe()
+        keeper = None
         try:
-            process = await asyncio.create_subprocess_exec(
-                "setpriv", "--pdeathsig", "KILL", "--", *argv, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=stderr_write, start_new_session=True)
-        except OSError as exc:
+            if spec.adopt_grace > 0:
+                process, keeper = await self._start_kept(spec, state_dir, argv, stderr_read, stderr_write)
+                record.update(keeper_pid=keeper.keeper_pid, keeper_start=process_start_time(keeper.keeper_pid))
+            else:
+                process = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr_write,
+                    start_new_session=True)
+        except (OSError, SandboxError) as exc:
             os.close(stderr_read)
             await self.remove(state_dir, cgroup, keep_io_dir=True)
+            if isinstance(exc, SandboxError):
+                raise
             raise SandboxError(f"cannot start runsc: {exc}", [INSTALL_HINT]) from exc
         finally:
-            os.close(stderr_write)
+            with contextlib.suppress(OSError):
+                os.close(stderr_write)
         record.update(init_pid=process.pid, init_start=process_start_time(process.pid))  # runsc run, which holds it
         write_state(state_dir, record)
-        return GVisorSandbox(spec, self, state_dir, process, cgroup, KernelStderr(spec.sandbox_id, stderr_read))
+        return GVisorSandbox(spec, self, state_dir, process, cgroup, KernelStderr(spec.sandbox_id, stderr_read), keeper)
+
+    async def _start_kept(self, spec: SandboxSpec, state_dir: Path, argv: list[str], stderr_read: int,
+                          stderr_write: int) -> tuple[PidfdProcess, KeeperLink]:
+        """runsc run as the child of the sandbox's keeper, which outlives this process."""
+        keeper_pid, runsc_pid = await adoption.start_keeper(state_dir, spec.adopt_grace, argv=argv, stderr_fd=stderr_read,
+                                                           child_stderr_fd=stderr_write, sweep_env=self.settings_env())
+        try:
+            keeper = KeeperLink.own(state_dir, keeper_pid)
+        except SandboxError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(runsc_pid, signal.SIGKILL)
+            raise
+        if keeper.stderr_fd is not None:
+            os.close(keeper.stderr_fd)  # this process reads its own copy
+            keeper.stderr_fd = None
+        try:
+            return PidfdProcess(runsc_pid, spec.io_dir / "exit_status"), keeper
+        except ProcessLookupError:
+            keeper.close()
+            raise SandboxError("runsc exited as soon as it started", [INSTALL_HINT]) from None
+
+    async def adopt(self, spec: SandboxSpec) -> GVisorSandbox:
+        state_dir = spec.io_dir.parent
+        record, keeper, process = adopt_held_sandbox(self.name, state_dir, spec)
+        cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id) if self.hierarchy and record.get("cgroup") else None
+        stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
+        sandbox = GVisorSandbox(spec, self, state_dir, process, cgroup, stderr, keeper)
+        sandbox.created = record.get("created", sandbox.created)
+        return sandbox
 
     # -- removal and orphans ---------------------------------------------------
 
@@ -329,9 +377,9 @@ class GVisorBackend(SandboxBackend):
     def list_sandboxes(self) -> list[SandboxRecord]:
         return read_states(self.root, self.name)
 
-    async def sweep_orphans(self) -> list[str]:
+    async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
         swept = []
-        for record in take_orphans(self.list_sandboxes()):
+        for record in take_orphans(self.list_sandboxes(), include_adoptable=include_adoptable):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)

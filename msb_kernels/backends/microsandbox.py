@@ -542,7 +542,7 @@ class MicrosandboxBackend(SandboxBackend):
             vms = _run_coroutine(self._vm_records, timeout=30)
         return vms + self._dir_records({record.sandbox_id for record in vms})
 
-    async def sweep_orphans(self) -> list[str]:
+    async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
         """Stop and remove this host's labelled VMs whose owner is gone, and their state dirs.
 
         The first call (the provisioner's, at the first kernel start) also starts the sweeps every

@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -34,16 +33,18 @@ import time
 from collections import deque
 from pathlib import Path
 
-from msb_kernels.backends import cgroups, network, scratch, uids
+from msb_kernels.backends import adoption, cgroups, network, scratch, uids
+from msb_kernels.backends.adoption import KeeperLink
 from msb_kernels.backends.base import (
     Availability,
     SandboxBackend,
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.processes import process_start_time
+from msb_kernels.backends.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.state import (
     HostCgroupSandbox,
+    adopt_held_sandbox,
     make_io_dir,
     read_states,
     remove_state_dir,
@@ -129,68 +130,37 @@ class KernelStderr:
 
 
 class NamespaceSandbox(HostCgroupSandbox):
-    def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, init_pid: int, pidfd: int,
-                 cgroup: cgroups.SandboxCgroup | None, lifeline: int | None, stderr: KernelStderr | None = None):
+    def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, process: PidfdProcess,
+                 cgroup: cgroups.SandboxCgroup | None, lifeline: int | None, stderr: KernelStderr | None = None,
+                 keeper: KeeperLink | None = None):
         super().__init__(spec, cgroup)
         self.backend = backend
         self.state_dir = state_dir
-        self.init_pid = init_pid
-        self.pidfd = pidfd
-        self.lifeline = lifeline
+        self.process = process  # init, pid 1 of the sandbox: the whole pid namespace goes with it
+        self.init_pid = process.pid
+        self.lifeline = lifeline  # None when a keeper holds it
+        self.keeper = keeper
         self.stderr = stderr
-        self.exit_code: int | None = None
-
-    def _exited(self) -> bool:
-        if self.exit_code is not None:
-            return True
-        if self.pidfd < 0 or self._pidfd_readable():
-            self.exit_code = self._read_exit_code()
-            return True
-        return False
-
-    def _pidfd_readable(self) -> bool:
-        """poll(), not select(): a process holding many kernels has descriptors past select's 1024."""
-        poller = select.poll()
-        poller.register(self.pidfd, select.POLLIN)
-        return bool(poller.poll(0))
-
-    def _read_exit_code(self) -> int:
-        try:
-            return int((self.spec.io_dir / "exit_status").read_text())
-        except (OSError, ValueError):
-            return -signal.SIGKILL
 
     async def poll(self) -> int | None:
-        return self.exit_code if self._exited() else None
+        return self.process.returncode
 
     async def wait(self) -> int | None:
-        if self._exited():
-            return self.exit_code
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        loop.add_reader(self.pidfd, lambda: done.done() or done.set_result(None))
-        try:
-            await done
-        finally:
-            loop.remove_reader(self.pidfd)
-        self._exited()
-        return self.exit_code
+        return await self.process.wait()
 
     async def send_signal(self, signum: int) -> None:
-        if not self._exited():
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self.pidfd, signum)
+        self.process.send_signal(signum)
 
     async def kill(self) -> None:
-        self.stopped_by_owner = self.stopped_by_owner or not self._exited()  # killing the dead (a restart) changes no reason
-        await self.send_signal(signal.SIGKILL)  # init is pid 1: the whole pid namespace goes with it
+        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None  # killing the dead (a restart) changes no reason
+        self.process.kill()
 
     async def terminate(self) -> None:
-        self.stopped_by_owner = self.stopped_by_owner or not self._exited()
-        await self.send_signal(signal.SIGTERM)
+        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
+        self.process.send_signal(signal.SIGTERM)
 
     def ended_with(self) -> int | None:
-        return self.exit_code if self._exited() else None
+        return self.process.returncode
 
     def kernel_listening(self, port: int) -> bool:
         """tcp: whether a socket in the sandbox's network namespace listens on port (its /proc/<init>/net/tcp)."""
@@ -202,7 +172,7 @@ class NamespaceSandbox(HostCgroupSandbox):
         return any(listening in line for line in table.splitlines())
 
     async def cleanup(self, keep_io_dir: bool = False) -> None:
-        if not self._exited():
+        if self.process.returncode is None:
             await self.kill()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wait(), 5)
@@ -211,9 +181,9 @@ class NamespaceSandbox(HostCgroupSandbox):
             with contextlib.suppress(OSError):
                 os.close(self.lifeline)
             self.lifeline = None
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
+        if self.keeper is not None:
+            self.keeper.close()  # after the sandbox ended: the keeper sees that first, and only exits
+        self.process.close()
         if self.stderr is not None:
             self.stderr.close()
         self.backend.remove_state(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
@@ -346,7 +316,8 @@ class NamespaceBackend(SandboxBackend):
                 self.remove_state(state_dir, None, keep_io_dir=True)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
 
-        lifeline_read, lifeline_write = os.pipe() if spec.owner_pid else (None, None)
+        keep = spec.adopt_grace > 0  # a keeper holds the lifeline, and the sandbox outlives this process
+        lifeline_read, lifeline_write = os.pipe() if (spec.owner_pid or keep) else (None, None)
         template = TEMPLATES[spec.template]
         plan = {
             "sandbox_id": spec.sandbox_id,
@@ -378,8 +349,20 @@ class NamespaceBackend(SandboxBackend):
             "listen_fds": [listener.fileno() for listener in listeners],
         }
         stderr_read, stderr_write = os.pipe()
+        keeper = None
         try:
-            init_pid, pidfd = await self._launch(plan, lifeline_read, stderr_write)
+            process = await self._launch(plan, lifeline_read, stderr_write, spec.io_dir / "exit_status")
+            if keep:
+                try:
+                    keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sandbox_pid=process.pid,
+                                                               lifeline_fd=lifeline_write, stderr_fd=stderr_read,
+                                                               sweep_env=self.settings_env())
+                    keeper = KeeperLink.own(state_dir, keeper_pid)
+                except BaseException:
+                    process.kill()
+                    process.close()
+                    raise
+                record.update(keeper_pid=keeper_pid, keeper_start=process_start_time(keeper_pid))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.set_blocking(stderr_read, False)
@@ -395,14 +378,31 @@ class NamespaceBackend(SandboxBackend):
             os.close(stderr_write)  # the sandbox holds its own copy now
         if lifeline_read is not None:
             os.close(lifeline_read)  # init holds its own copy now
-        record.update(init_pid=init_pid, init_start=process_start_time(init_pid), cgroup=cgroup is not None)
+        if keeper is not None:
+            os.close(lifeline_write)  # the keeper holds it
+            lifeline_write = None
+            if keeper.stderr_fd is not None:
+                os.close(keeper.stderr_fd)  # this process reads its own copy
+        record.update(init_pid=process.pid, init_start=process_start_time(process.pid), cgroup=cgroup is not None,
+                      ports=[listener.getsockname()[1] for listener in listeners])
         write_state(state_dir, record)
         if self.rootful:
-            uids.hand_over(uid, spec.sandbox_id, init_pid)
-        return NamespaceSandbox(spec, self, state_dir, init_pid, pidfd, cgroup, lifeline_write,
-                                KernelStderr(spec.sandbox_id, stderr_read))
+            uids.hand_over(uid, spec.sandbox_id, process.pid)
+        return NamespaceSandbox(spec, self, state_dir, process, cgroup, lifeline_write,
+                                KernelStderr(spec.sandbox_id, stderr_read), keeper)
 
-    async def _launch(self, plan: dict, lifeline: int | None, stderr: int) -> tuple[int, int]:
+    async def adopt(self, spec: SandboxSpec) -> NamespaceSandbox:
+        state_dir = spec.io_dir.parent
+        record, keeper, process = adopt_held_sandbox(self.name, state_dir, spec)
+        if self.ports and record.get("ports"):
+            self.ports.claim(spec.sandbox_id, record["ports"])  # bound by the sandbox's relay, which kept them open
+        cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id) if self.hierarchy and record.get("cgroup") else None
+        stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
+        sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, None, stderr, keeper)
+        sandbox.created = record.get("created", sandbox.created)
+        return sandbox
+
+    async def _launch(self, plan: dict, lifeline: int | None, stderr: int, exit_status: Path) -> PidfdProcess:
         # -S -I: no site-packages, no environment; the launcher needs only the standard library.
         launcher = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-I", LAUNCHER,
@@ -417,15 +417,14 @@ class NamespaceBackend(SandboxBackend):
             report = json.loads(line or b'{"error": "the sandbox launcher exited without a report"}')
             if "error" in report:
                 raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
-            init_pid = int(report["pid"])
-            pidfd = os.pidfd_open(init_pid)
+            process = PidfdProcess(int(report["pid"]), exit_status)  # before the launcher, init's parent, may exit
         except asyncio.TimeoutError:
             launcher.kill()
             raise SandboxError(f"the sandbox did not start within {LAUNCH_TIMEOUT:.0f} s") from None
         finally:
             launcher.stdin.close()
             await launcher.wait()
-        return init_pid, pidfd
+        return process
 
     # -- removal and orphans ---------------------------------------------------
 
@@ -443,9 +442,9 @@ class NamespaceBackend(SandboxBackend):
     def list_sandboxes(self) -> list[SandboxRecord]:
         return read_states(self.root, self.name)
 
-    async def sweep_orphans(self) -> list[str]:
+    async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
         swept = []
-        for record in take_orphans(self.list_sandboxes()):
+        for record in take_orphans(self.list_sandboxes(), include_adoptable=include_adoptable):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             self.remove_state(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)

@@ -5,7 +5,12 @@ A pid alone is not enough (pids are reused), so records keep the process's start
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import select
+import signal
+from pathlib import Path
 
 
 def process_start_time(pid: int) -> int | None:
@@ -35,3 +40,61 @@ def owner_alive(pid: int | None, start: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class PidfdProcess:
+    """A sandbox's host process, followed through a pidfd: whether or not this process started it, it cannot be
+    mistaken for another that reuses its pid.
+
+    Its status is the one the sandbox's reaper wrote to exit_status (a Popen returncode: negative for a
+    signal); a sandbox killed whole leaves none, and reads as killed by SIGKILL. Used by the namespace
+    sandbox, and by gVisor sandboxes that a keeper holds or that were adopted."""
+
+    def __init__(self, pid: int, exit_status: Path, start_time: int | None = None):
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)
+        if start_time is not None and process_start_time(pid) != start_time:
+            os.close(self.pidfd)
+            raise ProcessLookupError(f"pid {pid} is another process now")
+        self.exit_status = exit_status
+        self._returncode: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        if self._returncode is None and (self.pidfd < 0 or self._readable()):
+            try:
+                self._returncode = int(self.exit_status.read_text())
+            except (OSError, ValueError):
+                self._returncode = -signal.SIGKILL
+        return self._returncode
+
+    def _readable(self) -> bool:
+        """poll(), not select(): a process holding many kernels has descriptors past select's 1024."""
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(0))
+
+    async def wait(self) -> int | None:
+        if self.returncode is None:
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            loop.add_reader(self.pidfd, lambda: done.done() or done.set_result(None))
+            try:
+                await done
+            finally:
+                loop.remove_reader(self.pidfd)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            self.returncode  # noqa: B018 - read while the pidfd still says whether it ended
+            os.close(self.pidfd)
+            self.pidfd = -1

@@ -13,8 +13,10 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from msb_kernels.backends.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
 from msb_kernels.backends.base import Sandbox, SandboxRecord, SandboxSpec
-from msb_kernels.backends.processes import process_alive
+from msb_kernels.backends.processes import PidfdProcess, process_alive, process_start_time
+from msb_kernels.errors import SandboxError
 
 if TYPE_CHECKING:
     from msb_kernels.backends.cgroups import SandboxCgroup
@@ -30,22 +32,50 @@ def write_state(state_dir: Path, record: dict) -> None:
 
 
 def read_states(root: Path, backend: str) -> list[SandboxRecord]:
-    """The sandboxes of one backend under root: ``owner_pid`` is the host process that started each,
-    ``init_pid`` the host process that holds it (records without "backend" are the namespace backend's)."""
+    """The sandboxes of one backend under root: ``owner_pid`` is the host process that owns each,
+    ``init_pid`` the host process that is the sandbox, ``keeper_pid`` the keeper that holds it for its
+    owner, if any (records without "backend" are the namespace backend's). A state file that a sandbox
+    could have written (see adoption.trusted_json) is passed over."""
     records: list[SandboxRecord] = []
     if not root.is_dir():
         return records
     for state_file in root.glob("*/state.json"):
-        try:
-            data = json.loads(state_file.read_text())
-        except (OSError, ValueError):
+        data, problem = trusted_json(state_file, private=False)
+        if data is None:
+            if problem and "missing" not in problem:
+                log.warning("ignoring sandbox state %s: %s", state_file, problem)
             continue
-        if data.get("backend", "namespace") != backend:
+        if data.get("backend", "namespace") != backend or data.get("sandbox_id") != state_file.parent.name:
             continue  # another backend's sandbox in the same runtime dir
         owner_alive = process_alive(data.get("owner_pid"), data.get("owner_start"))
         running = process_alive(data.get("init_pid"), data.get("init_start"))
-        records.append(SandboxRecord(data["sandbox_id"], backend, owner_alive, running, data.get("created", 0.0), data))
+        keeper_alive = process_alive(data.get("keeper_pid"), data.get("keeper_start"))
+        adoptable = not owner_alive and running and keeper_alive and (state_file.parent / ADOPTION_RECORD).is_file()
+        records.append(SandboxRecord(data["sandbox_id"], backend, owner_alive, running, data.get("created", 0.0), data,
+                                     keeper_alive=keeper_alive, adoptable=adoptable))
     return records
+
+
+def adopt_held_sandbox(backend: str, state_dir: Path, spec: SandboxSpec) -> tuple[dict, KeeperLink, PidfdProcess]:
+    """Become the owner of the kept sandbox in state_dir: its trusted state, the link to its keeper, and its process.
+
+    Called by the namespace and gVisor backends' adopt; the state file then names this process as the owner."""
+    record, problem = trusted_json(state_dir / "state.json", private=False)
+    if record is None:
+        raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: {problem}")
+    if record.get("sandbox_id") != spec.sandbox_id or record.get("backend", "namespace") != backend:
+        raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: its state file names another sandbox or backend")
+    keeper = KeeperLink.own(state_dir, record.get("keeper_pid"))
+    try:
+        if keeper.sandbox_pid != record.get("init_pid"):
+            raise ProcessLookupError(f"its keeper holds pid {keeper.sandbox_pid}, not {record.get('init_pid')}")
+        process = PidfdProcess(record["init_pid"], spec.io_dir / "exit_status", record.get("init_start"))
+    except (ProcessLookupError, KeyError, TypeError) as exc:
+        keeper.close()
+        raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: it has ended ({exc})") from None
+    record.update(owner_pid=os.getpid(), owner_start=process_start_time(os.getpid()))
+    write_state(state_dir, record)
+    return record, keeper, process
 
 
 def make_io_dir(root: Path, sandbox_id: str) -> Path:
@@ -67,12 +97,15 @@ def remove_state_dir(state_dir: Path, *, keep_io_dir: bool) -> None:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def take_orphans(records: list[SandboxRecord]) -> list[SandboxRecord]:
-    """The sandboxes whose owner is gone (or, owned by none, that no longer run); a holder still
-    running is killed first, so the caller only removes what is left."""
+def take_orphans(records: list[SandboxRecord], *, include_adoptable: bool = False) -> list[SandboxRecord]:
+    """The sandboxes whose owner is gone (or, owned by none, that no longer run), except those a keeper holds
+    for the next gateway to adopt unless include_adoptable; a holder still running is killed first, so the
+    caller only removes what is left (its keeper, if any, then exits)."""
     orphans = []
     for record in records:
         if record.owner_alive or (record.details.get("owner_pid") is None and record.running):
+            continue
+        if record.adoptable and not include_adoptable:
             continue
         if record.running:
             with contextlib.suppress(ProcessLookupError):

@@ -130,6 +130,8 @@ class MsbGatewayApp(ServerApp):
     sweep_on_start = Bool(True, help="Remove sandboxes a killed msb-kernels left behind, at start.").tag(config=True)
     shutdown_timeout = Integer(30, help="Seconds to wait for kernels to stop on SIGINT/SIGTERM.").tag(config=True)
 
+    adopted: list[str] = []
+
     def initialize(self, argv: list[str] | None = None, **kwargs: Any) -> None:
         self.msb_settings = load_settings(self.config)  # a bad MSB_* value fails here, naming the variable
         self.runtime_dir_lock = hold_runtime_dir(self.msb_settings.runtime_root())
@@ -153,6 +155,12 @@ class MsbGatewayApp(ServerApp):
 
         self.mcp_lifespan = mount_mcp(self)
 
+    def init_httpserver(self) -> None:
+        """Adopt the kernels the last gateway left running before the port opens: a client reconnecting to one
+        must never be told it does not exist."""
+        self.adopted = self.io_loop.run_sync(self.kernel_manager.adopt_kernels)
+        super().init_httpserver()
+
     def init_signal(self) -> None:
         """SIGINT and SIGTERM both stop the server and every sandbox; no interactive confirmation."""
         signal.signal(signal.SIGINT, self._signal_stop)
@@ -161,10 +169,11 @@ class MsbGatewayApp(ServerApp):
             signal.signal(signal.SIGUSR1, self._signal_info)
 
     def sweep_orphans(self) -> list[str]:
+        """What the last msb-kernels process left and this one did not adopt goes (pooled kernels, dead sandboxes)."""
         from msb_kernels.backends import get_backend
 
         backend = get_backend(self.msb_settings)
-        swept = self.io_loop.run_sync(backend.sweep_orphans)
+        swept = self.io_loop.run_sync(lambda: backend.sweep_orphans(include_adoptable=True))
         if swept:
             self.log.warning("removed %d sandbox(es) a previous msb-kernels process left behind: %s", len(swept), ", ".join(swept))
         return swept
@@ -203,8 +212,17 @@ class MsbGatewayApp(ServerApp):
                  f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
                  f"  stats: {url}/api/msb/stats   health (no token): {url}/api/msb/health",
                  f"  MCP: {url}/mcp",
-                 "  stop with Ctrl-C or SIGTERM: every sandbox is stopped"]
+                 self.stop_line()]
+        if self.adopted:
+            lines.insert(2, f"  adopted {len(self.adopted)} running kernel(s) from the previous msb-kernels serve")
         return "\n".join(lines)
+
+    def stop_line(self) -> str:
+        grace = self.msb_settings.adopt_grace_seconds
+        if self.msb_settings.keep_kernels and grace > 0:
+            return f"  stop with Ctrl-C or SIGTERM: kernels keep running for {grace} s, for the next msb-kernels serve to adopt"
+        survives = f"; after a crash they wait {grace} s to be adopted" if grace > 0 else ""
+        return f"  stop with Ctrl-C or SIGTERM: every sandbox is stopped{survives}"
 
     async def _post_start(self) -> None:
         self.kernel_manager.pool.fill()  # MSB_POOL_SIZE kernels start now, so the first sessions need not wait
@@ -221,10 +239,16 @@ class MsbGatewayApp(ServerApp):
         await super()._cleanup()
 
     async def cleanup_kernels(self) -> None:
-        """Stop every kernel and its sandbox; kill what does not stop in time."""
+        """Stop every kernel and its sandbox; kill what does not stop in time. With MSB_KEEP_KERNELS the sessions'
+        kernels keep running, each held by its keeper for the next gateway, and only the pool's waiting ones stop."""
         import asyncio
 
         await self.kernel_manager.pool.shutdown()
+        if self.msb_settings.keep_kernels and self.msb_settings.adopt_grace_seconds > 0:
+            kept = self.kernel_manager.keep_kernels()
+            self.log.info("left %d kernel(s) running for the next msb-kernels serve on %s (they stop in %d s if none adopts them)",
+                          kept, self.msb_settings.runtime_root(), self.msb_settings.adopt_grace_seconds)
+            return
         try:
             await asyncio.wait_for(super().cleanup_kernels(), self.shutdown_timeout)
         except Exception as exc:  # a timeout included

@@ -20,6 +20,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--capacity-memory-mib", type=int, help="memory all kernels' flavors may add up to (MSB_CAPACITY_MEMORY_MIB)")
     p.add_argument("--capacity-cpus", type=int, help="CPUs all kernels' flavors may add up to (MSB_CAPACITY_CPUS)")
     p.add_argument("--cull-interval", type=int, help="seconds between idle checks (MSB_CULL_INTERVAL_SECONDS, default 60)")
+    p.add_argument("--keep-kernels", action="store_true", default=None,
+                   help="at a clean stop, leave the kernels running for the next serve on this runtime dir (MSB_KEEP_KERNELS)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARN", "ERROR", "CRITICAL"])
     p.set_defaults(func=cmd_serve)
     return p
@@ -39,7 +41,8 @@ def _config_from_args(args: argparse.Namespace):
         if not config.MsbSettings.token:
             raise ConfigError(f"--token-file {args.token_file} is empty; put the token in it")
     for name, trait in (("host", "host"), ("port", "port"), ("capacity_memory_mib", "capacity_memory_mib"),
-                        ("capacity_cpus", "capacity_cpus"), ("cull_interval", "cull_interval_seconds")):
+                        ("capacity_cpus", "capacity_cpus"), ("cull_interval", "cull_interval_seconds"),
+                        ("keep_kernels", "keep_kernels")):
         if getattr(args, name) is not None:
             config.MsbSettings[trait] = getattr(args, name)
     config.MsbGatewayApp.log_level = args.log_level

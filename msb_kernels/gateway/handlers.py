@@ -16,9 +16,12 @@ import uuid
 from typing import Any
 
 import jupyter_server
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import json_packer
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.auth.identity import IdentityProvider
 from jupyter_server.base.handlers import APIHandler, APIVersionHandler, Template404
+from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from jupyter_server.services.kernels.handlers import MainKernelHandler, _kernel_id_regex
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
@@ -27,10 +30,7 @@ from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
 
 from msb_kernels import __version__
-from msb_kernels.gateway.manager import MsbHTTPError
-
-# Variables a start request may set for its kernel, besides KERNEL_*: the notebook path for stats.
-ALLOWED_START_ENV = ("JPY_SESSION_NAME",)
+from msb_kernels.gateway.manager import MsbHTTPError, open_websockets, start_env
 
 
 class MsbErrorsMixin:
@@ -45,15 +45,6 @@ class MsbErrorsMixin:
             self.finish(json.dumps(found.payload))
             return
         super().write_error(status_code, **kwargs)  # type: ignore[misc]
-
-
-def start_env(requested: Any) -> dict[str, str]:
-    """The environment a start request may give its kernel: KERNEL_* and a few named variables."""
-    if requested is None:
-        return {}
-    if not isinstance(requested, dict):
-        raise web.HTTPError(400, "env must be a JSON object of strings")
-    return {str(k): str(v) for k, v in requested.items() if str(k).startswith("KERNEL_") or k in ALLOWED_START_ENV}
 
 
 class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
@@ -141,6 +132,23 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
             stream = getattr(self.kernel_manager, f"connect_{channel}")(identity=identity)
             stream.channel = channel
             self.channels[channel] = stream
+        open_websockets.setdefault(self.kernel_id, set()).add(self)
+        self.multi_kernel_manager.tell_lost_executions(self.kernel_id)
+
+    def disconnect(self) -> None:
+        sockets = open_websockets.get(self.kernel_id)
+        if sockets is not None:
+            sockets.discard(self)
+            if not sockets:
+                open_websockets.pop(self.kernel_id, None)
+        super().disconnect()
+
+    def send_to_client(self, message: dict, channel: str) -> None:
+        """A message the gateway itself says on the kernel's behalf (see MsbKernelManager.tell_lost_executions)."""
+        if self.subprotocol == "v1.kernel.websocket.jupyter.org":
+            self.write_message(serialize_msg_to_ws_v1(message, channel, pack=json_packer), binary=True)
+        else:
+            self.write_message(json.dumps({**message, "channel": channel}, default=json_default))
 
 
 class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):

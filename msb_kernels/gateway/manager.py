@@ -15,22 +15,28 @@ nothing started through the gateway runs outside a sandbox.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
+from jupyter_client.session import Session
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from jupyter_server.utils import ensure_async
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
+from msb_kernels import registry
+from msb_kernels.backends import get_backend
+from msb_kernels.backends.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.choice import KernelChoice, parse_pool_sizes
 from msb_kernels.config import load_settings
 from msb_kernels.errors import (
@@ -54,6 +60,22 @@ from msb_kernels.status import iso_utc, session_status
 STATUS_FOR = {ResourceLimitExceeded: 429, InvalidRequest: 400, ConfigError: 400, SessionNotFound: 404,
               BackendUnavailable: 503, SandboxError: 500}
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
+RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
+# Variables a start request may set for its kernel, besides KERNEL_*: the notebook path for stats.
+ALLOWED_START_ENV = ("JPY_SESSION_NAME",)
+# The WebSockets open on each kernel, by kernel id (PerSocketIdentityConnection adds and removes itself), and,
+# per adopted kernel, the executions whose end it could not pass on: the adopting gateway tells the clients.
+open_websockets: dict[str, set[Any]] = {}
+lost_executions: dict[str, list[dict]] = {}
+
+
+def start_env(requested: Any) -> dict[str, str]:
+    """The environment a start request may give its kernel: KERNEL_* and a few named variables."""
+    if requested is None:
+        return {}
+    if not isinstance(requested, dict):
+        raise web.HTTPError(400, "env must be a JSON object of strings")
+    return {str(k): str(v) for k, v in requested.items() if str(k).startswith("KERNEL_") or k in ALLOWED_START_ENV}
 
 
 class MsbHTTPError(web.HTTPError):
@@ -161,6 +183,8 @@ class Allocation:
     template: str
     created: float = field(default_factory=time.time)
     notebook_path: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # what its start request set (start_env), for an adopting gateway
+    adopted: float | None = None  # when this gateway adopted it from the one before
 
 
 def describe(km: Any) -> SandboxDescription | None:
@@ -214,6 +238,10 @@ class MsbKernelManager(AsyncMappingKernelManager):
         self.allocations: dict[str, Allocation] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
         self._stop_reasons: dict[str, str] = {}
+        self._busy_with: dict[str, dict] = {}  # kept kernels: the header of the execute_request each is running
+        self._recorded: dict[str, tuple] = {}  # kept kernels: what their adoption record last said
+        self._loss_reports: dict[str, asyncio.Task] = {}
+        self._record_callback: PeriodicCallback | None = None
 
     # -- limits -------------------------------------------------------------------
 
@@ -283,11 +311,13 @@ class MsbKernelManager(AsyncMappingKernelManager):
         if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
             self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
         kernel_id = (self.pool.reserve(kernel_name, kwargs) if from_pool else None) or kernel_id or self.new_kernel_id()
-        allocation = Allocation(kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None)
+        allocation = Allocation(kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None,
+                                env=start_env(env))
         self.allocations[kernel_id] = allocation
         try:
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
+            self.record_for_adoption(started)
             return started
         except BaseException as exc:
             self.allocations.pop(kernel_id, None)
@@ -310,6 +340,12 @@ class MsbKernelManager(AsyncMappingKernelManager):
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
         km = super().remove_kernel(kernel_id)
+        self._busy_with.pop(kernel_id, None)
+        self._recorded.pop(kernel_id, None)
+        lost_executions.pop(kernel_id, None)
+        task = self._loss_reports.pop(kernel_id, None)
+        if task is not None:
+            task.cancel()
         allocation = self.allocations.pop(kernel_id, None)
         if allocation is not None:
             reason = self._stop_reasons.pop(kernel_id, "shut down")
@@ -365,6 +401,184 @@ class MsbKernelManager(AsyncMappingKernelManager):
         finally:
             if kernel_id in self:
                 self._stop_reasons.pop(kernel_id, None)
+
+    # -- kernels that outlive the gateway ----------------------------------------------
+
+    @property
+    def adopt_grace_seconds(self) -> int:
+        """How long this gateway's kernels outlive it (MSB_ADOPT_GRACE_SECONDS); read by the provisioner."""
+        return self.msb_settings.adopt_grace_seconds
+
+    def _kept(self, kernel_id: str) -> tuple[Any, Path] | None:
+        """The kernel manager and state dir of a kernel whose sandbox a keeper holds, else None."""
+        km = self._kernels.get(kernel_id)
+        described = describe(km)
+        if described is None or getattr(described.sandbox, "keeper", None) is None:
+            return None
+        return km, km.provisioner.io_dir.parent
+
+    def record_for_adoption(self, kernel_id: str) -> None:
+        """Write what the next gateway needs to adopt this kernel (0600, in its root-only state dir): its connection
+        keys, kernelspec, flavor, notebook, last activity, and the execution it is running, if any."""
+        kept, allocation = self._kept(kernel_id), self.allocations.get(kernel_id)
+        if kept is None or allocation is None:
+            return
+        km, state_dir = kept
+        last = getattr(km, "last_activity", None)
+        busy_with = self._busy_with.get(kernel_id)
+        record = {"kernel_id": kernel_id, "kernel_name": allocation.kernel_name, "flavor": allocation.flavor.name,
+                  "template": allocation.template, "created": allocation.created, "notebook_path": allocation.notebook_path,
+                  "env": allocation.env, "last_activity": last.timestamp() if last is not None else None,
+                  "busy_with": busy_with, "connection": {key: value.decode() if isinstance(value, bytes) else value
+                                 for key, value in km.get_connection_info().items()}}
+        with contextlib.suppress(OSError):  # a kernel going away as it is recorded
+            write_private_json(state_dir / ADOPTION_RECORD, record)
+            self._recorded[kernel_id] = (record["last_activity"], (busy_with or {}).get("msg_id"))
+
+    def _refresh_records(self) -> None:
+        """Every RECORD_INTERVAL: kept kernels whose last activity moved get their record rewritten, and so do those
+        restarted since (a sandbox's keeper removes the record when the sandbox ends)."""
+        for kernel_id in list(self.allocations):
+            kept = self._kept(kernel_id)
+            if kept is None:
+                continue
+            km, state_dir = kept
+            last = getattr(km, "last_activity", None)
+            if self._recorded.get(kernel_id, (None,))[0] != (last.timestamp() if last else None) \
+                    or not (state_dir / ADOPTION_RECORD).exists():
+                self.record_for_adoption(kernel_id)
+
+    def start_watching_activity(self, kernel_id: str) -> None:
+        """jupyter_server's activity watch, plus, for kept kernels, the execution each is running, recorded as it
+        starts and ends: a gateway that adopts a kernel busy at a crash knows what its clients were waiting for."""
+        super().start_watching_activity(kernel_id)
+        if self._record_callback is None:
+            self._record_callback = PeriodicCallback(self._refresh_records, RECORD_INTERVAL * 1000)
+            self._record_callback.start()
+        km = self._kernels[kernel_id]
+        stream = getattr(km, "_activity_stream", None)
+        watch = getattr(stream, "_recv_callback", None)
+        if self._kept(kernel_id) is None or watch is None:
+            return
+        session = Session(key=km.session.key)
+
+        def watch_executions(msg_list: list) -> None:
+            watch(msg_list)
+            _, frames = session.feed_identities(msg_list)
+            message = session.deserialize(frames, content=False)
+            parent = message.get("parent_header") or {}
+            if message["header"]["msg_type"] != "status" or parent.get("msg_type") != "execute_request":
+                return
+            state = session.deserialize(frames)["content"].get("execution_state")
+            if state == "busy":
+                self._busy_with[kernel_id] = json.loads(json.dumps(parent, default=str))  # its date, as JSON has it
+            elif state == "idle" and (self._busy_with.get(kernel_id) or {}).get("msg_id") == parent.get("msg_id"):
+                self._busy_with.pop(kernel_id, None)
+            else:
+                return
+            self.record_for_adoption(kernel_id)
+
+        stream.on_recv(watch_executions)
+
+    def keep_kernels(self) -> int:
+        """At a stop with MSB_KEEP_KERNELS: bring every kept kernel's record up to date and leave it running; return how many."""
+        kept = 0
+        for kernel_id in list(self.allocations):
+            if self._kept(kernel_id) is not None:
+                self.record_for_adoption(kernel_id)
+                kept += 1
+        return kept
+
+    async def adopt_kernels(self) -> list[str]:
+        """Adopt every kernel a previous gateway on this runtime dir left running: same id, state, flavor, notebook,
+        last activity and place in the limits. Called by the gateway at start, before it sweeps what is left."""
+        if self.adopt_grace_seconds <= 0:
+            return []
+        backend = get_backend(self.msb_settings)
+        adopted = []
+        for found in backend.list_sandboxes():
+            if not found.adoptable:
+                continue
+            record, problem = trusted_json(backend.io_dir_for(found.sandbox_id).parent / ADOPTION_RECORD, private=True)
+            if record is None or record.get("kernel_id") != found.sandbox_id:
+                self.log.info("sandbox %s is not a session to adopt (%s); the sweep stops it", found.sandbox_id,
+                              problem or "its record names another kernel")
+                continue
+            try:
+                await self._adopt(record)
+            except Exception as exc:
+                self.allocations.pop(found.sandbox_id, None)
+                self.log.warning("could not adopt kernel %s: %s; the sweep stops it", found.sandbox_id,
+                                 exc.message if isinstance(exc, MsbError) else exc)
+                continue
+            adopted.append(found.sandbox_id)
+        if adopted:
+            self.log.info("adopted %d kernel(s) from the previous msb-kernels serve: %s", len(adopted), ", ".join(adopted))
+        return adopted
+
+    async def _adopt(self, record: dict) -> None:
+        kernel_id = record["kernel_id"]
+        allocation = Allocation(kernel_id, record["kernel_name"], get_flavor(record["flavor"]), record["template"],
+                                created=record.get("created") or time.time(), notebook_path=record.get("notebook_path"),
+                                env=start_env(record.get("env")), adopted=time.time())
+        self.allocations[kernel_id] = allocation
+        registry.adoptions[kernel_id] = record
+        try:
+            # jupyter_server's start, so that restarts, culling, activity and the WebSocket treat it as any other kernel;
+            # the provisioner adopts the sandbox where it would have created one.
+            await AsyncMappingKernelManager.start_kernel(self, kernel_id=kernel_id, kernel_name=record["kernel_name"],
+                                                         env={**os.environ, **allocation.env})
+        finally:
+            registry.adoptions.pop(kernel_id, None)
+        km = self._kernels[kernel_id]
+        if record.get("last_activity"):
+            km.last_activity = datetime.fromtimestamp(record["last_activity"], timezone.utc)  # the culling clock goes on
+        km.execution_state = "busy" if record.get("busy_with") else "idle"
+        self.add_restart_callback(kernel_id, lambda: self._record_death(kernel_id), "restart")
+        if record.get("busy_with"):
+            self._busy_with[kernel_id] = record["busy_with"]
+            self._loss_reports[kernel_id] = asyncio.ensure_future(self._report_lost_execution(kernel_id, record["busy_with"]))
+        self.record_for_adoption(kernel_id)
+
+    async def _report_lost_execution(self, kernel_id: str, request: dict) -> None:
+        """The kernel was running request when the last gateway went: what it sent then, and its reply, reached no one.
+        Once it has finished (a kernel_info reply comes after it), its clients get a note and an error reply, so
+        the cell ends with the loss said rather than waiting for ever."""
+        km = self._kernels[kernel_id]
+        client = km.client()
+        client.start_channels()
+        try:
+            asked = client.kernel_info()
+            while (await client.get_shell_msg()).get("parent_header", {}).get("msg_id") != asked:
+                pass
+        finally:
+            client.stop_channels()
+        if (self._busy_with.get(kernel_id) or {}).get("msg_id") == request.get("msg_id"):
+            self._busy_with.pop(kernel_id, None)
+            self.record_for_adoption(kernel_id)
+        lost_executions.setdefault(kernel_id, []).append(request)
+        self.tell_lost_executions(kernel_id)
+
+    def tell_lost_executions(self, kernel_id: str) -> None:
+        """Send the lost-execution notes to the kernel's open WebSockets; kept until one is open to hear them."""
+        connections = list(open_websockets.get(kernel_id, ()))
+        requests = lost_executions.get(kernel_id)
+        km = self._kernels.get(kernel_id)
+        if not connections or not requests or km is None:
+            return
+        lost_executions.pop(kernel_id, None)
+        note = ("msb-kernels: the gateway restarted while this ran; the kernel and its variables were kept, "
+                "but what the code printed during the restart, and how it ended, were lost.\n")
+        for request in requests:
+            for channel, msg_type, content in (
+                    ("iopub", "stream", {"name": "stderr", "text": note}),
+                    ("shell", "execute_reply", {"status": "error", "ename": "GatewayRestarted", "evalue": note.strip(),
+                                                "traceback": [], "execution_count": None}),
+                    ("iopub", "status", {"execution_state": "idle"})):
+                message = km.session.msg(msg_type, content, parent=request)
+                for connection in connections:
+                    with contextlib.suppress(Exception):  # a socket closing as it is told
+                        connection.send_to_client(message, channel)
 
     # -- stats ----------------------------------------------------------------------
 

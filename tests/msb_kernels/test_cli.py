@@ -34,21 +34,21 @@ def msb(env: dict, *args: str) -> str:
 
 
 @pytest.mark.slow
-def test_list_tells_owned_from_orphaned_and_sweep_removes_only_orphans(own_runtime_dir):
+def test_list_tells_owned_from_dead_and_sweep_removes_only_what_no_one_owns(own_runtime_dir):
     env = own_runtime_dir
     assert msb(env, "list").strip() == "no sandboxes"
     owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True, env=env)
     try:
         sandbox_id = Path(json.loads(owner.stdout.readline())["state_dir"]).name
         (line,) = msb(env, "list").splitlines()
-        assert line.split() == [sandbox_id, "namespace", "small", "running", "owned"]
+        assert line.split() == [sandbox_id, "namespace", "small", "running", "owned", "by", "pid", str(owner.pid)]
         assert msb(env, "sweep").strip() == "removed 0 orphaned sandbox(es)"  # its owner lives: hands off
-        assert msb(env, "list").split()[-2:] == ["running", "owned"]
+        assert msb(env, "list").split()[3:5] == ["running", "owned"]
     finally:
         owner.kill()  # SIGKILL: the owner cleans nothing up
         owner.wait()
     deadline = time.monotonic() + 30
-    while "orphaned" not in (listing := msb(env, "list")):
+    while "dead" not in (listing := msb(env, "list")):  # it died with its owner; its files wait for a sweep
         assert time.monotonic() < deadline, listing
         time.sleep(0.2)
     assert listing.split()[0] == sandbox_id

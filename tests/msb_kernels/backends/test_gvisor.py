@@ -16,15 +16,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from msb_kernels.backends.gvisor import GVisorBackend
 from tests.conftest import REPO, VENV_BIN
 from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, write_attempts
 from tests.msb_kernels.backends.test_namespace import FORK_BOMB, SPINNERS
-from tests.skips import needs_cgroups
+from tests.skips import needs_cgroups, needs_runsc
 
-_availability = GVisorBackend.availability()
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not _availability.ok, reason=f"gvisor backend cannot run on this host: {_availability.reason}")]
+pytestmark = [pytest.mark.slow, needs_runsc]
 
 
 @pytest.fixture(autouse=True)

@@ -379,7 +379,7 @@ async def test_a_process_with_many_open_files_still_manages_its_kernels(start_ke
     padding = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
     try:
         km, kc = await start_kernel()
-        assert km.provisioner.sandbox.pidfd >= 1024
+        assert km.provisioner.sandbox.process.pidfd >= 1024
         assert await km.is_alive()
         assert (await execute(kc, "6 * 7")).result == "42"
         await km.shutdown_kernel()

@@ -186,11 +186,13 @@ async def _wait_for_http(server: HttpServer, path: str, token: str | None) -> No
     await wait_until(up, START_TIMEOUT, f"{server.url}{path}", interval=0.25)
 
 
-async def launch_gateway(extra_env: dict | None = None, runtime_dir: Path | None = None, args: list[str] | None = None) -> Gateway:
+async def launch_gateway(extra_env: dict | None = None, runtime_dir: Path | None = None, args: list[str] | None = None,
+                         port: int | None = None, token: str | None = None) -> Gateway:
+    """port and token: a gateway that takes over from another, where its clients expect it."""
     number = next(_counter)
     runtime_dir = runtime_dir or TEST_BASE / f"g{number}"  # short: ipc socket paths must fit in 107 bytes
-    token = secrets.token_hex(16)
-    port = free_port()
+    token = token or secrets.token_hex(16)
+    port = port or free_port()
     env = {**os.environ, "MSB_RUNTIME_DIR": str(runtime_dir), "MSB_TOKEN": token, **(extra_env or {})}
     env = {name: value for name, value in env.items() if value is not None}  # None in extra_env: leave it unset
     log_path = TEST_BASE / f"serve-{number}-{port}.log"

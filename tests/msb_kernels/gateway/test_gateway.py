@@ -299,8 +299,9 @@ async def test_a_clean_stop_leaves_no_sandbox(gateway_factory, signum: int, tmp_
     assert not list(gateway.runtime_dir.glob("*/state.json"))
 
 
-async def test_restart_after_kill_9_leaves_no_orphan(gateway_factory) -> None:
-    gateway = await gateway_factory()
+async def test_without_a_grace_period_kill_9_ends_the_kernels_and_the_restart_leaves_no_orphan(gateway_factory) -> None:
+    """MSB_ADOPT_GRACE_SECONDS=0: kernels end with the gateway, as they did before restarts kept them (test_adoption.py)."""
+    gateway = await gateway_factory(extra_env={"MSB_ADOPT_GRACE_SECONDS": "0"})
     kernel_id = await gateway.start_kernel()
     pid = init_pids(gateway)[kernel_id]
     gateway.process.kill()
@@ -309,7 +310,7 @@ async def test_restart_after_kill_9_leaves_no_orphan(gateway_factory) -> None:
     (record,) = gateway.sandboxes()
     assert not record.owner_alive  # state a killed process could not remove (its init may linger as a zombie)
 
-    again = await gateway_factory(runtime_dir=gateway.runtime_dir)
+    again = await gateway_factory(runtime_dir=gateway.runtime_dir, extra_env={"MSB_ADOPT_GRACE_SECONDS": "0"})
     assert not again.sandboxes(), "the restarted server left an orphan"
     assert "left behind" in again.log()
     assert (await again.stats())["active_sessions"] == 0

@@ -1,0 +1,100 @@
+"""What keeping kernels through a gateway restart costs: the keepers' memory, and how soon the next gateway serves.
+
+    .venv/bin/python bench/adoption.py                 # 10 kernels, each with a variable set
+    .venv/bin/python bench/adoption.py --kernels 30
+
+kill -9 of `msb-kernels serve`, then a new one on the same runtime dir and port. Prints the time
+from the new start to its port answering with every kernel adopted, the time to the first
+execute on an old kernel, and each keeper's RSS and PSS (its unique share of memory), beside
+one idle session's PSS for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.environment import isolate
+from bench.servers import KernelSocket, start_gateway
+
+
+def memory_kib(pid: int) -> tuple[int, int]:
+    """RSS and PSS of one process, in KiB (smaps_rollup)."""
+    values = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss"):
+            values[key] = int(rest.split()[0])
+    return values["Rss"], values["Pss"]
+
+
+def tree_pss_kib(root: int) -> int:
+    """PSS of a process and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            total += memory_kib(pid)[1]
+        except (OSError, KeyError):
+            pass
+        todo.extend(children.get(pid, []))
+    return total
+
+
+async def measure(kernels: int) -> None:
+    import json
+
+    base = Path(tempfile.mkdtemp(prefix="msba-", dir="/tmp"))
+    isolate(base, max_sessions=kernels + 1)
+    first = start_gateway(base)
+    await first.wait_up()
+    ids = [(await first.request("POST", "/api/kernels", {"name": "msb-python-small"}))["id"] for _ in range(kernels)]
+    for number, kernel_id in enumerate(ids):
+        ws = await KernelSocket.open(first, kernel_id)
+        await ws.execute(f"kept = {number}")
+        ws.connection.close()
+    states = [json.loads(path.read_text()) for path in (base / "gw").glob("*/state.json")]
+    keepers = [memory_kib(state["keeper_pid"]) for state in states]
+    sessions = [tree_pss_kib(state["init_pid"]) for state in states]
+    first.process.kill()
+    first.process.wait()
+    started = time.perf_counter()
+    second = start_gateway(base, port=first.port, token=first.token, log="gateway-2.log")
+    await second.wait_up()
+    up = time.perf_counter() - started
+    adopted = len((await second.request("GET", "/api/msb/stats"))["kernels"])
+    ws = await KernelSocket.open(second, ids[-1])
+    await ws.execute(f"assert kept == {kernels - 1}")
+    first_execute = time.perf_counter() - started
+    ws.connection.close()
+    second.stop()
+    print(f"{kernels} kernels: the new gateway answered in {up:.2f} s with {adopted} adopted; "
+          f"first execute on an old kernel {first_execute:.2f} s after its start")
+    print(f"keeper per kernel: RSS {statistics.median(r for r, _ in keepers) / 1024:.1f} MiB, "
+          f"PSS {statistics.median(p for _, p in keepers) / 1024:.1f} MiB (median of {len(keepers)}); "
+          f"an idle session's sandbox: PSS {statistics.median(sessions) / 1024:.1f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=10)
+    args = parser.parse_args()
+    asyncio.run(measure(args.kernels))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Kernels outlive `msb-kernels serve`: kill -9, a clean stop with --keep-kernels, the grace period, a busy kernel.
+
+Each test runs real gateways on one runtime dir, one after the other on the same port and token, with
+what users run in front: `jupyter server --gateway-url` (JupyterLab's server) and the MCP Inspector CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from msb_kernels.backends.adoption import ADOPTION_RECORD, KEEPER_SOCKET
+from tests.conftest import TEST_BASE, VENV_BIN
+from tests.msb_kernels.gateway.conftest import (
+    Gateway,
+    KernelSocket,
+    launch_gateway,
+    launch_jupyter_server,
+    pid_alive,
+    wait_until,
+)
+from tests.skips import needs_runsc
+
+NO_POOL = {"MSB_POOL_SIZE": "python-small=0"}
+
+
+async def take_over(gateway: Gateway, extra_env: dict | None = None, args: list[str] | None = None) -> Gateway:
+    """The next `msb-kernels serve` on the same runtime dir, port and token, as a restart by an operator would be."""
+    return await launch_gateway({**NO_POOL, **(extra_env or {})}, runtime_dir=gateway.runtime_dir, args=args,
+                                port=gateway.port, token=gateway.token)
+
+
+def keeper_pids(gateway: Gateway) -> list[int]:
+    return [record.details["keeper_pid"] for record in gateway.sandboxes() if record.details.get("keeper_pid")]
+
+
+def msb_list(gateway: Gateway) -> str:
+    return subprocess.run([str(VENV_BIN / "msb-kernels"), "list"], env=gateway.env, capture_output=True, text=True,
+                          timeout=60).stdout
+
+
+async def until_reconnected(notebook: KernelSocket, code: str, timeout: float = 90) -> str:
+    """jupyter_server's GatewayClient reconnects its upstream WebSocket by itself, with back-off; until it has,
+    a request is dropped, so the client (as JupyterLab's would) asks again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return (await notebook.execute(code, timeout=5)).stdout
+        except asyncio.TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["namespace", pytest.param("gvisor", marks=needs_runsc)])
+async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mcp_inspector(backend, tmp_path):
+    """kill -9 of the gateway: the sandbox lives on, held by its keeper; the next gateway adopts it with its id,
+    variables, flavor, notebook, creation time and last activity; jupyter server's open WebSocket (JupyterLab's
+    server) reconnects by itself and the MCP Inspector CLI uses the old id as its session."""
+    from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
+
+    if missing := inspector_missing():
+        pytest.skip(missing)
+    env = {"MSB_BACKEND": backend, "MSB_POOL_SIZE": "python-small=1"}  # a pooled kernel too: never a session, so not adopted
+    first = await launch_gateway(env, runtime_dir=TEST_BASE / f"adopt-{backend[:2]}")
+    second = None
+    lab = await launch_jupyter_server(first)
+    try:
+        created = await lab.request("POST", "/api/sessions", {"path": "work/kept.ipynb", "type": "notebook", "name": "kept.ipynb",
+                                                              "kernel": {"name": "msb-python-medium"}})
+        assert created.code == 201, created.body
+        kernel_id = created.json["kernel"]["id"]
+        notebook = await KernelSocket.open(lab, kernel_id)
+        assert (await notebook.execute("kept = 'set before the crash'")).reply["content"]["status"] == "ok"
+        (before,) = [k for k in (await first.stats())["kernels"] if k["id"] == kernel_id]
+        (init_pid,) = [r.details["init_pid"] for r in first.sandboxes() if r.sandbox_id == kernel_id]
+
+        first.process.kill()
+        first.process.wait(10)
+        await asyncio.sleep(1)
+        assert pid_alive(init_pid), "the sandbox died with its gateway"
+        listing = msb_list(first)
+        assert f"{kernel_id}  {backend}  medium  running  adoptable" in listing, listing
+
+        second = await take_over(first, {"MSB_BACKEND": backend})
+        assert "adopted 1 running kernel(s)" in second.log(), second.log()[-3000:]
+        assert await until_reconnected(notebook, "print(kept)") == "set before the crash\n"
+
+        inspector = Inspector([second.url + "/mcp"], inspector_env(
+            NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=second.token,
+            MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl")))
+        result = (await inspector.call("execute_code", code="print(kept)", session_id=kernel_id)).structured
+        assert result.get("stdout") == "set before the crash\n", result
+
+        stats = await second.stats()
+        (after,) = [k for k in stats["kernels"] if k["id"] == kernel_id]
+        for key in ("kernel_name", "flavor", "template", "backend", "created", "notebook_path", "cull_idle_timeout"):
+            assert after[key] == before[key], (key, before, after)
+        assert after["notebook_path"].endswith("work/kept.ipynb") and after["flavor"] == "medium"
+        assert after["last_activity"] >= before["last_activity"]
+        assert stats["active_sessions"] == 1 and stats["total_memory_mb"] == 2048  # its place in the limits
+        assert [r.sandbox_id for r in second.sandboxes()] == [kernel_id]  # the old pool's kernel was swept
+        assert pid_alive(init_pid)
+    finally:
+        lab.stop()
+        if second is not None:
+            second.stop()
+        first.stop()
+    assert not second.sandboxes(), "a clean stop without --keep-kernels stops every sandbox"
+    assert not pid_alive(init_pid)
+
+
+@pytest.mark.slow
+async def test_a_clean_stop_keeps_kernels_only_with_keep_kernels():
+    """SIGTERM with --keep-kernels leaves the kernel for the next gateway, which adopts it; that one's plain
+    SIGTERM stops everything, keepers included, as before."""
+    first = await launch_gateway(NO_POOL, args=["--keep-kernels"])
+    second = None
+    try:
+        kernel_id = await first.start_kernel(env={"KERNEL_FLAVOR": "small"})
+        notebook = await KernelSocket.open(first, kernel_id)
+        await notebook.execute("counter = 41")
+        notebook.close()
+        assert "kernels keep running for 300 s" in first.log()
+        assert first.stop(signal.SIGTERM) == 0
+        (kept,) = first.sandboxes()
+        assert kept.adoptable and kept.running, kept
+        record = first.runtime_dir / kernel_id / ADOPTION_RECORD
+        assert oct(record.stat().st_mode & 0o777) == "0o600"
+
+        second = await take_over(first)
+        notebook = await KernelSocket.open(second, kernel_id)
+        assert (await notebook.execute("counter += 1; print(counter)")).stdout == "42\n"
+        notebook.close()
+        keepers = keeper_pids(second)
+        assert keepers and all(pid_alive(pid) for pid in keepers)
+        assert second.stop(signal.SIGTERM) == 0
+        assert not second.sandboxes()
+        await wait_until(lambda: not any(pid_alive(pid) for pid in keepers), 10, "the keepers to exit")
+    finally:
+        for gateway in (first, second):
+            if gateway is not None:
+                gateway.stop(signal.SIGKILL)
+
+
+@pytest.mark.slow
+async def test_a_sandbox_whose_gateway_never_returns_is_gone_after_the_grace_period():
+    gateway = await launch_gateway({**NO_POOL, "MSB_ADOPT_GRACE_SECONDS": "3"})
+    try:
+        kernel_id = await gateway.start_kernel()
+        (record,) = gateway.sandboxes()
+        init_pid, keeper_pid = record.details["init_pid"], record.details["keeper_pid"]
+    finally:
+        gateway.stop(signal.SIGKILL)
+    assert pid_alive(init_pid), "the sandbox must wait for the grace period"
+    started = time.monotonic()
+    await wait_until(lambda: not pid_alive(init_pid), 20, "the grace period to end the sandbox")
+    print(f"stopped {time.monotonic() - started:.1f} s after the kill (grace 3 s)")
+    await wait_until(lambda: not (gateway.runtime_dir / kernel_id).exists(), 30, "the keeper's sweep to remove the sandbox's state")
+    assert not pid_alive(keeper_pid)
+
+
+@pytest.mark.slow
+async def test_a_busy_kernel_is_adopted_and_its_lost_ending_is_reported():
+    """The gateway dies while a cell runs. Its output and its end are delivered, or the notebook is told they
+    were lost (what it printed while no gateway listened), and the cell ends (an error reply) instead of
+    waiting for ever; the kernel's state is kept either way."""
+    first = await launch_gateway(NO_POOL)
+    second = None
+    lab = await launch_jupyter_server(first)
+    try:
+        kernel_id = (await lab.request("POST", "/api/kernels", {"name": "msb-python-small"})).json["id"]
+        notebook = await KernelSocket.open(lab, kernel_id)
+        await notebook.execute("state = 'kept'")
+        msg_id = notebook.send("execute_request", {"code": "import time\nprint('before', flush=True)\ntime.sleep(4)\n"
+                                                           "print('during the restart', flush=True)\ntime.sleep(25)\nprint('after')",
+                                                   "silent": False, "store_history": True, "user_expressions": {},
+                                                   "allow_stdin": False, "stop_on_error": True})
+        await notebook.wait_for(msg_id, lambda m: m["msg_type"] == "stream" and "before" in m["content"]["text"], 60)
+        first.process.kill()
+        first.process.wait(10)
+        await asyncio.sleep(6)  # 'during the restart' is printed with no gateway to hear it
+        second = await take_over(first)
+        texts, reply = [], None
+        deadline = time.monotonic() + 90
+        while reply is None and time.monotonic() < deadline:
+            message = await notebook.receive(max(0.1, deadline - time.monotonic()))
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if message["msg_type"] == "stream":
+                texts.append(message["content"]["text"])
+            elif message["msg_type"] == "execute_reply":
+                reply = message
+        assert reply is not None, f"the cell never ended: {texts}"
+        said = "".join(texts)
+        delivered = "during the restart" in said and "after" in said
+        assert delivered or "the gateway restarted while this ran" in said, said  # never silently dropped
+        if not delivered:
+            assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "GatewayRestarted", reply
+        assert await until_reconnected(notebook, "print(state)") == "kept\n"
+    finally:
+        lab.stop()
+        for gateway in (first, second):
+            if gateway is not None:
+                gateway.stop()
+
+
+async def test_adoption_trusts_only_records_no_sandbox_could_have_written():
+    """The keys live in a 0600 file in a root-only state dir the kernel cannot see; a record that is a link,
+    open to others, or owned by another user is not adopted, and its sandbox is swept, not served."""
+    first = await launch_gateway(NO_POOL)
+    try:
+        kernel_ids = [await first.start_kernel() for _ in range(3)]
+        notebook = await KernelSocket.open(first, kernel_ids[0])
+        state_dir = first.runtime_dir / kernel_ids[0]
+        seen = await notebook.execute(
+            f"import os\nprint(os.path.exists({str(first.runtime_dir)!r}), os.path.exists({str(state_dir)!r}),"
+            " sorted(os.listdir('/run/kernel')))")
+        notebook.close()
+        assert seen.stdout.startswith("False False ["), seen.stdout  # the state dirs are not in the sandbox at all
+        assert ADOPTION_RECORD not in seen.stdout and KEEPER_SOCKET not in seen.stdout
+    finally:
+        first.stop(signal.SIGKILL)
+    state = first.runtime_dir
+    opened, foreign, trusted = (state / kernel_id / ADOPTION_RECORD for kernel_id in kernel_ids)
+    os.chmod(opened, 0o644)
+    os.chown(foreign, 1000, 1000)
+    second = await take_over(first)
+    try:
+        assert [r.sandbox_id for r in second.sandboxes()] == [kernel_ids[2]], second.log()[-3000:]
+        log = second.log()
+        assert "is open to other users" in log and "is not a regular file of uid 0" in log, log[-3000:]
+        assert trusted.exists()
+    finally:
+        second.stop()
