@@ -4,7 +4,8 @@
     .venv/bin/python bench/adoption.py --kernels 30
 
 kill -9 of `msb-kernels serve`, then a new one on the same runtime dir and port. Prints the time
-from the new start to its port answering with every kernel adopted, the time to the first
+from the new start to its port answering with every kernel adopted (beside the first start, with
+nothing to adopt), the time to the first
 execute on an old kernel, and each keeper's RSS and PSS (its unique share of memory), beside
 one idle session's PSS for scale.
 """
@@ -60,8 +61,10 @@ async def measure(kernels: int) -> None:
 
     base = Path(tempfile.mkdtemp(prefix="msba-", dir="/tmp"))
     isolate(base, max_sessions=kernels + 1)
+    started = time.perf_counter()
     first = start_gateway(base)
     await first.wait_up()
+    empty_start = time.perf_counter() - started
     ids = [(await first.request("POST", "/api/kernels", {"name": "msb-python-small"}))["id"] for _ in range(kernels)]
     for number, kernel_id in enumerate(ids):
         ws = await KernelSocket.open(first, kernel_id)
@@ -82,8 +85,8 @@ async def measure(kernels: int) -> None:
     first_execute = time.perf_counter() - started
     ws.connection.close()
     second.stop()
-    print(f"{kernels} kernels: the new gateway answered in {up:.2f} s with {adopted} adopted; "
-          f"first execute on an old kernel {first_execute:.2f} s after its start")
+    print(f"{kernels} kernels: the new gateway answered in {up:.2f} s with {adopted} adopted (a start with nothing to "
+          f"adopt: {empty_start:.2f} s); first execute on an old kernel {first_execute:.2f} s after its start")
     print(f"keeper per kernel: RSS {statistics.median(r for r, _ in keepers) / 1024:.1f} MiB, "
           f"PSS {statistics.median(p for _, p in keepers) / 1024:.1f} MiB (median of {len(keepers)}); "
           f"an idle session's sandbox: PSS {statistics.median(sessions) / 1024:.1f} MiB")

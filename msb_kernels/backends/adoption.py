@@ -95,11 +95,12 @@ def sweep_command() -> tuple[list[str], dict[str, str]]:
 
 async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
                        lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
-                       sweep_env: dict[str, str] | None = None) -> tuple[int, int]:
+                       sweep_env: dict[str, str] | None = None) -> tuple[int, int | None]:
     """Start the sandbox's keeper; return (its pid, the sandbox's pid).
 
     Called by a backend's create. The keeper holds sandbox_pid, or starts argv as its own child
-    (whose stderr is child_stderr_fd). Its parent exits at once, so it is nobody's child here."""
+    (whose stderr is child_stderr_fd), or, with neither (a microVM), holds only the grace period.
+    Its parent exits at once, so it is nobody's child here."""
     sweep_argv, env = sweep_command()
     plan = {"socket": socket_path(state_dir), "record": str(state_dir / ADOPTION_RECORD), "grace": grace, "sandbox_pid": sandbox_pid, "argv": argv,
             "lifeline_fd": lifeline_fd, "stderr_fd": stderr_fd, "child_stderr_fd": child_stderr_fd,
@@ -125,8 +126,7 @@ async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None
     report = json.loads(line or b'{"error": "the sandbox\'s keeper exited without a report"}')
     if "error" in report:
         raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
-    keeper_pid, sandbox_pid = int(report["keeper"]), int(report["pid"])
-    return keeper_pid, sandbox_pid
+    return int(report["keeper"]), report["pid"]
 
 
 @dataclass
@@ -135,7 +135,7 @@ class KeeperLink:
 
     connection: socket.socket
     stderr_fd: int | None  # the sandbox's stderr, handed over by the keeper
-    sandbox_pid: int
+    sandbox_pid: int | None
     unowned_seconds: float
     keeper_pid: int | None = None
 
@@ -165,8 +165,17 @@ class KeeperLink:
                 os.close(fd)
             raise SandboxError(f"the keeper of the sandbox in {state_dir} refused: {reply['error']}")
         connection.setblocking(False)
-        return cls(connection, fds[0] if fds else None, int(reply["pid"]), float(reply.get("unowned_seconds", 0)), keeper_pid)
+        return cls(connection, fds[0] if fds else None, reply.get("pid"), float(reply.get("unowned_seconds", 0)), keeper_pid)
 
     def close(self) -> None:
         """Give the sandbox up: the keeper's grace period starts (it ends at once if the sandbox is gone)."""
+        self.connection.close()
+
+    def release(self) -> None:
+        """The sandbox is removed: its keeper exits (for a sandbox it cannot see end, such as a microVM)."""
+        try:
+            self.connection.setblocking(True)
+            self.connection.sendall(b"gone\n")
+        except OSError:
+            pass
         self.connection.close()

@@ -17,7 +17,9 @@ Protocol. The plan is one JSON line on stdin; the keeper answers ``{"pid": <sand
 (or ``{"error": ...}``) on stdout once its socket listens. A client sends one JSON line:
 ``{"op": "own"}`` is answered with ``{"pid": ..., "unowned_seconds": ...}`` and the
 sandbox's stderr attached (SCM_RIGHTS), and the client owns the sandbox until it closes
-the connection; ``{"op": "stop"}`` kills the sandbox and is answered with ``{"stopped": true}``.
+the connection (or sends ``gone``: it removed the sandbox); ``{"op": "stop"}`` kills the
+sandbox and is answered with ``{"stopped": true}``. A microVM has no host pid: its keeper holds
+no process, only the grace period, and ends it with the sweep, which stops the VM.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 
@@ -42,15 +43,17 @@ class Keeper:
         self.grace = float(plan["grace"])
         self.lifeline = plan.get("lifeline_fd")
         self.stderr = plan.get("stderr_fd")
-        self.child: subprocess.Popen | None = None
+        self.child = None
         if plan.get("argv"):
+            import subprocess  # gVisor's keepers only: 1 MiB more for each
+
             self.child = subprocess.Popen(plan["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=plan["child_stderr_fd"], close_fds=True)
             os.close(plan["child_stderr_fd"])
             self.pid = self.child.pid
         else:
-            self.pid = int(plan["sandbox_pid"])
-        self.pidfd = os.pidfd_open(self.pid)
+            self.pid = plan.get("sandbox_pid")  # None: a microVM, which no host process of ours stands for
+        self.pidfd = os.pidfd_open(self.pid) if self.pid is not None else None
         self.path = plan["socket"]
         if os.path.lexists(self.path):
             os.unlink(self.path)
@@ -69,6 +72,8 @@ class Keeper:
 
     def kill(self) -> None:
         self.killed = True
+        if self.pidfd is None:
+            self.ended()  # the sweep stops a microVM: it is no one's, and its record is gone
         try:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         except ProcessLookupError:
@@ -103,6 +108,21 @@ class Keeper:
             return False
         except OSError:
             return True
+
+    def from_owner(self) -> None:
+        """The owner hung up (its grace period starts), or says it removed the sandbox (for a microVM: this keeper is done)."""
+        try:
+            data = self.owner.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.drop_owner()
+        elif b"gone" in data:
+            self.owner.close()
+            self.owner = None
+            self.ended()
 
     def drop_owner(self) -> None:
         if self.owner is not None:
@@ -145,7 +165,8 @@ class Keeper:
     def serve(self) -> None:
         while True:
             poller = select.poll()
-            poller.register(self.pidfd, select.POLLIN)
+            if self.pidfd is not None:
+                poller.register(self.pidfd, select.POLLIN)
             poller.register(self.listener, select.POLLIN)
             if self.owner is not None:
                 poller.register(self.owner, select.POLLIN)
@@ -155,13 +176,13 @@ class Keeper:
             if self.owner is None and not self.killed:
                 timeout = max(0, int((self.unowned_since + self.grace - time.monotonic()) * 1000))
             ready = dict(poller.poll(timeout))
-            if self.pidfd in ready:
+            if self.pidfd is not None and self.pidfd in ready:
                 self.ended()
             if self.owner is None and not self.killed and time.monotonic() >= self.unowned_since + self.grace:
                 self.kill()
                 continue
-            if self.owner is not None and self.owner.fileno() in ready and self.owner_gone():
-                self.drop_owner()
+            if self.owner is not None and self.owner.fileno() in ready:
+                self.from_owner()
             if self.owner is None and self.stderr is not None and self.stderr in ready:
                 try:
                     if not os.read(self.stderr, 65536):

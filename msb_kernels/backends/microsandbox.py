@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from msb_kernels.backends import adoption
+from msb_kernels.backends.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
 from msb_kernels.backends.base import (
     SANDBOX_LABEL,
     Availability,
@@ -49,7 +51,8 @@ from msb_kernels.backends.base import (
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.processes import owner_alive, process_start_time
+from msb_kernels.backends.processes import owner_alive, process_alive, process_start_time
+from msb_kernels.backends.state import write_state
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.ports import host_ports
@@ -246,11 +249,13 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
 
 
 class MicrosandboxSandbox(Sandbox):
-    def __init__(self, spec: SandboxSpec, backend: MicrosandboxBackend, vm: Any, job: Any, ports: list[int]):
+    def __init__(self, spec: SandboxSpec, backend: MicrosandboxBackend, vm: Any, job: Any, ports: list[int],
+                 keeper: KeeperLink | None = None):
         super().__init__(spec)
         self.backend = backend
         self.vm = vm
         self.job = job
+        self.keeper = keeper  # a gateway's kernel: the VM is detached, and its keeper counts its grace period
         self.ports = ports
         self.name = sandbox_name(spec.sandbox_id)
         self.exit_code: int | None = None
@@ -331,6 +336,8 @@ class MicrosandboxSandbox(Sandbox):
         if reason:
             log.warning("kernel %s: %s", self.sandbox_id, reason)
         await self.backend.destroy_vm(self.name, self.vm)
+        if self.keeper is not None:
+            self.keeper.release()
         self.backend.remove_state(self.sandbox_id, keep_io_dir=keep_io_dir)
         if not keep_io_dir:
             self.backend.release_ports(self.sandbox_id)
@@ -432,13 +439,13 @@ class MicrosandboxBackend(SandboxBackend):
             os.chmod(path, 0o700)
         return io_dir
 
-    def _write_state(self, spec: SandboxSpec) -> None:
+    def _write_state(self, spec: SandboxSpec, **more: Any) -> dict:
+        """state.json: the VM's owner is here, not only in its labels, which cannot change when a gateway adopts it."""
         record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(), "owner_pid": spec.owner_pid,
                   "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-                  "flavor": spec.flavor.name, "template": spec.template, "vm": sandbox_name(spec.sandbox_id)}
-        state = self.root / spec.sandbox_id / "state.json"
-        state.with_suffix(".tmp").write_text(json.dumps(record))
-        state.with_suffix(".tmp").replace(state)
+                  "flavor": spec.flavor.name, "template": spec.template, "vm": sandbox_name(spec.sandbox_id), **more}
+        write_state(self.root / spec.sandbox_id, record)
+        return record
 
     def remove_state(self, sandbox_id: str, *, keep_io_dir: bool) -> None:
         state_dir = self.root / sandbox_id
@@ -467,6 +474,7 @@ class MicrosandboxBackend(SandboxBackend):
             vm = await asyncio.wait_for(VM.create(name, **kwargs), self.settings.boot_timeout_seconds)
             argv = guest_argv(spec)
             job = await vm.exec_detached(argv[0], argv[1:], env=guest_env(spec), cwd=GUEST_HOME, user=GUEST_USER)
+            keeper = await self._keep(spec, job, ports) if spec.adopt_grace > 0 else None
         except BaseException as exc:
             await self.destroy_vm(name, vm)
             self.remove_state(spec.sandbox_id, keep_io_dir=True)
@@ -477,7 +485,39 @@ class MicrosandboxBackend(SandboxBackend):
                 raise SandboxError(f"cannot start the microVM for kernel {spec.sandbox_id}: {exc}",
                                    [f"build the image: msb-kernels image build {spec.template}", "run `msb-kernels doctor`"]) from exc
             raise
-        return MicrosandboxSandbox(spec, self, vm, job, ports)
+        return MicrosandboxSandbox(spec, self, vm, job, ports, keeper)
+
+    async def _keep(self, spec: SandboxSpec, job: Any, ports: list[int]) -> KeeperLink:
+        """A gateway's kernel: a keeper holds its grace period (the VM is detached anyway), and state.json says
+        what adoption needs: the kernel's job and ports."""
+        state_dir = self.root / spec.sandbox_id
+        keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sweep_env=self.settings_env())
+        keeper = KeeperLink.own(state_dir, keeper_pid)
+        self._write_state(spec, keeper_pid=keeper_pid, keeper_start=process_start_time(keeper_pid), job=job.id, ports=ports)
+        return keeper
+
+    async def adopt(self, spec: SandboxSpec) -> MicrosandboxSandbox:
+        from microsandbox import Sandbox as VM
+
+        state_dir = self.root / spec.sandbox_id
+        record, problem = trusted_json(state_dir / "state.json", private=False)
+        if record is None or record.get("sandbox_id") != spec.sandbox_id or not record.get("job"):
+            raise SandboxError(f"cannot adopt microVM sandbox {spec.sandbox_id}: {problem or 'its state names no kernel job'}")
+        keeper = KeeperLink.own(state_dir, record.get("keeper_pid"))
+        try:
+            handle = await VM.get(record["vm"])
+            vm = await asyncio.wait_for(handle.connect(), self.settings.boot_timeout_seconds)
+            job = await vm.get_job(record["job"])
+        except Exception as exc:
+            keeper.close()
+            raise SandboxError(f"cannot adopt microVM sandbox {spec.sandbox_id}: {exc}") from exc
+        self._ensure_sweeper()
+        self.ports.claim(spec.sandbox_id, record.get("ports") or [])
+        record.update(owner_pid=os.getpid(), owner_start=process_start_time(os.getpid()))
+        write_state(state_dir, record)
+        sandbox = MicrosandboxSandbox(spec, self, vm, job, record.get("ports") or [], keeper)
+        sandbox.created = record.get("created", sandbox.created)
+        return sandbox
 
     async def destroy_vm(self, name: str, vm: Any = None) -> None:
         from microsandbox import Sandbox as VM
@@ -533,6 +573,22 @@ class MicrosandboxBackend(SandboxBackend):
             records.append(SandboxRecord(data["sandbox_id"], self.name, alive, False, data.get("created", 0.0), data))
         return records
 
+    def _with_state(self, records: list[SandboxRecord]) -> list[SandboxRecord]:
+        """A VM's owner as its state file says (an adopting gateway rewrites it; the labels are the first owner's),
+        and whether a keeper holds it for the next gateway to adopt."""
+        for record in records:
+            state_dir = self.root / record.sandbox_id
+            state, _ = trusted_json(state_dir / "state.json", private=False)
+            if state is None or state.get("sandbox_id") != record.sandbox_id:
+                continue
+            record.details.update(owner_pid=state.get("owner_pid"), owner_start=state.get("owner_start"),
+                                  keeper_pid=state.get("keeper_pid"))
+            record.owner_alive = owner_alive(state.get("owner_pid"), state.get("owner_start"))
+            record.keeper_alive = process_alive(state.get("keeper_pid"), state.get("keeper_start"))
+            record.adoptable = (not record.owner_alive and record.running and record.keeper_alive
+                                and (state_dir / ADOPTION_RECORD).is_file())
+        return records
+
     def list_sandboxes(self) -> list[SandboxRecord]:
         try:
             import microsandbox  # noqa: F401
@@ -540,7 +596,7 @@ class MicrosandboxBackend(SandboxBackend):
             vms = []
         else:
             vms = _run_coroutine(self._vm_records, timeout=30)
-        return vms + self._dir_records({record.sandbox_id for record in vms})
+        return self._with_state(vms) + self._dir_records({record.sandbox_id for record in vms})
 
     async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
         """Stop and remove this host's labelled VMs whose owner is gone, and their state dirs.
@@ -557,8 +613,10 @@ class MicrosandboxBackend(SandboxBackend):
             vms = []
         here = socket.gethostname()
         swept = []
-        for record in vms + self._dir_records({record.sandbox_id for record in vms}):
+        for record in self._with_state(vms) + self._dir_records({record.sandbox_id for record in vms}):
             if record.owner_alive or record.details.get("host", here) != here:
+                continue
+            if record.adoptable and not include_adoptable:
                 continue
             if record.details.get("owner_pid") is None and record.running:
                 continue  # started with no owner on purpose

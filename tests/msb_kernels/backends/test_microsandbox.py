@@ -345,6 +345,45 @@ async def test_sweep_removes_orphans_and_keeps_owned_sandboxes(tiny_image, tmp_p
             await backend.destroy_vm(name)
 
 
+async def test_an_adopted_vm_belongs_to_the_owner_its_state_names_not_its_labels(tiny_image, tmp_path, monkeypatch):
+    """A VM's labels name the gateway that created it, and cannot change. Once another gateway adopted it
+    (test_adoption.py, skipped where microVMs cannot boot), its state file names the new owner, and the sweep
+    that runs every 10 minutes leaves it alone; with the owner in the state file gone, the sweep removes it."""
+    from microsandbox import Network
+    from microsandbox import Sandbox as VM
+
+    from msb_kernels.backends.state import write_state
+
+    tag, _ = tiny_image
+    monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))
+    backend = MicrosandboxBackend(MsbSettings())
+    first_gateway = subprocess.Popen([sys.executable, "-c", "pass"])
+    first_gateway.wait()
+    kernel_id = f"test-adopted-{uuid.uuid4().hex[:8]}"
+    name = sandbox_name(kernel_id)
+    labels = {SANDBOX_LABEL: "1", LABEL_KERNEL: kernel_id, LABEL_HOST: __import__("socket").gethostname(),
+              LABEL_OWNER_PID: str(first_gateway.pid), LABEL_OWNER_START: "1"}
+    try:  # boots where it can; here the boot fails, and the record stays
+        await asyncio.wait_for(VM.create(name, image=tag, memory=128, cpus=1, labels=labels, detached=True,
+                                         network=Network.none(), replace=True), 90)
+    except Exception:
+        pass
+    state_dir = backend.io_dir_for(kernel_id).parent
+    adopter = {"sandbox_id": kernel_id, "backend": "microsandbox", "vm": name,
+               "owner_pid": os.getpid(), "owner_start": process_start_time(os.getpid())}
+    write_state(state_dir, adopter)
+    try:
+        (record,) = [r for r in await asyncio.to_thread(backend.list_sandboxes) if r.details.get("vm") == name]
+        assert record.owner_alive and record.details["owner_pid"] == os.getpid(), record
+        assert kernel_id not in await backend.sweep_orphans()
+        write_state(state_dir, {**adopter, "owner_pid": first_gateway.pid, "owner_start": 1})  # the adopter is gone too
+        assert kernel_id in await backend.sweep_orphans()
+        assert not state_dir.exists()
+    finally:
+        backend._sweeper.cancel()
+        await backend.destroy_vm(name)
+
+
 async def test_the_sweep_repeats_while_kernels_run(tmp_path, monkeypatch):
     """The first sweep starts the periodic ones: an orphan left after it is gone within an interval."""
     monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from msb_kernels.backends import backend_classes
 from msb_kernels.backends.adoption import ADOPTION_RECORD, KEEPER_SOCKET
 from tests.conftest import TEST_BASE, VENV_BIN
 from tests.msb_kernels.gateway.conftest import (
@@ -24,7 +25,6 @@ from tests.msb_kernels.gateway.conftest import (
     pid_alive,
     wait_until,
 )
-from tests.skips import needs_runsc
 
 NO_POOL = {"MSB_POOL_SIZE": "python-small=0"}
 
@@ -56,14 +56,21 @@ async def until_reconnected(notebook: KernelSocket, code: str, timeout: float = 
                 raise
 
 
+def running_ids(gateway: Gateway) -> list[str]:
+    """The sandboxes `msb-kernels list` shows running under the gateway's runtime dir (every backend: microVMs too)."""
+    return [line.split()[0] for line in msb_list(gateway).splitlines() if line.split()[3:4] == ["running"]]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["namespace", pytest.param("gvisor", marks=needs_runsc)])
+@pytest.mark.parametrize("backend", ["namespace", "gvisor", "microsandbox"])
 async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mcp_inspector(backend, tmp_path):
     """kill -9 of the gateway: the sandbox lives on, held by its keeper; the next gateway adopts it with its id,
     variables, flavor, notebook, creation time and last activity; jupyter server's open WebSocket (JupyterLab's
     server) reconnects by itself and the MCP Inspector CLI uses the old id as its session."""
     from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
 
+    if backend != "namespace" and not (availability := backend_classes()[backend].availability()).ok:
+        pytest.skip(f"{backend} backend cannot run on this host: {availability.reason}")
     if missing := inspector_missing():
         pytest.skip(missing)
     env = {"MSB_BACKEND": backend, "MSB_POOL_SIZE": "python-small=1"}  # a pooled kernel too: never a session, so not adopted
@@ -78,12 +85,10 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
         notebook = await KernelSocket.open(lab, kernel_id)
         assert (await notebook.execute("kept = 'set before the crash'")).reply["content"]["status"] == "ok"
         (before,) = [k for k in (await first.stats())["kernels"] if k["id"] == kernel_id]
-        (init_pid,) = [r.details["init_pid"] for r in first.sandboxes() if r.sandbox_id == kernel_id]
 
         first.process.kill()
         first.process.wait(10)
         await asyncio.sleep(1)
-        assert pid_alive(init_pid), "the sandbox died with its gateway"
         listing = msb_list(first)
         assert f"{kernel_id}  {backend}  medium  running  adoptable" in listing, listing
 
@@ -104,15 +109,13 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
         assert after["notebook_path"].endswith("work/kept.ipynb") and after["flavor"] == "medium"
         assert after["last_activity"] >= before["last_activity"]
         assert stats["active_sessions"] == 1 and stats["total_memory_mb"] == 2048  # its place in the limits
-        assert [r.sandbox_id for r in second.sandboxes()] == [kernel_id]  # the old pool's kernel was swept
-        assert pid_alive(init_pid)
+        assert running_ids(second) == [kernel_id]  # the old pool's kernel was swept
     finally:
         lab.stop()
         if second is not None:
             second.stop()
         first.stop()
-    assert not second.sandboxes(), "a clean stop without --keep-kernels stops every sandbox"
-    assert not pid_alive(init_pid)
+    assert not running_ids(second), "a clean stop without --keep-kernels stops every sandbox"
 
 
 @pytest.mark.slow
