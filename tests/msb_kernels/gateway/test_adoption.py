@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from datetime import datetime
 
 import pytest
 
@@ -91,6 +92,8 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
         await asyncio.sleep(1)
         listing = msb_list(first)
         assert f"{kernel_id}  {backend}  medium  running  adoptable" in listing, listing
+        swept = subprocess.run([str(VENV_BIN / "msb-kernels"), "sweep"], env=first.env, capture_output=True, text=True, timeout=120)
+        assert f"left 1 adoptable sandbox(es) running for the next msb-kernels serve: {kernel_id}" in swept.stdout, swept
 
         second = await take_over(first, {"MSB_BACKEND": backend})
         assert "adopted 1 running kernel(s)" in second.log(), second.log()[-3000:]
@@ -152,6 +155,43 @@ async def test_a_clean_stop_keeps_kernels_only_with_keep_kernels():
 
 
 @pytest.mark.slow
+async def test_the_culling_clock_goes_on_from_the_last_activity_before_the_crash():
+    """An idle kernel adopted 8 s into a 20 s idle timeout is culled about 12 s later, not 20 s after its adoption."""
+    culling = {**NO_POOL, "MSB_SESSION_TIMEOUT_SECONDS": "20", "MSB_CULL_INTERVAL_SECONDS": "1"}
+    first = await launch_gateway(culling)
+    second = None
+    try:
+        kernel_id = await first.start_kernel()
+        notebook = await KernelSocket.open(first, kernel_id)
+        await notebook.execute("1")
+        notebook.close()
+        (kernel,) = (await first.stats())["kernels"]
+        last_activity = kernel["last_activity"]
+        await asyncio.sleep(8)
+        first.process.kill()
+        first.process.wait(10)
+        second = await take_over(first, culling)
+        adopted = time.monotonic()
+        (kernel,) = (await second.stats())["kernels"]
+        moved = datetime.fromisoformat(kernel["last_activity"]) - datetime.fromisoformat(last_activity)
+        assert abs(moved.total_seconds()) < 1 and kernel["cull_idle_timeout"] == 20, (kernel, last_activity)
+
+        async def culled() -> bool:
+            return not (await second.stats())["kernels"]
+
+        await wait_until(culled, 40, "the adopted kernel to be culled")
+        after = time.monotonic() - adopted
+        print(f"culled {after:.1f} s after its adoption (idle timeout 20 s, idle for 8 s before the crash)")
+        assert after < 18, f"culled {after:.1f} s after adoption: its clock started again"
+        (stopped,) = (await second.stats())["recently_stopped"]
+        assert stopped["reason"].startswith("culled"), stopped
+    finally:
+        for gateway in (first, second):
+            if gateway is not None:
+                gateway.stop()
+
+
+@pytest.mark.slow
 async def test_a_sandbox_whose_gateway_never_returns_is_gone_after_the_grace_period():
     gateway = await launch_gateway({**NO_POOL, "MSB_ADOPT_GRACE_SECONDS": "3"})
     try:
@@ -165,7 +205,7 @@ async def test_a_sandbox_whose_gateway_never_returns_is_gone_after_the_grace_per
     await wait_until(lambda: not pid_alive(init_pid), 20, "the grace period to end the sandbox")
     print(f"stopped {time.monotonic() - started:.1f} s after the kill (grace 3 s)")
     await wait_until(lambda: not (gateway.runtime_dir / kernel_id).exists(), 30, "the keeper's sweep to remove the sandbox's state")
-    assert not pid_alive(keeper_pid)
+    await wait_until(lambda: not pid_alive(keeper_pid), 30, "the keeper (its sweep, by then) to exit")
 
 
 @pytest.mark.slow
