@@ -1,7 +1,8 @@
 """What keeping kernels through a gateway restart costs: the keepers' memory, and how soon the next gateway serves.
 
     .venv/bin/python bench/adoption.py                 # 10 kernels, each with a variable set
-    .venv/bin/python bench/adoption.py --kernels 30
+    .venv/bin/python bench/adoption.py --kernels 20
+    .venv/bin/python bench/adoption.py --execute-cost 400  # what recording each cell for adoption costs an execute
 
 kill -9 of `msb-kernels serve`, then a new one on the same runtime dir and port. Prints the time
 from the new start to its port answering with every kernel adopted (beside the first start, with
@@ -92,11 +93,43 @@ async def measure(kernels: int) -> None:
           f"an idle session's sandbox: PSS {statistics.median(sessions) / 1024:.1f} MiB")
 
 
+async def execute_cost(executes: int) -> None:
+    """`1+1` over the WebSocket of two gateways, interleaved: kernels kept for adoption (MSB_ADOPT_GRACE_SECONDS=300,
+    each cell's start and end recorded) and not (0)."""
+    import os
+
+    sockets, servers = {}, []
+    for grace in ("0", "300"):
+        base = Path(tempfile.mkdtemp(prefix=f"msbo{grace}-", dir="/tmp"))
+        isolate(base, max_sessions=2)
+        os.environ["MSB_ADOPT_GRACE_SECONDS"] = grace
+        gateway = start_gateway(base)
+        servers.append(gateway)
+        await gateway.wait_up()
+        kernel_id = (await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}))["id"]
+        sockets[grace] = await KernelSocket.open(gateway, kernel_id)
+    try:
+        times: dict[str, list[float]] = {grace: [] for grace in sockets}
+        for round_ in range(executes + 20):
+            for grace, ws in sockets.items():
+                took = await ws.execute()
+                if round_ >= 20:  # warm-up first
+                    times[grace].append(took)
+        for grace, taken in times.items():
+            taken.sort()
+            print(f"MSB_ADOPT_GRACE_SECONDS={grace}: execute 1+1 p50 {statistics.median(taken) * 1000:.2f} ms, "
+                  f"p95 {taken[int(len(taken) * 0.95)] * 1000:.2f} ms (n={len(taken)})")
+    finally:
+        for gateway in servers:
+            gateway.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=10)
+    parser.add_argument("--execute-cost", type=int, metavar="N", help="instead: N executes with and without keeping")
     args = parser.parse_args()
-    asyncio.run(measure(args.kernels))
+    asyncio.run(execute_cost(args.execute_cost) if args.execute_cost else measure(args.kernels))
 
 
 if __name__ == "__main__":
