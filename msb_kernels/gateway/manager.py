@@ -270,7 +270,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
         self._stop_reasons: dict[str, str] = {}
         self._busy_files: dict[str, BusyFile] = {}  # kept kernels: the execute_request each is running, on disk
-        self._recorded: dict[str, tuple] = {}  # kept kernels: what their adoption record last said
+        self._recorded: dict[str, float | None] = {}  # kept kernels: the last activity their adoption record holds
         self._loss_reports: dict[str, asyncio.Task] = {}
         self._record_callback: PeriodicCallback | None = None
 
@@ -465,7 +465,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
                                  for key, value in km.get_connection_info().items()}}
         with contextlib.suppress(OSError):  # a kernel going away as it is recorded
             write_private_json(state_dir / ADOPTION_RECORD, record)
-            self._recorded[kernel_id] = (record["last_activity"],)
+            self._recorded[kernel_id] = record["last_activity"]
 
     def _refresh_records(self) -> None:
         """Every RECORD_INTERVAL: kept kernels whose last activity moved get their record rewritten, and so do those
@@ -476,7 +476,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
                 continue
             km, state_dir = kept
             last = getattr(km, "last_activity", None)
-            if self._recorded.get(kernel_id, (None,))[0] != (last.timestamp() if last else None) \
+            if self._recorded.get(kernel_id) != (last.timestamp() if last else None) \
                     or not (state_dir / ADOPTION_RECORD).exists():
                 self.record_for_adoption(kernel_id)
 
