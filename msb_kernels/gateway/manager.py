@@ -188,6 +188,10 @@ class Allocation:
     adopted: float | None = None  # when this gateway adopted it from the one before
 
 
+def _frame_bytes(frame: Any) -> bytes:
+    return frame.bytes if hasattr(frame, "bytes") else frame
+
+
 class BusyFile:
     """``busy.json`` in a kept kernel's state dir: the execute_request it is running, or when it went idle.
 
@@ -249,12 +253,6 @@ class MsbKernelManager(AsyncMappingKernelManager):
     @default("cull_busy")
     def _cull_busy_default(self) -> bool:
         return self.msb_settings.cull_busy
-
-    @default("untracked_message_types")
-    def _untracked_message_types_default(self) -> list[str]:
-        """jupyter_server's, plus the kernel's greeting to each new iopub subscriber: a client connecting is not the
-        kernel at work, and an adopted kernel's idle time must run on from the last gateway's (the culling clock)."""
-        return [*AsyncMappingKernelManager.class_traits()["untracked_message_types"].default(), "iopub_welcome"]
 
     @default("default_kernel_name")
     def _default_kernel_name_default(self) -> str:
@@ -499,14 +497,17 @@ class MsbKernelManager(AsyncMappingKernelManager):
         session = Session(key=b"")  # jupyter_server's watch has checked the signature: only what is needed is parsed here
 
         def watch_executions(msg_list: list) -> None:
-            watch(msg_list)
             _, frames = session.feed_identities(msg_list)  # signature, header, parent, metadata, content
-            if len(frames) < 5 or json.loads(frames[1].bytes if hasattr(frames[1], "bytes") else frames[1]).get("msg_type") != "status":
+            msg_type = json.loads(_frame_bytes(frames[1])).get("msg_type") if len(frames) >= 5 else None
+            if msg_type == "iopub_welcome":
+                return  # ipykernel greeting a new subscriber (this watch, at adoption): not the kernel at work
+            watch(msg_list)
+            if msg_type != "status":
                 return
-            parent = json.loads(frames[2].bytes if hasattr(frames[2], "bytes") else frames[2])  # dates stay strings, as JSON has them
+            parent = json.loads(_frame_bytes(frames[2]))  # dates stay strings, as JSON has them
             if parent.get("msg_type") != "execute_request":
                 return
-            state = json.loads(frames[4].bytes if hasattr(frames[4], "bytes") else frames[4]).get("execution_state")
+            state = json.loads(_frame_bytes(frames[4])).get("execution_state")
             if state == "busy":
                 busy.running(parent)
             elif state == "idle" and busy.request.get("msg_id") == parent.get("msg_id"):
