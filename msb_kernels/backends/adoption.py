@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from msb_kernels.backends.keeper import PEERCRED
 from msb_kernels.errors import SandboxError
 
 KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
@@ -147,7 +148,7 @@ class KeeperLink:
         try:
             connection.connect(socket_path(state_dir))
             if keeper_pid is not None:
-                peer_pid = int.from_bytes(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4], sys.byteorder)
+                peer_pid, _, _ = PEERCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
                 if peer_pid != keeper_pid:
                     raise SandboxError(f"the keeper socket in {state_dir} is held by pid {peer_pid}, not its keeper {keeper_pid}")
             connection.sendall(b'{"op": "own"}\n')

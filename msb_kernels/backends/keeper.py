@@ -17,9 +17,8 @@ Protocol. The plan is one JSON line on stdin; the keeper answers ``{"pid": <sand
 (or ``{"error": ...}``) on stdout once its socket listens. A client sends one JSON line:
 ``{"op": "own"}`` is answered with ``{"pid": ..., "unowned_seconds": ...}`` and the
 sandbox's stderr attached (SCM_RIGHTS), and the client owns the sandbox until it closes
-the connection (or sends ``gone``: it removed the sandbox); ``{"op": "stop"}`` kills the
-sandbox and is answered with ``{"stopped": true}``. A microVM has no host pid: its keeper holds
-no process, only the grace period, and ends it with the sweep, which stops the VM.
+the connection (or sends ``gone``: it removed the sandbox). A microVM has no host pid: its
+keeper holds no process, only the grace period, and ends it with the sweep, which stops the VM.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import socket
 import struct
 import sys
 import time
+from typing import NoReturn
 
 REQUEST_TIMEOUT = 5.0
 PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -82,7 +82,7 @@ class Keeper:
             os.close(self.lifeline)
             self.lifeline = None
 
-    def ended(self) -> None:
+    def ended(self) -> NoReturn:
         """The sandbox is gone: reap it if it is ours, and after a grace kill remove what it left (the sweep runs
         under this keeper's pid, so the adoption record must go first, or the sweep would take it for adoptable)."""
         if self.child is not None:
@@ -140,11 +140,6 @@ class Keeper:
         try:
             line = client.makefile("rb").readline(4096)
             request = json.loads(line or b"{}")
-            if request.get("op") == "stop":
-                self.kill()
-                client.sendall(b'{"stopped": true}\n')
-                client.close()
-                return
             if request.get("op") != "own":
                 raise ValueError("unknown request")
             if not self.owner_gone():

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from msb_kernels.backends import adoption
-from msb_kernels.backends.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
+from msb_kernels.backends.adoption import KeeperLink, trusted_json
 from msb_kernels.backends.base import (
     SANDBOX_LABEL,
     Availability,
@@ -51,8 +51,8 @@ from msb_kernels.backends.base import (
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.processes import owner_alive, process_alive, process_start_time
-from msb_kernels.backends.state import write_state
+from msb_kernels.backends.processes import owner_alive, process_start_time
+from msb_kernels.backends.state import own_kept_sandbox, record_owner, with_keeper, write_state
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import BackendUnavailable, SandboxError
 from msb_kernels.ports import host_ports
@@ -439,13 +439,12 @@ class MicrosandboxBackend(SandboxBackend):
             os.chmod(path, 0o700)
         return io_dir
 
-    def _write_state(self, spec: SandboxSpec, **more: Any) -> dict:
+    def _write_state(self, spec: SandboxSpec, **more: Any) -> None:
         """state.json: the VM's owner is here, not only in its labels, which cannot change when a gateway adopts it."""
         record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(), "owner_pid": spec.owner_pid,
                   "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
                   "flavor": spec.flavor.name, "template": spec.template, "vm": sandbox_name(spec.sandbox_id), **more}
         write_state(self.root / spec.sandbox_id, record)
-        return record
 
     def remove_state(self, sandbox_id: str, *, keep_io_dir: bool) -> None:
         state_dir = self.root / sandbox_id
@@ -500,11 +499,10 @@ class MicrosandboxBackend(SandboxBackend):
         from microsandbox import Sandbox as VM
 
         state_dir = self.root / spec.sandbox_id
-        record, problem = trusted_json(state_dir / "state.json", private=False)
-        if record is None or record.get("sandbox_id") != spec.sandbox_id or not record.get("job"):
-            raise SandboxError(f"cannot adopt microVM sandbox {spec.sandbox_id}: {problem or 'its state names no kernel job'}")
-        keeper = KeeperLink.own(state_dir, record.get("keeper_pid"))
+        record, keeper = own_kept_sandbox(self.name, state_dir, spec.sandbox_id)
         try:
+            if not record.get("job"):
+                raise SandboxError("its state names no kernel job")
             handle = await VM.get(record["vm"])
             vm = await asyncio.wait_for(handle.connect(), self.settings.boot_timeout_seconds)
             job = await vm.get_job(record["job"])
@@ -513,8 +511,7 @@ class MicrosandboxBackend(SandboxBackend):
             raise SandboxError(f"cannot adopt microVM sandbox {spec.sandbox_id}: {exc}") from exc
         self._ensure_sweeper()
         self.ports.claim(spec.sandbox_id, record.get("ports") or [])
-        record.update(owner_pid=os.getpid(), owner_start=process_start_time(os.getpid()))
-        write_state(state_dir, record)
+        record_owner(state_dir, record)
         sandbox = MicrosandboxSandbox(spec, self, vm, job, record.get("ports") or [], keeper)
         sandbox.created = record.get("created", sandbox.created)
         return sandbox
@@ -584,9 +581,7 @@ class MicrosandboxBackend(SandboxBackend):
             record.details.update(owner_pid=state.get("owner_pid"), owner_start=state.get("owner_start"),
                                   keeper_pid=state.get("keeper_pid"))
             record.owner_alive = owner_alive(state.get("owner_pid"), state.get("owner_start"))
-            record.keeper_alive = process_alive(state.get("keeper_pid"), state.get("keeper_start"))
-            record.adoptable = (not record.owner_alive and record.running and record.keeper_alive
-                                and (state_dir / ADOPTION_RECORD).is_file())
+            with_keeper(record, state, state_dir)
         return records
 
     def list_sandboxes(self) -> list[SandboxRecord]:

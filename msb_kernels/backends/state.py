@@ -47,25 +47,42 @@ def read_states(root: Path, backend: str) -> list[SandboxRecord]:
             continue
         if data.get("backend", "namespace") != backend or data.get("sandbox_id") != state_file.parent.name:
             continue  # another backend's sandbox in the same runtime dir
-        owner_alive = process_alive(data.get("owner_pid"), data.get("owner_start"))
-        running = process_alive(data.get("init_pid"), data.get("init_start"))
-        keeper_alive = process_alive(data.get("keeper_pid"), data.get("keeper_start"))
-        adoptable = not owner_alive and running and keeper_alive and (state_file.parent / ADOPTION_RECORD).is_file()
-        records.append(SandboxRecord(data["sandbox_id"], backend, owner_alive, running, data.get("created", 0.0), data,
-                                     keeper_alive=keeper_alive, adoptable=adoptable))
+        record = SandboxRecord(data["sandbox_id"], backend, process_alive(data.get("owner_pid"), data.get("owner_start")),
+                               process_alive(data.get("init_pid"), data.get("init_start")), data.get("created", 0.0), data)
+        records.append(with_keeper(record, data, state_file.parent))
     return records
 
 
-def adopt_held_sandbox(backend: str, state_dir: Path, spec: SandboxSpec) -> tuple[dict, KeeperLink, PidfdProcess]:
-    """Become the owner of the kept sandbox in state_dir: its trusted state, the link to its keeper, and its process.
+def with_keeper(record: SandboxRecord, state: dict, state_dir: Path) -> SandboxRecord:
+    """Fill in whether a keeper holds the sandbox, and so whether it is adoptable: the one rule for every backend."""
+    record.keeper_alive = process_alive(state.get("keeper_pid"), state.get("keeper_start"))
+    record.adoptable = (not record.owner_alive and record.running and record.keeper_alive
+                        and (state_dir / ADOPTION_RECORD).is_file())
+    return record
 
-    Called by the namespace and gVisor backends' adopt; the state file then names this process as the owner."""
+
+def own_kept_sandbox(backend: str, state_dir: Path, sandbox_id: str) -> tuple[dict, KeeperLink]:
+    """The trusted state of the kept sandbox in state_dir, and this process's ownership of it through its keeper.
+
+    Called by the backends' adopt; once the sandbox itself is reached, record_owner writes the new owner down."""
     record, problem = trusted_json(state_dir / "state.json", private=False)
     if record is None:
-        raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: {problem}")
-    if record.get("sandbox_id") != spec.sandbox_id or record.get("backend", "namespace") != backend:
-        raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: its state file names another sandbox or backend")
-    keeper = KeeperLink.own(state_dir, record.get("keeper_pid"))
+        raise SandboxError(f"cannot adopt sandbox {sandbox_id}: {problem}")
+    if record.get("sandbox_id") != sandbox_id or record.get("backend", "namespace") != backend:
+        raise SandboxError(f"cannot adopt sandbox {sandbox_id}: its state file names another sandbox or backend")
+    return record, KeeperLink.own(state_dir, record.get("keeper_pid"))
+
+
+def record_owner(state_dir: Path, record: dict) -> None:
+    """This process owns the sandbox now: the sweeps go by the state file, not by who created the sandbox."""
+    record.update(owner_pid=os.getpid(), owner_start=process_start_time(os.getpid()))
+    write_state(state_dir, record)
+
+
+def adopt_held_sandbox(backend: str, state_dir: Path, spec: SandboxSpec) -> tuple[dict, KeeperLink, PidfdProcess]:
+    """Become the owner of the kept sandbox in state_dir: its trusted state, the link to its keeper, and its process
+    (init for a namespace sandbox, runsc run for gVisor). Called by the namespace and gVisor backends' adopt."""
+    record, keeper = own_kept_sandbox(backend, state_dir, spec.sandbox_id)
     try:
         if keeper.sandbox_pid != record.get("init_pid"):
             raise ProcessLookupError(f"its keeper holds pid {keeper.sandbox_pid}, not {record.get('init_pid')}")
@@ -73,8 +90,7 @@ def adopt_held_sandbox(backend: str, state_dir: Path, spec: SandboxSpec) -> tupl
     except (ProcessLookupError, KeyError, TypeError) as exc:
         keeper.close()
         raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: it has ended ({exc})") from None
-    record.update(owner_pid=os.getpid(), owner_start=process_start_time(os.getpid()))
-    write_state(state_dir, record)
+    record_owner(state_dir, record)
     return record, keeper, process
 
 

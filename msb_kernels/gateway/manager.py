@@ -185,7 +185,6 @@ class Allocation:
     created: float = field(default_factory=time.time)
     notebook_path: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # what its start request set (start_env), for an adopting gateway
-    adopted: float | None = None  # when this gateway adopted it from the one before
 
 
 def _frame_bytes(frame: Any) -> bytes:
@@ -196,8 +195,9 @@ class BusyFile:
     """``busy.json`` in a kept kernel's state dir: the execute_request it is running, or when it went idle.
 
     Written as each cell starts and ends, so a gateway that adopts a kernel busy at a crash knows what its
-    clients were waiting for, and one that adopts an idle kernel knows its last activity to the moment. One pwrite into a file held open, padded with spaces to the length before (JSON
-    allows them), costs a few microseconds; a whole record replaced by rename cost 0.35 ms per write here."""
+    clients were waiting for, and one that adopts an idle kernel knows its last activity to the moment.
+    One pwrite into a file held open, padded with spaces to the length before (JSON allows them), costs a
+    few microseconds; a whole record replaced by rename cost 0.35 ms per write here."""
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -450,7 +450,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
 
     def record_for_adoption(self, kernel_id: str) -> None:
         """Write what the next gateway needs to adopt this kernel (0600, in its root-only state dir): its connection
-        keys, kernelspec, flavor, notebook, last activity, and the execution it is running, if any."""
+        keys, kernelspec, flavor, notebook and last activity (the cell it runs is BusyFile's)."""
         kept, allocation = self._kept(kernel_id), self.allocations.get(kernel_id)
         if kept is None or allocation is None:
             return
@@ -534,12 +534,13 @@ class MsbKernelManager(AsyncMappingKernelManager):
         for found in backend.list_sandboxes():
             if not found.adoptable:
                 continue
-            record, problem = trusted_json(backend.io_dir_for(found.sandbox_id).parent / ADOPTION_RECORD, private=True)
+            state_dir = backend.io_dir_for(found.sandbox_id).parent
+            record, problem = trusted_json(state_dir / ADOPTION_RECORD, private=True)
             if record is None or record.get("kernel_id") != found.sandbox_id:
                 self.log.info("sandbox %s is not a session to adopt (%s); the sweep stops it", found.sandbox_id,
                               problem or "its record names another kernel")
                 continue
-            busy, _ = trusted_json(backend.io_dir_for(found.sandbox_id).parent / BUSY_RECORD, private=True)
+            busy, _ = trusted_json(state_dir / BUSY_RECORD, private=True)
             busy = busy or {}
             if isinstance(busy.get("idle_since"), (int, float)):
                 record["last_activity"] = max(record.get("last_activity") or 0, busy["idle_since"])
@@ -559,7 +560,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
         kernel_id = record["kernel_id"]
         allocation = Allocation(kernel_id, record["kernel_name"], get_flavor(record["flavor"]), record["template"],
                                 created=record.get("created") or time.time(), notebook_path=record.get("notebook_path"),
-                                env=start_env(record.get("env")), adopted=time.time())
+                                env=start_env(record.get("env")))
         self.allocations[kernel_id] = allocation
         registry.adoptions[kernel_id] = record
         try:
