@@ -166,8 +166,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 self._write_guest_files()
             cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
         except BaseException:
-            self.backend.release_ports(self.kernel_id)
-            session_kernel_ids.discard(self.kernel_id)
+            self._forget_failed_start()
             raise
         return await super().pre_launch(cmd=cmd, **kwargs)
 
@@ -291,8 +290,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             try:
                 self.sandbox = await self.backend.adopt(spec)
             except BaseException:
-                self.backend.release_ports(self.kernel_id)
-                session_kernel_ids.discard(self.kernel_id)
+                self._forget_failed_start()
                 raise
             live_sandboxes[self.kernel_id] = self.sandbox
             log.info("kernel %s adopted, still running in its %s sandbox (%s)", self.kernel_id, self.backend.name, self.flavor_spec.name)
@@ -301,14 +299,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             try:
                 self.sandbox = await self.backend.create(spec)
             except BaseException:
-                self.backend.release_ports(self.kernel_id)  # jupyter_client does not clean up after a failed start
-                session_kernel_ids.discard(self.kernel_id)
+                self._forget_failed_start()
                 raise
             live_sandboxes[self.kernel_id] = self.sandbox
             await self._until_listening(self.sandbox)
         log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
                  self.flavor_spec.name, self.flavor_spec.cpus, self.flavor_spec.memory_mib)
         return self.connection_info
+
+    def _forget_failed_start(self) -> None:
+        """Give back the ports and the session a start held: jupyter_client does not clean up after a failed start."""
+        self.backend.release_ports(self.kernel_id)
+        session_kernel_ids.discard(self.kernel_id)
 
     def _adopt_grace(self) -> float:
         """Seconds the sandbox outlives this process: a gateway's kernels (MSB_ADOPT_GRACE_SECONDS), so that the next

@@ -217,9 +217,14 @@ class MsbGatewayApp(ServerApp):
             lines.insert(2, f"  adopted {len(self.adopted)} running kernel(s) from the previous msb-kernels serve")
         return "\n".join(lines)
 
+    @property
+    def keeps_kernels_at_stop(self) -> bool:
+        """MSB_KEEP_KERNELS, where kernels can outlive the gateway at all (MSB_ADOPT_GRACE_SECONDS > 0)."""
+        return self.msb_settings.keep_kernels and self.msb_settings.adopt_grace_seconds > 0
+
     def stop_line(self) -> str:
         grace = self.msb_settings.adopt_grace_seconds
-        if self.msb_settings.keep_kernels and grace > 0:
+        if self.keeps_kernels_at_stop:
             return f"  stop with Ctrl-C or SIGTERM: kernels keep running for {grace} s, for the next msb-kernels serve to adopt"
         survives = f"; after a crash they wait {grace} s to be adopted" if grace > 0 else ""
         return f"  stop with Ctrl-C or SIGTERM: every sandbox is stopped{survives}"
@@ -244,7 +249,7 @@ class MsbGatewayApp(ServerApp):
         import asyncio
 
         await self.kernel_manager.pool.shutdown()
-        if self.msb_settings.keep_kernels and self.msb_settings.adopt_grace_seconds > 0:
+        if self.keeps_kernels_at_stop:
             kept = self.kernel_manager.keep_kernels()
             self.log.info("left %d kernel(s) running for the next msb-kernels serve on %s (they stop in %d s if none adopts them)",
                           kept, self.msb_settings.runtime_root(), self.msb_settings.adopt_grace_seconds)
