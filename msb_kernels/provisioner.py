@@ -285,6 +285,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             allow_network=self.settings.allow_network,
             owner_pid=os.getpid(),
             adopt_grace=self._adopt_grace(),
+            fork=self.settings.fork_kernels,
         )
         if adoptions.pop(self.kernel_id, None) is not None:
             try:

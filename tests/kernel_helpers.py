@@ -208,7 +208,8 @@ async def main():
     sandbox = km.provisioner.sandbox
     print(json.dumps({"kernel_id": km.kernel_id, "pids": sorted(sandbox.cgroup.pids() if sandbox.cgroup else [sandbox.init_pid]),
                       "state_dir": str(sandbox.state_dir),
-                      "cgroups": [str(p) for p in (sandbox.cgroup.paths.values() if sandbox.cgroup else [])]}), flush=True)
+                      "cgroups": [str(p) for p in (sandbox.cgroup.paths.values() if sandbox.cgroup else [])],
+                      "fork_servers": [s["pid"] for s in km.provisioner.backend.stats().get("fork_servers", [])]}), flush=True)
     if sys.argv[1] == "hold":
         await asyncio.sleep(3600)
     await km.shutdown_kernel()
@@ -233,10 +234,11 @@ def write_attempts(blocked: list[str], allowed: list[str]) -> str:
     )
 
 
-async def assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds: float) -> None:
+async def assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds: float) -> dict:
     """A kernel started by another process, which is then killed with SIGKILL (no cleanup code runs):
-    the sandbox's host processes end within grace_seconds, and its state stays on disk until the next
-    start, in a new process, sweeps it and its cgroups. MSB_BACKEND picks the backend."""
+    the sandbox's host processes, and the owner's fork servers, end within grace_seconds, and its state
+    stays on disk until the next start, in a new process, sweeps it and its cgroups. MSB_BACKEND picks
+    the backend. Returns what the owner said of its kernel."""
     import json
     import os
     import subprocess
@@ -250,11 +252,12 @@ async def assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds: float) -> 
         owner.wait()
     assert started["pids"], "the sandbox had no host processes to watch"
     deadline = time.monotonic() + grace_seconds
-    while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"]):
-        assert time.monotonic() < deadline, "sandbox processes outlived their owner"
+    while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"] + started["fork_servers"]):
+        assert time.monotonic() < deadline, "sandbox processes or fork servers outlived their owner"
         await asyncio.sleep(0.1)
     assert Path(started["state_dir"]).exists()
     next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
     assert next_start.returncode == 0, next_start.stderr[-2000:]
     assert not Path(started["state_dir"]).exists()
     assert not any(Path(p).exists() for p in started["cgroups"])
+    return started

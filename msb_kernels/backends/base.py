@@ -47,6 +47,7 @@ class SandboxSpec:
     allow_network: bool = False  # outbound to the public internet (MSB_ALLOW_NETWORK); never the host or its LAN
     owner_pid: int | None = None  # sandboxes die with this host process unless it is None or adopt_grace is set
     adopt_grace: float = 0  # > 0: a keeper holds the sandbox, which outlives its owner this long for another to adopt it
+    fork: bool = False  # the kernel may be forked from a server that imported it already (MSB_FORK_KERNELS), where the backend can
 
 
 @dataclass

@@ -41,6 +41,7 @@ from msb_kernels.backends.base import (
     SandboxRecord,
     SandboxSpec,
 )
+from msb_kernels.backends.forkservers import ForkServers, forkable
 from msb_kernels.backends.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.state import (
     HostCgroupSandbox,
@@ -141,6 +142,7 @@ class NamespaceSandbox(HostCgroupSandbox):
         self.lifeline = lifeline  # None when a keeper holds it
         self.keeper = keeper
         self.stderr = stderr
+        self.forked = False  # the kernel is a fork of a fork server (forkservers.py), not an exec
 
     async def poll(self) -> int | None:
         return self.process.returncode
@@ -189,7 +191,8 @@ class NamespaceSandbox(HostCgroupSandbox):
         self.backend.remove_state(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
 
     def info(self) -> dict:
-        return {**super().info(), "backend": "namespace", "init_pid": self.init_pid, "limits": "cgroup" if self.cgroup else "rlimit"}
+        return {**super().info(), "backend": "namespace", "init_pid": self.init_pid, "limits": "cgroup" if self.cgroup else "rlimit",
+                "forked": self.forked}
 
 
 class NamespaceBackend(SandboxBackend):
@@ -208,6 +211,7 @@ class NamespaceBackend(SandboxBackend):
         self.memory_scratch_reason = scratch.unavailable_reason()
         self.ports = host_ports(settings) if self.transport == "tcp" else None
         self._listeners: dict[str, list[socket.socket]] = {}  # tcp: per sandbox id, bound until release_ports
+        self.fork_servers = ForkServers(self.root / "forkservers")
 
     # -- tcp: host ports -------------------------------------------------------
 
@@ -241,7 +245,10 @@ class NamespaceBackend(SandboxBackend):
         return self._listeners[sandbox_id]
 
     def stats(self) -> dict:
-        return {"ports": self.ports.stats()} if self.ports else {}
+        stats: dict = {"fork_servers": self.fork_servers.info()}
+        if self.ports:
+            stats["ports"] = self.ports.stats()
+        return stats
 
     # -- availability ----------------------------------------------------------
 
@@ -351,7 +358,7 @@ class NamespaceBackend(SandboxBackend):
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
-            process = await self._launch(plan, lifeline_read, stderr_write, spec.io_dir / "exit_status")
+            process, forked = await self._launch(plan, lifeline_read, stderr_write, spec.io_dir / "exit_status", spec.fork)
             if keep:
                 try:
                     keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sandbox_pid=process.pid,
@@ -383,13 +390,15 @@ class NamespaceBackend(SandboxBackend):
             lifeline_write = None
             if keeper.stderr_fd is not None:
                 os.close(keeper.stderr_fd)  # this process reads its own copy
-        record.update(init_pid=process.pid, init_start=process_start_time(process.pid), cgroup=cgroup is not None,
+        record.update(init_pid=process.pid, init_start=process_start_time(process.pid), cgroup=cgroup is not None, forked=forked,
                       ports=[listener.getsockname()[1] for listener in listeners])
         write_state(state_dir, record)
         if self.rootful:
             uids.hand_over(uid, spec.sandbox_id, process.pid)
-        return NamespaceSandbox(spec, self, state_dir, process, cgroup, lifeline_write,
-                                KernelStderr(spec.sandbox_id, stderr_read), keeper)
+        sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, lifeline_write,
+                                   KernelStderr(spec.sandbox_id, stderr_read), keeper)
+        sandbox.forked = forked
+        return sandbox
 
     async def adopt(self, spec: SandboxSpec) -> NamespaceSandbox:
         state_dir = spec.io_dir.parent
@@ -400,9 +409,19 @@ class NamespaceBackend(SandboxBackend):
         stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
         sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, None, stderr, keeper)
         sandbox.created = record.get("created", sandbox.created)
+        sandbox.forked = bool(record.get("forked"))
         return sandbox
 
-    async def _launch(self, plan: dict, lifeline: int | None, stderr: int, exit_status: Path) -> PidfdProcess:
+    async def _launch(self, plan: dict, lifeline: int | None, stderr: int, exit_status: Path, fork: bool) -> tuple[PidfdProcess, bool]:
+        """Init's process, and whether the kernel was forked from a fork server (else exec'd by the launcher)."""
+        interpreter = forkable(plan["argv"]) if fork else None
+        if interpreter is not None:
+            fds = [stderr, *([lifeline] if lifeline is not None else []), *plan["listen_fds"]]
+            forked = await self.fork_servers.launch(interpreter, plan, fds)
+            if forked is not None:
+                report, connection = forked
+                with connection:  # the launcher waits for it to close: by then init's pidfd is held
+                    return self._launched(report, exit_status), True
         # -S -I: no site-packages, no environment; the launcher needs only the standard library.
         launcher = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-I", LAUNCHER,
@@ -414,17 +433,21 @@ class NamespaceBackend(SandboxBackend):
             launcher.stdin.write((json.dumps(plan) + "\n").encode())
             await launcher.stdin.drain()
             line = await asyncio.wait_for(launcher.stdout.readline(), LAUNCH_TIMEOUT)
-            report = json.loads(line or b'{"error": "the sandbox launcher exited without a report"}')
-            if "error" in report:
-                raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
-            process = PidfdProcess(int(report["pid"]), exit_status)  # before the launcher, init's parent, may exit
+            process = self._launched(json.loads(line or b'{"error": "the sandbox launcher exited without a report"}'), exit_status)
         except asyncio.TimeoutError:
             launcher.kill()
             raise SandboxError(f"the sandbox did not start within {LAUNCH_TIMEOUT:.0f} s") from None
         finally:
             launcher.stdin.close()
             await launcher.wait()
-        return process
+        return process, False
+
+    @staticmethod
+    def _launched(report: dict, exit_status: Path) -> PidfdProcess:
+        """Init's process from the launcher's report, taken before the launcher (init's parent) may exit."""
+        if "error" in report:
+            raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
+        return PidfdProcess(int(report["pid"]), exit_status)
 
     # -- removal and orphans ---------------------------------------------------
 

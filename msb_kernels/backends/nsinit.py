@@ -35,6 +35,7 @@ import select
 import socket
 import struct
 import sys
+from collections.abc import Callable
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -137,6 +138,7 @@ while True:
 """
 
 _libc = ctypes.CDLL(None, use_errno=True)
+StartKernel = Callable[[dict, int], None]
 
 
 def _check(result: int, what: str) -> None:
@@ -455,23 +457,36 @@ def _apply_fallback_limits(plan: dict) -> None:
         os.sched_setaffinity(0, allowed[: plan["cpu_affinity"]])
 
 
-def _exec_kernel(plan: dict, error_pipe: int) -> None:
+def drop_capabilities() -> None:
+    """Give up the capabilities init holds over the sandbox's own user namespace: an exec as uid 1000 would drop
+    them; the relay and a forked kernel never exec."""
+    header = struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0)
+    _check(_libc.capset(header, bytes(24)), "capset")
+
+
+def prepare_kernel_process(plan: dict) -> None:
+    """What every kernel process gets before its code runs, exec'd or forked (forkserver.py)."""
+    os.setpgid(0, 0)
+    os.dup2(0, 1)  # /dev/null: kernels print connection banners there; stderr (crashes) reaches the host
+    if plan.get("data_limit"):
+        resource.setrlimit(resource.RLIMIT_DATA, (plan["data_limit"], plan["data_limit"]))
+    os.chdir(SANDBOX_HOME)
+    os.umask(0o002)
+    for directory in plan.get("kernel_dirs", ()):
+        os.makedirs(directory, exist_ok=True)  # on sys.path from the start, so what lands there imports at once
+
+
+def exec_kernel(plan: dict, error_pipe: int) -> None:
+    """Start the kernel as a new program; the error pipe is close-on-exec, so its EOF tells init the exec worked."""
     try:
-        os.setpgid(0, 0)
-        os.dup2(0, 1)  # /dev/null: kernels print connection banners there; stderr (crashes) reaches the host
-        if plan.get("data_limit"):
-            resource.setrlimit(resource.RLIMIT_DATA, (plan["data_limit"], plan["data_limit"]))
-        os.chdir(SANDBOX_HOME)
-        os.umask(0o002)
-        for directory in plan.get("kernel_dirs", ()):
-            os.makedirs(directory, exist_ok=True)  # on sys.path from the start, so what lands there imports at once
+        prepare_kernel_process(plan)
         os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
     except BaseException as exc:  # report to init, which reports to the host
         os.write(error_pipe, f"cannot start kernel {plan['argv'][0]!r}: {exc}".encode())
         os._exit(127)
 
 
-def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None) -> None:
+def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None, start_kernel: StartKernel) -> None:
     """pid 1 of the sandbox: build it, start the kernel, become the reaper."""
     try:
         os.setsid()
@@ -499,7 +514,7 @@ def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_e
         kernel = os.fork()
         if kernel == 0:
             os.close(error_read)
-            _exec_kernel(plan, error_write)
+            start_kernel(plan, error_write)
         os.close(error_write)
         failure = os.read(error_read, 4096)
         if failure:
@@ -530,9 +545,7 @@ def _relay(listeners: list[int]) -> None:
     """
     _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(undumpable)")
     _libc.prctl(PR_SET_NAME, RELAY_NAME, 0, 0, 0)
-    # The capabilities init holds over the sandbox's own user namespace go at an exec; the relay never execs.
-    header = struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0)
-    _check(_libc.capset(header, bytes(24)), "capset")
+    drop_capabilities()
     for name in os.listdir("/proc/self/fd"):  # nothing of init's but the listeners
         if int(name) > 2 and int(name) not in listeners:
             try:
@@ -632,10 +645,11 @@ def _helper_log_tail(network: dict) -> str:
     return f" ({os.path.basename(network['helper'][0])} said: {tail})" if tail else ""
 
 
-def main() -> None:
-    report: dict
+def launch(plan: dict, start_kernel: StartKernel = exec_kernel) -> dict:
+    """Build the sandbox the plan describes and start its kernel with start_kernel, in a forked child of init that
+    must close the error pipe once the kernel runs (or write why it cannot). The report for the host: init's pid, or
+    the error. Called by main(), and by forkserver.py in a fork of the server."""
     try:
-        plan = json.loads(sys.stdin.readline())
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
         for fd in plan.get("listen_fds") or []:
@@ -661,7 +675,7 @@ def main() -> None:
             os.close(status_read)
             if helper_pid_pipe is not None:
                 os.close(helper_pid_pipe)
-            _run_init(plan, status_write, network_ready, network_exit)
+            _run_init(plan, status_write, network_ready, network_exit, start_kernel)
         os.close(status_write)
         if helper_pid_pipe is not None:
             os.write(helper_pid_pipe, str(init).encode())
@@ -673,9 +687,16 @@ def main() -> None:
         status = b"".join(chunks).decode(errors="replace")
         if status != "ok" and plan.get("network"):
             status += _helper_log_tail(plan["network"])
-        report = {"pid": init} if status == "ok" else {"error": status or "sandbox init exited during setup"}
+        return {"pid": init} if status == "ok" else {"error": status or "sandbox init exited during setup"}
     except Exception as exc:
-        report = {"error": f"sandbox launch failed: {exc}"}
+        return {"error": f"sandbox launch failed: {exc}"}
+
+
+def main() -> None:
+    try:
+        report = launch(json.loads(sys.stdin.readline()))
+    except ValueError as exc:
+        report = {"error": f"sandbox launch failed: the plan is not JSON ({exc})"}
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     sys.stdin.read()  # the host closes stdin once it holds a pidfd for init

@@ -44,6 +44,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "scratch_dir": ("{tmp}/scratch", "{tmp}/scratch"),
     "disk_reserve": ("false", False),
     "require_limits": ("true", True),
+    "fork_kernels": ("false", False),
     "port_range": ("9100-9199", "9100-9199"),
     "allow_network": ("yes", True),
     "python_image": ("registry.example/py:1", "registry.example/py:1"),
@@ -75,7 +76,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
 BAD_VALUES: dict[str, str] = {
     "default_flavor": "tiny", "session_timeout_seconds": "-1", "max_sessions": "0",
     "shared_volume_path": "/no/such/dir", "shared_volume_guest_path": "/proc/x", "backend": "docker", "transport": "udp",
-    "max_processes": "8", "concurrent_starts": "0", "require_limits": "maybe", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
+    "max_processes": "8", "concurrent_starts": "0", "require_limits": "maybe", "fork_kernels": "often", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
     "python_image": " ", "node_image": " ", "boot_timeout_seconds": "0", "host": "a b", "port": "70000",
     "capacity_memory_mib": "0", "capacity_cpus": "0", "cull_interval_seconds": "0",
     "cull_connected": "sometimes", "cull_busy": "often", "keep_kernels": "maybe", "adopt_grace_seconds": "-1", "pool_size": "python-huge=1",

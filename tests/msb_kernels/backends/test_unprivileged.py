@@ -66,11 +66,12 @@ SCRIPT = textwrap.dedent("""
             print(json.dumps({"error": str(exc)}))
             return
         kc = km.client(); kc.start_channels(); await kc.wait_for_ready(timeout=60)
+        forked = km.provisioner.sandbox.info()["forked"]
         out = []
         await kc.execute_interactive(CODE, output_hook=lambda m: out.append(m["content"].get("text", "")), timeout=60)
         kc.stop_channels(); await km.shutdown_kernel()
         seen = json.loads("".join(out).strip())
-        seen["transport"], seen["encrypted"] = km.transport, getattr(km, "curve_publickey", None) is not None
+        seen["transport"], seen["encrypted"], seen["forked"] = km.transport, getattr(km, "curve_publickey", None) is not None, forked
         print(json.dumps(seen))
     asyncio.run(main())
 """)
@@ -127,6 +128,7 @@ def run_as_nobody(python: Path, home: Path, **env: str) -> tuple[dict, str]:
 def test_unprivileged_user_gets_a_sandbox_with_rlimit_fallback(unprivileged_python, nobody_home):
     seen, log = run_as_nobody(unprivileged_python, nobody_home)
     assert seen["uid"] == 1000 and seen["host"] == "sandbox" and seen["nnp"] == "1"
+    assert seen["forked"], "without root the kernel is still forked from a fork server"
     assert seen["ifaces"] == ["lo"]
     assert "root" not in seen["root"] and "work" not in seen["root"]
     assert seen["cpus"] == 1, "small flavor is pinned to one core without cgroups"

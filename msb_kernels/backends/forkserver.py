@@ -1,0 +1,250 @@
+"""A fork server: a Python kernel's imports done once, then a fork per sandboxed kernel.
+
+Runs as ``<kernel's python> [its options] -s forkserver.py <fd>`` (forkservers.py starts it), with a clean
+environment, as its own session; fd is the listening Unix socket that the host bound for it. It imports ipykernel and what a started kernel imports, freezes that heap for
+the garbage collector (so children leave those pages shared), writes one JSON line to stdout
+(``{"pid": ..., "watched": {dir: mtime_ns}}``: the import directories as they were before the imports, to
+tell when the environment changed) and serves connections on that socket until its stdin, the owner's
+lifeline, closes.
+
+The server itself never reads a request: it accepts a connection from its own user and forks. The child reads
+the launch plan and the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python nsinit.py`` is on
+the exec path: the launcher. Its init forks the kernel process, which here does not exec: it drops every
+descriptor but 0-2, takes the kernel's environment, reseeds ``random`` (and numpy's global generator if a
+preload imported numpy), and runs ``ipykernel_launcher``'s ``IPKernelApp`` from the imported modules. So no
+plan, key or path of one kernel ever sits in the memory the next one inherits.
+
+What forked kernels do share with the server and with each other: the address-space layout of everything
+imported before the fork, and the string hash seed (PYTHONHASHSEED), both chosen when the server started. Code
+in a sandbox cannot reach the server or another sandbox to use either (README, "Forked kernels").
+
+Only the standard library and the kernel's own packages are used; nsinit.py is loaded by path.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import random
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
+    del sys.path[0]  # run as a script: its own directory is no kernel's import path
+
+# What a started IPKernelApp has imported beyond ipykernel.kernelapp: about 60 ms of a start when left to the child.
+PRELOADED = (
+    "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.debugger", "ipykernel.comm",
+    "IPython.core.debugger", "IPython.core.oinspect", "IPython.extensions.storemagic", "IPython.utils.wildcard",
+    "IPython.core.completerlib", "sqlite3", "tornado.platform.asyncio", "tornado.queues", "tornado.locks", "pdb",
+    "faulthandler",
+)
+REQUIRED = "ipykernel.kernelapp"
+LENGTH = struct.Struct("!I")
+MOST_PLAN_BYTES = 4 << 20
+MOST_FDS = 32
+SO_PEERCRED_FORMAT = struct.Struct("3i")  # pid, uid, gid
+RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
+
+
+def _load_nsinit():
+    spec = importlib.util.spec_from_file_location("msb_nsinit", os.path.join(HERE, "nsinit.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+nsinit = _load_nsinit()
+
+
+def import_directories() -> dict[str, int]:
+    """The import path's directories and their mtimes: installing or removing a package changes one."""
+    watched = {}
+    for entry in sys.path:
+        try:
+            watched[entry] = os.stat(entry).st_mtime_ns
+        except OSError:
+            continue
+    return watched
+
+
+def preload() -> None:
+    importlib.import_module(REQUIRED)
+    for name in PRELOADED:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            continue
+    if threading.active_count() != 1:
+        raise RuntimeError("importing the kernel started a thread, and a fork keeps only the forking one")
+    gc.collect()
+    gc.freeze()  # the collector leaves the imported objects alone, so forked kernels keep those pages shared
+
+
+def serve(listener: socket.socket) -> None:
+    poller = select.poll()
+    poller.register(listener.fileno(), select.POLLIN)
+    poller.register(0, select.POLLIN)  # the owner's lifeline: EOF when the gateway (or whoever started us) is gone
+    while True:
+        for fd, _ in poller.poll(1000):
+            if fd == 0:
+                if not os.read(0, 64):
+                    return
+                continue
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                continue
+            _, uid, _ = SO_PEERCRED_FORMAT.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, SO_PEERCRED_FORMAT.size))
+            if uid != os.geteuid():
+                connection.close()
+                continue
+            try:
+                child = os.fork()
+            except OSError:
+                connection.close()
+                continue
+            if child == 0:
+                _launcher(listener, connection)
+            connection.close()
+        while True:  # the launchers exit once the host holds a pidfd for their init
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+
+
+def _launcher(listener: socket.socket, connection: socket.socket) -> None:
+    """The forked child: read the plan, build the sandbox with nsinit, report init's pid, wait for the host."""
+    report: dict
+    try:
+        os.close(listener.detach())
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)  # not the server's lifeline
+        os.close(null)
+        os.setsid()
+        plan, (stderr, *fds) = _receive(connection)
+        os.dup2(stderr, 2)  # the sandbox's stderr, which the host reads
+        os.dup2(stderr, 1)
+        os.close(stderr)
+        if plan.get("lifeline_fd") is not None:
+            plan["lifeline_fd"] = fds.pop(0)
+        plan["listen_fds"] = fds[:len(plan.get("listen_fds") or [])]
+        report = nsinit.launch(plan, start_forked_kernel)
+    except Exception as exc:
+        report = {"error": f"the fork server could not launch the sandbox: {exc}"}
+    try:
+        connection.sendall(json.dumps(report).encode() + b"\n")
+        while connection.recv(4096):  # the host closes once it holds a pidfd for init
+            pass
+    finally:
+        os._exit(0)
+
+
+def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
+    """A request: a 4-byte length, then the plan as JSON; its descriptors ride on the first bytes."""
+    data, fds, _, _ = socket.recv_fds(connection, 65536, MOST_FDS)
+    if len(data) < LENGTH.size:
+        raise ValueError("the request ended before its length")
+    (length,) = LENGTH.unpack_from(data)
+    if length > MOST_PLAN_BYTES:
+        raise ValueError(f"a plan of {length} bytes is over the limit of {MOST_PLAN_BYTES}")
+    body = bytearray(data[LENGTH.size:])
+    while len(body) < length:
+        more = connection.recv(length - len(body))
+        if not more:
+            raise ValueError("the request ended before its plan")
+        body += more
+    if not fds:
+        raise ValueError("the request carries no stderr descriptor")
+    return json.loads(body), fds
+
+
+def start_forked_kernel(plan: dict, error_pipe: int) -> None:
+    """Init's forked child: become the kernel without an exec (nsinit.exec_kernel's counterpart)."""
+    try:
+        nsinit.prepare_kernel_process(plan)
+        nsinit.drop_capabilities()
+        for name in os.listdir("/proc/self/fd"):  # nothing of the server's, the launcher's or init's, but the error pipe
+            fd = int(name)
+            if fd > 2 and fd != error_pipe:
+                try:
+                    os.close(fd)
+                except OSError:
+                    continue
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in RESTORED_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start
+        arguments = kernel_arguments(plan["argv"])
+        os.environ.clear()
+        os.environ.update(plan["env"])
+        sys.path[:0] = [entry for entry in plan["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+        random.seed()  # from os.urandom: siblings forked from one server must not draw the same numbers
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()
+        sys.argv = ["ipykernel_launcher", *arguments]
+        os.close(error_pipe)  # the kernel "execs" now: init reports the sandbox started
+    except BaseException as exc:
+        os.write(error_pipe, f"cannot start the forked kernel: {exc}".encode())
+        os._exit(127)
+    code = 0
+    try:
+        from ipykernel import kernelapp
+
+        kernelapp.launch_new_instance(argv=arguments)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()  # what an interpreter's exit runs: IPython saves its history there
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def kernel_arguments(argv: list[str]) -> list[str]:
+    """The arguments after ``-m ipykernel_launcher`` in a kernel's argv."""
+    index = argv.index("-m")
+    if argv[index + 1] != "ipykernel_launcher":
+        raise ValueError(f"{argv!r} does not run ipykernel_launcher")
+    return argv[index + 2:]
+
+
+def main() -> None:
+    try:
+        listener = socket.socket(fileno=int(sys.argv[1]))
+        listener.set_inheritable(False)
+        watched = import_directories()
+        preload()
+    except BaseException as exc:
+        sys.stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.write(json.dumps({"pid": os.getpid(), "watched": watched}) + "\n")
+    sys.stdout.flush()
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 1)
+    os.close(null)
+    serve(listener)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Forked kernels (forkserver.py, forkservers.py): what they must not share, and how the servers come and go.
+
+Every other namespace test starts its Python kernels this way too (MSB_FORK_KERNELS is on by default), so the
+sandbox's escape tests, limits, interrupts and restarts all run against forked kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sysconfig
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute
+
+pytestmark = pytest.mark.asyncio
+
+# Every descriptor the kernel holds, as readlink shows it: pipes and sockets by inode, files by path.
+FD_TARGETS = (
+    "import os\n"
+    "def fd_targets():\n"
+    "    found = {}\n"
+    "    for name in os.listdir('/proc/self/fd'):\n"
+    "        try:\n"
+    "            found[int(name)] = os.readlink(f'/proc/self/fd/{name}')\n"
+    "        except OSError:\n"
+    "            pass  # the directory listdir held open\n"
+    "    return found\n"
+    "fd_targets()"
+)
+
+
+def fork_servers(km) -> list[dict]:
+    return km.provisioner.backend.stats()["fork_servers"]
+
+
+def host_fd_targets(pid: int) -> set[str]:
+    targets = set()
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            targets.add(os.readlink(entry))
+        except OSError:
+            continue
+    return targets
+
+
+def kernel_host_pid(km) -> int:
+    """The kernel process: init's only child besides a relay."""
+    init = km.provisioner.sandbox.init_pid
+    children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    return int(children[-1])
+
+
+def anonymous(targets) -> set[str]:
+    """Pipes and sockets, by inode: what could only be shared by inheritance, not opened again by a path."""
+    return {t for t in targets if t.startswith(("pipe:[", "socket:["))}
+
+
+async def test_a_forked_kernel_holds_nothing_of_the_server_or_a_sibling(start_kernel, runtime_root):
+    km_a, kc_a = await start_kernel()
+    km_b, kc_b = await start_kernel()
+    assert km_a.provisioner.sandbox.info()["forked"] and km_b.provisioner.sandbox.info()["forked"]
+    (server,) = fork_servers(km_a)
+    inside = (await execute(kc_a, FD_TARGETS)).value
+    server_fds = anonymous(host_fd_targets(server["pid"]))
+    sibling_fds = anonymous(host_fd_targets(kernel_host_pid(km_b)))
+    assert server_fds and sibling_fds
+    assert not anonymous(inside.values()) & (server_fds | sibling_fds), inside
+    assert not [t for t in inside.values() if str(runtime_root) in t or "forkserver" in t], inside
+    # The same descriptors as a kernel started by exec, by kind: nothing extra came through the fork.
+    assert sorted(inside)[:3] == [0, 1, 2]
+
+    # Not the server's numbers, and not each other's: random is reseeded in every child.
+    draws = [(await execute(kc, "import random; random.getrandbits(64)")).value for kc in (kc_a, kc_b)]
+    assert draws[0] != draws[1]
+    sessions = []
+    for kc in (kc_a, kc_b):
+        msg_id = kc.kernel_info()
+        reply = await kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        sessions.append(reply["header"]["session"])
+    assert sessions[0] != sessions[1]
+
+    # Neither the server nor a sibling can be named, signalled, traced or read from inside.
+    targets = [server["pid"], kernel_host_pid(km_b), km_b.provisioner.sandbox.init_pid]
+    attempts = (await execute(kc_a, (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def attempt(pid):\n"
+        "    outcome = []\n"
+        "    try:\n"
+        "        os.kill(pid, 0)\n"
+        "        outcome.append('signalled')\n"
+        "    except OSError as exc:\n"
+        "        outcome.append(type(exc).__name__)\n"
+        "    outcome.append('ptrace ok' if libc.ptrace(16, pid, 0, 0) == 0 else os.strerror(ctypes.get_errno()))\n"
+        "    outcome.append(os.path.exists(f'/proc/{pid}/mem'))\n"
+        "    return outcome\n"
+        f"[attempt(pid) for pid in {targets!r}]"
+    ))).value
+    assert all(outcome == ["ProcessLookupError", "No such process", False] for outcome in attempts), attempts
+    assert os.path.exists(f"/proc/{server['pid']}")
+
+    # The server's environment block stays in a forked kernel's memory: it holds nothing of the host's.
+    environ = (await execute(kc_a, "open('/proc/self/environ').read().split(chr(0))")).value
+    assert not [v for v in environ if v.startswith(("MSB_RUNTIME", "JUPYTER_", "MSB_TOKEN"))], environ
+    assert (await execute(kc_a, "import os; os.environ['MSB_FLAVOR']")).value == "small"
+
+
+async def test_a_killed_fork_server_is_replaced_and_its_kernels_live_on(start_kernel):
+    km_a, kc_a = await start_kernel()
+    await execute(kc_a, "kept = 41")
+    (server,) = fork_servers(km_a)
+    os.kill(server["pid"], signal.SIGKILL)
+    while os.path.exists(f"/proc/{server['pid']}") and "Z" not in Path(f"/proc/{server['pid']}/stat").read_text().split(")")[1][:3]:
+        await asyncio.sleep(0.05)
+    assert (await execute(kc_a, "kept + 1")).value == 42
+    km_b, kc_b = await start_kernel()
+    assert km_b.provisioner.sandbox.info()["forked"]
+    (fresh,) = fork_servers(km_b)
+    assert fresh["pid"] != server["pid"]
+    assert (await execute(kc_b, "1 + 1")).value == 2
+    assert (await execute(kc_a, "kept")).value == 41
+
+
+async def test_a_package_installed_in_the_kernels_environment_gets_a_fresh_fork_server(start_kernel):
+    km_a, _ = await start_kernel()
+    (before,) = fork_servers(km_a)
+    package = Path(sysconfig.get_paths()["purelib"]) / f"msb_forktest_{uuid.uuid4().hex[:8]}.py"
+    package.write_text("ANSWER = 42\n")
+    try:
+        km_b, kc_b = await start_kernel()
+        (after,) = fork_servers(km_b)
+        assert after["pid"] != before["pid"]
+        assert not os.path.exists(f"/proc/{before['pid']}") or "Z" in Path(f"/proc/{before['pid']}/stat").read_text()
+        assert (await execute(kc_b, f"import {package.stem}; {package.stem}.ANSWER")).value == 42
+    finally:
+        package.unlink()
+    km_c, kc_c = await start_kernel()
+    assert fork_servers(km_c)[0]["pid"] != after["pid"]  # removing it is a change too
+    assert (await execute(kc_c, f"import importlib.util; importlib.util.find_spec({package.stem!r}) is None")).value is True
+
+
+async def test_without_fork_kernels_each_kernel_starts_its_own_interpreter(start_kernel, monkeypatch):
+    monkeypatch.setenv("MSB_FORK_KERNELS", "false")
+    km, kc = await start_kernel()
+    assert km.provisioner.sandbox.info()["forked"] is False
+    cmdline = (await execute(kc, "open('/proc/self/cmdline').read().split(chr(0))")).value
+    assert cmdline[1:3] == ["-m", "ipykernel_launcher"]
+
+
+async def test_the_fork_server_ends_with_the_process_that_started_it():
+    started = await assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds=10)
+    assert started["fork_servers"], "the owner's kernel was not forked"
