@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.environment import available_mib, machine
-from bench.kernels import drain_iopub, execute_rtt, first_stdout, kernel_processes, kernel_rss, start_kernel, stop_kernel
+from bench.kernels import (
+    descendants,
+    drain_iopub,
+    execute_rtt,
+    first_stdout,
+    kernel_processes,
+    kernel_pss,
+    kernel_rss,
+    pss_bytes,
+    start_kernel,
+    stop_kernel,
+)
 from bench.servers import KernelSocket, start_gateway, start_plain_jupyter_server
 from bench.stats import summary
 
@@ -59,13 +70,17 @@ class Bench:
         available = [name for name, info in backends.items() if info["available"]]
         for name in available:
             starts[name] = []
-        log(f"cold start: {self.args.starts} starts each of {BARE} and {', '.join(available)}, interleaved")
-        for _ in range(self.args.starts):
+        # The other flavors on the run's backend: a fork server serves every flavor, the warm pool only python-small.
+        flavors = {f"{self.args.backend}:{flavor}": f"msb-python-{flavor}" for flavor in ("medium", "large")}
+        starts.update({key: [] for key in flavors})
+        log(f"cold start: {self.args.starts} starts each of {BARE}, {', '.join(available)} and {', '.join(flavors)}, interleaved, "
+            "after a first untimed round (which starts the fork servers)")
+        for round_ in range(self.args.starts + 1):
             for name in starts:
-                if name != BARE:
-                    os.environ["MSB_BACKEND"] = name
-                elapsed, km, kc = await start_kernel(BARE if name == BARE else MSB)
-                starts[name].append(elapsed)
+                os.environ["MSB_BACKEND"] = name.split(":")[0] if name != BARE else self.args.backend
+                elapsed, km, kc = await start_kernel(BARE if name == BARE else flavors.get(name, MSB))
+                if round_:
+                    starts[name].append(elapsed)
                 await stop_kernel(km, kc)
         os.environ["MSB_BACKEND"] = self.args.backend
         bare = summary(starts[BARE])
@@ -76,7 +91,10 @@ class Bench:
                 info["ratio_p95"] = info["start"]["p95_ms"] / bare["p95_ms"]
             else:
                 info["result"] = f"unavailable: {info['reason']}"
-        self.figures["cold_start"] = {"bare": bare, "backends": backends}
+        by_flavor = {"small": backends[self.args.backend]["start"]} if "start" in backends.get(self.args.backend, {}) else {}
+        by_flavor.update({key.split(":")[1]: summary(times) for key, times in starts.items() if key in flavors})
+        self.figures["cold_start"] = {"bare": bare, "backends": backends, "flavors": by_flavor, "backend": self.args.backend,
+                                      "fork_kernels": os.environ.get("MSB_FORK_KERNELS", "true"), "fork_servers": _fork_servers()}
 
     async def mcp_new_session(self) -> None:
         from mcp import Client
@@ -122,19 +140,26 @@ class Bench:
         log(f"execute 1+1, direct client: {n} each, interleaved sandboxed/bare")
         _, msb_km, msb_kc = await start_kernel(MSB)
         _, bare_km, bare_kc = await start_kernel(BARE)
+        os.environ["MSB_FORK_KERNELS"] = "false"  # beside it, a kernel that started its own interpreter: the round trip before forks
         try:
-            for kc in (msb_kc, bare_kc):
+            _, exec_km, exec_kc = await start_kernel(MSB)
+        finally:
+            os.environ.pop("MSB_FORK_KERNELS")
+        try:
+            for kc in (msb_kc, bare_kc, exec_kc):
                 for _ in range(20):
                     await execute_rtt(kc)
-            direct: dict[str, list[float]] = {"msb": [], "bare": []}
+            direct: dict[str, list[float]] = {"msb": [], "bare": [], "msb_exec": []}
             for i in range(n):
-                pair = [("msb", msb_kc), ("bare", bare_kc)]
-                for key, kc in (pair if i % 2 == 0 else pair[::-1]):
+                trio = [("msb", msb_kc), ("bare", bare_kc), ("msb_exec", exec_kc)]
+                for key, kc in (trio if i % 2 == 0 else trio[::-1]):
                     direct[key].append(await execute_rtt(kc))
                 if i % 100 == 99:
-                    await drain_iopub(msb_kc)
-                    await drain_iopub(bare_kc)
-            self.figures["execute_direct"] = {"msb": summary(direct["msb"]), "bare": summary(direct["bare"])}
+                    for kc in (msb_kc, bare_kc, exec_kc):
+                        await drain_iopub(kc)
+            self.figures["execute_direct"] = {key: summary(times) for key, times in direct.items()}
+            self.figures["execute_direct"]["msb_forked"] = msb_km.provisioner.sandbox.info().get("forked")
+            await stop_kernel(exec_km, exec_kc)
 
             log(f"time to first stdout byte of print('x'): {self.args.stdout_samples} each, interleaved")
             ttfb: dict[str, list[float]] = {"msb": [], "bare": []}
@@ -202,6 +227,7 @@ class Bench:
             gw_kernel = (await gateway.request("POST", "/api/kernels", {"name": MSB}))["id"]
             plain_kernel = (await plain.request("POST", "/api/kernels", {"name": BARE}))["id"]
             gw_ws, plain_ws = await KernelSocket.open(gateway, gw_kernel), await KernelSocket.open(plain, plain_kernel)
+            self.figures["gateway_session_pss"] = await gateway_session_pss(self.base / "gw", gw_kernel)
             gw_quick = await KernelSocket.open(gateway, gw_kernel, quickack=True)
             plain_quick = await KernelSocket.open(plain, plain_kernel, quickack=True)
             # A direct bare client as well, so every WebSocket sample has a direct bare sample beside it.
@@ -281,9 +307,13 @@ class Bench:
             try:
                 await asyncio.sleep(2)  # let them settle to idle
                 rss = [kernel_rss(km) for _, km, _ in kernels]
+                pss = [kernel_pss(km) for _, km, _ in kernels]
                 processes = [len(kernel_processes(km)) for _, km, _ in kernels]
                 memory[key] = {"sessions": count, "rss_mib_mean": statistics.fmean(rss) / MiB,
-                               "rss_mib_median": statistics.median(rss) / MiB, "processes_per_session": statistics.median(processes)}
+                               "rss_mib_median": statistics.median(rss) / MiB, "processes_per_session": statistics.median(processes),
+                               "pss_mib_median": statistics.median(pss) / MiB}
+                if key == "msb":
+                    memory["fork_server_pss_mib"] = sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB
                 deadline = time.perf_counter() + seconds
 
                 async def worker(kc: Any, deadline: float = deadline) -> int:
@@ -394,3 +424,22 @@ class Bench:
                 await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live))
         self.figures["capacity"] = capacity
         self.figures["cost_growth"] = growth
+
+
+def _fork_servers() -> list[dict]:
+    """The fork servers of this process's backend for the run's runtime dir."""
+    from msb_kernels.backends import get_backend
+    from msb_kernels.config import load_settings
+
+    return get_backend(load_settings()).stats().get("fork_servers", [])
+
+
+async def gateway_session_pss(runtime_dir: Path, kernel_id: str) -> dict:
+    """PSS of an idle gateway session: its sandbox's processes, and the keeper that holds it for adoption."""
+    import json
+
+    await asyncio.sleep(2)  # idle
+    state = json.loads((runtime_dir / kernel_id / "state.json").read_text())
+    sandbox = sum(pss_bytes(pid) for pid in descendants(state["init_pid"])) / MiB
+    keeper = pss_bytes(state["keeper_pid"]) / MiB if state.get("keeper_pid") else 0.0
+    return {"sandbox_mib": sandbox, "keeper_mib": keeper, "total_mib": sandbox + keeper, "forked": bool(state.get("forked"))}

@@ -10,7 +10,9 @@ from typing import Any
 
 
 async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any]:
-    """create -> first kernel_info reply; returns (seconds, manager, client)."""
+    """create -> first kernel_info reply; returns (seconds, manager, client), the client ready for iopub too.
+
+    Timed to the reply itself: jupyter_client's wait_for_ready then waits 0.2 s or more for iopub, for every kernel alike."""
     from jupyter_client.manager import AsyncKernelManager
 
     started = time.perf_counter()
@@ -19,13 +21,17 @@ async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any
     kc = km.client()
     kc.start_channels()
     try:
+        msg_id = kc.kernel_info()
+        while (await kc.get_shell_msg(timeout=timeout))["parent_header"].get("msg_id") != msg_id:
+            pass
+        elapsed = time.perf_counter() - started
         await kc.wait_for_ready(timeout=timeout)
     except BaseException:
         kc.stop_channels()
         with contextlib.suppress(Exception):
             await km.shutdown_kernel(now=True)
         raise
-    return time.perf_counter() - started, km, kc
+    return elapsed, km, kc
 
 
 async def stop_kernel(km: Any, kc: Any) -> None:
@@ -108,3 +114,16 @@ def kernel_processes(km: Any) -> set[int]:
 
 def kernel_rss(km: Any) -> int:
     return sum(rss_bytes(pid) for pid in kernel_processes(km))
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: pages shared with other processes (a fork server's, siblings') count by their share."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def kernel_pss(km: Any) -> int:
+    return sum(pss_bytes(pid) for pid in kernel_processes(km))

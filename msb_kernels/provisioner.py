@@ -329,7 +329,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             listening = functools.partial(sandbox.kernel_listening, port)
         deadline = time.monotonic() + LISTEN_WAIT_SECONDS
         while not listening() and time.monotonic() < deadline and await sandbox.poll() is None:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.002)  # a forked kernel binds within some 50 ms: a coarser step would add to every start
 
     async def cleanup(self, restart: bool = False) -> None:
         if self.sandbox is not None:

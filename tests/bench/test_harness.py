@@ -22,14 +22,19 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert results["mode"] == "quick" and results["baseline"] == "python3"
     figures = results["figures"]
     assert set(figures) == {"cold_start", "mcp_new_session", "execute_direct", "first_stdout", "execute_websocket",
-                            "execute_mcp", "throughput", "idle_memory", "burst", "capacity", "cost_growth", "side_by_side"}
+                            "execute_mcp", "throughput", "idle_memory", "burst", "capacity", "cost_growth", "side_by_side",
+                            "gateway_session_pss"}
     backends = figures["cold_start"]["backends"]
     assert backends["namespace"]["available"] and backends["namespace"]["start"]["n"] == 1
     assert backends["microsandbox"]["available"] or backends["microsandbox"]["result"].startswith("unavailable: ")
+    # Every flavor, forked from the one fork server the first, untimed round started.
+    assert {flavor: s["n"] for flavor, s in figures["cold_start"]["flavors"].items()} == {"small": 1, "medium": 1, "large": 1}
+    assert [server["kernels_forked"] >= 6 for server in figures["cold_start"]["fork_servers"]] == [True]
+    assert figures["execute_direct"]["msb_forked"] is True
     for key in ("pool", "no_pool"):
         assert figures["mcp_new_session"][key]["n"] == 1
     assert figures["mcp_new_session"]["pool"]["handed_out_by_pool"] == 1
-    for section, keys in (("execute_direct", ("msb", "bare")), ("first_stdout", ("msb", "bare")),
+    for section, keys in (("execute_direct", ("msb", "bare", "msb_exec")), ("first_stdout", ("msb", "bare")),
                           ("execute_websocket", ("msb", "bare_ws", "bare")), ("execute_mcp", ("memory", "http", "bare"))):
         for key in keys:
             assert {"n", "p50_ms", "p95_ms"} <= set(figures[section][key]), (section, key)
@@ -41,20 +46,29 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert all(f"execute 1+1, direct, {key} (side by side)" in table for key in expected - {"bare"}), table
     assert figures["throughput"]["msb"]["executions"] > 0 and figures["throughput"]["bare"]["executions"] > 0
     assert figures["idle_memory"]["msb"]["rss_mib_median"] > 0 and figures["idle_memory"]["bare"]["rss_mib_median"] > 0
+    assert 0 < figures["idle_memory"]["msb"]["pss_mib_median"] < figures["idle_memory"]["msb"]["rss_mib_median"]
+    assert figures["idle_memory"]["fork_server_pss_mib"] > 0
+    gateway = figures["gateway_session_pss"]
+    assert gateway["forked"] and gateway["keeper_mib"] > 0 and gateway["total_mib"] == gateway["sandbox_mib"] + gateway["keeper_mib"]
     for key in ("bare", "msb", "msb_all_at_once"):
         run = figures["burst"][key]
         assert 0 < run["first_s"] <= run["median_s"] <= run["last_s"], (key, run)
     assert figures["capacity"]["answering"] == 2 and figures["capacity"]["failure"] is None
     assert set(figures["cost_growth"]["msb"]) == {"1", "2"} == set(figures["cost_growth"]["bare"])
-    assert len(results["targets"]) == 7 and all({"target", "measured", "met"} <= set(t) for t in results["targets"])
+    assert len(results["targets"]) == 11 and all({"target", "measured", "met"} <= set(t) for t in results["targets"])
     # A target with two paths is met only when both are: the in-memory figure alone once printed "MET".
     sys.path.insert(0, str(REPO))
     from bench import report
 
     figures["execute_mcp"]["memory"]["p50_ms"], figures["execute_mcp"]["http"]["p50_ms"] = 3.0, 18.54
-    (mcp_target,) = [t for t in report.targets(figures) if t["target"].startswith("MCP execute_code")]
+    (mcp_target,) = [t for t in report.targets(figures) if "on an existing session" in t["target"]]
     assert mcp_target["met"] is False and "18.54 ms over HTTP" in mcp_target["measured"], mcp_target
     figures["execute_mcp"]["http"]["p50_ms"] = 12.0
-    assert [t["met"] for t in report.targets(figures) if t["target"].startswith("MCP execute_code")] == [True]
+    assert [t["met"] for t in report.targets(figures) if "on an existing session" in t["target"]] == [True]
+    # Over HTTP against a direct client: +4 ms at most.
+    figures["execute_mcp"]["bare"]["p50_ms"] = 7.5
+    assert [t["met"] for t in report.targets(figures) if "within +4 ms" in t["target"]] == [False]
+    figures["execute_mcp"]["http"]["p50_ms"] = 11.4
+    assert [t["met"] for t in report.targets(figures) if "within +4 ms" in t["target"]] == [True]
     assert (out / "bench.md").read_text().startswith("| figure |")
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
