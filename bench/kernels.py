@@ -76,12 +76,17 @@ async def first_stdout(kc: Any) -> float:
     return elapsed
 
 
-def rss_bytes(pid: int) -> int:
+def _kib_field(path: str, field: str) -> int:
+    """A "Name:  123 kB" line of a /proc file, in bytes; 0 for a process that is gone."""
     with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_bytes(pid: int) -> int:
+    return _kib_field(f"/proc/{pid}/status", "VmRSS:")
 
 
 def descendants(root: int) -> set[int]:
@@ -118,11 +123,7 @@ def kernel_rss(km: Any) -> int:
 
 def pss_bytes(pid: int) -> int:
     """Proportional set size: pages shared with other processes (a fork server's, siblings') count by their share."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def kernel_pss(km: Any) -> int:
