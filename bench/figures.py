@@ -308,10 +308,11 @@ class Bench:
                 await asyncio.sleep(2)  # let them settle to idle
                 rss = [kernel_rss(km) for _, km, _ in kernels]
                 pss = [kernel_pss(km) for _, km, _ in kernels]
+                uss = [sum(uss_bytes(pid) for pid in kernel_processes(km)) for _, km, _ in kernels]
                 processes = [len(kernel_processes(km)) for _, km, _ in kernels]
                 memory[key] = {"sessions": count, "rss_mib_mean": statistics.fmean(rss) / MiB,
                                "rss_mib_median": statistics.median(rss) / MiB, "processes_per_session": statistics.median(processes),
-                               "pss_mib_median": statistics.median(pss) / MiB}
+                               "pss_mib_median": statistics.median(pss) / MiB, "uss_mib_median": statistics.median(uss) / MiB}
                 if key == "msb":
                     memory["fork_server_pss_mib"] = sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB
                 deadline = time.perf_counter() + seconds
@@ -369,6 +370,7 @@ class Bench:
             live: list[tuple[Any, Any]] = []
             growth[key] = {}
             failure = None
+            available_before = available_mib()
             try:
                 for level in [0, *levels]:
                     while len(live) < level and failure is None:
@@ -420,6 +422,7 @@ class Bench:
                                     probe.stop_channels()
                     capacity.update(reached=len(live), answering=alive, failure=failure, clients="session 1 keeps a client; "
                                     "the others are idle with none attached", host_available_mib_at_peak=available_mib())
+                    capacity["memory_at_peak"] = memory_at_scale([km for km, _ in live], available_before)
             finally:
                 await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live))
         self.figures["capacity"] = capacity
@@ -435,11 +438,34 @@ def _fork_servers() -> list[dict]:
 
 
 async def gateway_session_pss(runtime_dir: Path, kernel_id: str) -> dict:
-    """PSS of an idle gateway session: its sandbox's processes, and the keeper that holds it for adoption."""
+    """PSS and USS of an idle gateway session: its sandbox's processes, and the keeper that holds it for adoption. The
+    gateway holds one session here, so the fork server's shared pages weigh on its PSS as they would not with many."""
     import json
 
     await asyncio.sleep(2)  # idle
     state = json.loads((runtime_dir / kernel_id / "state.json").read_text())
-    sandbox = sum(pss_bytes(pid) for pid in descendants(state["init_pid"])) / MiB
-    keeper = pss_bytes(state["keeper_pid"]) / MiB if state.get("keeper_pid") else 0.0
-    return {"sandbox_mib": sandbox, "keeper_mib": keeper, "total_mib": sandbox + keeper, "forked": bool(state.get("forked"))}
+    pids = descendants(state["init_pid"])
+    keeper = [state["keeper_pid"]] if state.get("keeper_pid") else []
+    return {"sandbox_mib": sum(pss_bytes(pid) for pid in pids) / MiB, "keeper_mib": sum(pss_bytes(pid) for pid in keeper) / MiB,
+            "total_mib": sum(pss_bytes(pid) for pid in [*pids, *keeper]) / MiB,
+            "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB, "keeper_uss_mib": sum(uss_bytes(pid) for pid in keeper) / MiB,
+            "forked": bool(state.get("forked"))}
+
+
+def uss_bytes(pid: int) -> int:
+    """Pages only this process maps: what its end would give back."""
+    from bench.kernels import _kib_field
+
+    rollup = f"/proc/{pid}/smaps_rollup"
+    return _kib_field(rollup, "Private_Dirty:") + _kib_field(rollup, "Private_Clean:")
+
+
+def memory_at_scale(managers: list[Any], available_before_mib: float, sample: int = 20) -> dict:
+    """With every session live: the host memory they took, per session, and the PSS and USS of a sample of them."""
+    per_session = [(sum(pss_bytes(pid) for pid in kernel_processes(km)) / MiB, sum(uss_bytes(pid) for pid in kernel_processes(km)) / MiB)
+                   for km in managers[:sample]]
+    return {"sessions": len(managers), "sampled": len(per_session),
+            "pss_mib_median": statistics.median(p for p, _ in per_session) if per_session else 0.0,
+            "uss_mib_median": statistics.median(u for _, u in per_session) if per_session else 0.0,
+            "host_mib_per_session": (available_before_mib - available_mib()) / max(1, len(managers)),
+            "fork_servers_pss_mib": sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB}

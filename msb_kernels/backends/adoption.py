@@ -94,6 +94,16 @@ def sweep_command() -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "msb_kernels.cli", "sweep"], env
 
 
+def keeper_plan(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
+                lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
+                sweep_env: dict[str, str] | None = None) -> dict:
+    """What keeper.py is told: its socket and record, the grace period, what it holds, and the sweep it ends with."""
+    sweep_argv, env = sweep_command()
+    return {"socket": socket_path(state_dir), "record": str(state_dir / ADOPTION_RECORD), "grace": grace, "sandbox_pid": sandbox_pid,
+            "argv": argv, "lifeline_fd": lifeline_fd, "stderr_fd": stderr_fd, "child_stderr_fd": child_stderr_fd,
+            "sweep_argv": sweep_argv, "sweep_env": {**env, **(sweep_env or {})}}
+
+
 async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
                        lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
                        sweep_env: dict[str, str] | None = None) -> tuple[int, int | None]:
@@ -102,10 +112,8 @@ async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None
     Called by a backend's create. The keeper holds sandbox_pid, or starts argv as its own child
     (whose stderr is child_stderr_fd), or, with neither (a microVM), holds only the grace period.
     Its parent exits at once, so it is nobody's child here."""
-    sweep_argv, env = sweep_command()
-    plan = {"socket": socket_path(state_dir), "record": str(state_dir / ADOPTION_RECORD), "grace": grace, "sandbox_pid": sandbox_pid, "argv": argv,
-            "lifeline_fd": lifeline_fd, "stderr_fd": stderr_fd, "child_stderr_fd": child_stderr_fd,
-            "sweep_argv": sweep_argv, "sweep_env": {**env, **(sweep_env or {})}}
+    plan = keeper_plan(state_dir, grace, sandbox_pid=sandbox_pid, argv=argv, lifeline_fd=lifeline_fd, stderr_fd=stderr_fd,
+                       child_stderr_fd=child_stderr_fd, sweep_env=sweep_env)
     fds = [fd for fd in (lifeline_fd, stderr_fd, child_stderr_fd) if fd is not None]
     log = os.open(state_dir / KEEPER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:

@@ -57,14 +57,15 @@ SO_PEERCRED_FORMAT = struct.Struct("3i")  # pid, uid, gid
 RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
-def _load_nsinit():
-    spec = importlib.util.spec_from_file_location("msb_nsinit", os.path.join(HERE, "nsinit.py"))
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"msb_{name}", os.path.join(HERE, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-nsinit = _load_nsinit()
+nsinit = _load("nsinit")
+keeper = _load("keeper")
 
 
 def import_directories() -> dict[str, int]:
@@ -127,7 +128,9 @@ def serve(listener: socket.socket) -> None:
 
 
 def _launcher(listener: socket.socket, connection: socket.socket) -> None:
-    """The forked child: read the plan, build the sandbox with nsinit, report init's pid, wait for the host."""
+    """The forked child: read the request. A launch plan: build the sandbox with nsinit, report init's pid, and wait
+    for the host to close (it holds init's pidfd then). A keeper's plan: become that sandbox's keeper (keeper.py),
+    still in the host's namespaces, its pages shared with the server's."""
     report: dict
     try:
         os.close(listener.detach())
@@ -135,14 +138,17 @@ def _launcher(listener: socket.socket, connection: socket.socket) -> None:
         os.dup2(null, 0)  # not the server's lifeline
         os.close(null)
         os.setsid()
-        plan, (stderr, *fds) = _receive(connection)
+        plan, fds = _receive(connection)
+        if "keeper" in plan:
+            _keeper(connection, plan["keeper"], fds)
+        stderr, *fds = fds
         os.dup2(stderr, 2)  # the sandbox's stderr, which the host reads
         os.dup2(stderr, 1)
         os.close(stderr)
         if plan.get("lifeline_fd") is not None:
             plan["lifeline_fd"] = fds.pop(0)
         plan["listen_fds"] = fds[:len(plan.get("listen_fds") or [])]
-        report = nsinit.launch(plan, start_forked_kernel)
+        report = nsinit.launch(plan, start_forked_kernel, reap_here)
     except Exception as exc:
         report = {"error": f"the fork server could not launch the sandbox: {exc}"}
     try:
@@ -153,8 +159,27 @@ def _launcher(listener: socket.socket, connection: socket.socket) -> None:
         os._exit(0)
 
 
+def _keeper(connection: socket.socket, plan: dict, fds: list[int]) -> None:
+    try:
+        plan["lifeline_fd"], plan["stderr_fd"], log = fds
+        os.dup2(log, 2)  # its own log, as an exec'd keeper's, not the server's
+        os.close(log)
+        held = keeper.start(plan)
+        answer = {"keeper": os.getpid()}
+    except Exception as exc:
+        held, answer = None, {"error": f"the sandbox's keeper did not start: {exc}"}
+    try:
+        connection.sendall(json.dumps(answer).encode() + b"\n")
+        connection.close()
+        if held is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            held.serve()
+    finally:
+        os._exit(0)
+
+
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
-    """A request: a 4-byte length, then the plan as JSON; its descriptors ride on the first bytes."""
+    """A request: a 4-byte length, then a plan as JSON; its descriptors ride on the first bytes."""
     data, fds, _, _ = socket.recv_fds(connection, 65536, MOST_FDS)
     if len(data) < LENGTH.size:
         raise ValueError("the request ended before its length")
@@ -168,7 +193,7 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
             raise ValueError("the request ended before its plan")
         body += more
     if not fds:
-        raise ValueError("the request carries no stderr descriptor")
+        raise ValueError("the request carries no descriptors")
     return json.loads(body), fds
 
 
@@ -177,13 +202,7 @@ def start_forked_kernel(plan: dict, error_pipe: int) -> None:
     try:
         nsinit.prepare_kernel_process(plan)
         nsinit.drop_capabilities()
-        for name in os.listdir("/proc/self/fd"):  # nothing of the server's, the launcher's or init's, but the error pipe
-            fd = int(name)
-            if fd > 2 and fd != error_pipe:
-                try:
-                    os.close(fd)
-                except OSError:
-                    continue
+        close_descriptors_but([error_pipe])  # nothing of the server's, the launcher's or init's
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in RESTORED_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
@@ -217,6 +236,31 @@ def start_forked_kernel(plan: dict, error_pipe: int) -> None:
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def reap_here(plan: dict, kernel: int, kept_fds: list[int]) -> None:
+    """Init runs nsinit's REAPER in this process instead of a fresh interpreter: its pages stay shared with the
+    server's, where an exec'd reaper would cost each sandbox some 4 MiB of its own."""
+    try:
+        nsinit.drop_capabilities()  # what the exec as uid 1000 would have dropped
+        close_descriptors_but(kept_fds)
+        sys.argv = ["msb-reaper", *nsinit.reaper_arguments(plan, kernel)]
+        code = compile(nsinit.REAPER, "<msb-reaper>", "exec")
+    except BaseException:
+        os._exit(1)  # init gone: the whole sandbox with it, and the host sees it end
+    exec(code, {"__name__": "__msb_reaper__"})  # nsinit's own reaper: the code an exec'd init would run
+    os._exit(0)
+
+
+def close_descriptors_but(kept: list[int]) -> None:
+    """Close every descriptor above 2 that is not kept: a fork, unlike an exec, closes none by itself."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in kept:
+            try:
+                os.close(fd)
+            except OSError:
+                continue
 
 
 def kernel_arguments(argv: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from msb_kernels.backends.adoption import KEEPER_LOG
 from msb_kernels.errors import SandboxError
 
 log = logging.getLogger("msb_kernels")
@@ -226,8 +227,25 @@ class ForkServers:
             raise
         return connection
 
+    async def start_keeper(self, interpreter: Interpreter, keeper_plan: dict) -> int | None:
+        """A sandbox's keeper (keeper.py) as a fork of the server, its pages shared with the server's, where an exec'd
+        keeper costs each sandbox some 4 MiB of its own. Its pid; None where this interpreter has no server."""
+        server = await self._server(interpreter)
+        if server is None:
+            return None
+        log = os.open(Path(keeper_plan["socket"]).with_name(KEEPER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            with await self._connect(server) as connection:
+                answer = await self._request(connection, {"keeper": keeper_plan}, [keeper_plan["lifeline_fd"], keeper_plan["stderr_fd"], log])
+        finally:
+            os.close(log)
+        if "error" in answer:
+            raise SandboxError(answer["error"], ["run `msb-kernels doctor` to check this host"])
+        return int(answer["keeper"])
+
     @staticmethod
     async def _request(connection: socket.socket, plan: dict, fds: list[int]) -> dict:
+        """One request and its one-line answer."""
         loop = asyncio.get_running_loop()
         body = json.dumps(plan).encode()
         message = len(body).to_bytes(LENGTH_BYTES, "big") + body
@@ -247,7 +265,7 @@ class ForkServers:
             line = await asyncio.wait_for(report_line(), REPORT_TIMEOUT)
         except asyncio.TimeoutError:
             raise SandboxError(f"the sandbox did not start within {REPORT_TIMEOUT:.0f} s") from None
-        return json.loads(line or b'{"error": "the fork server\'s launcher exited without a report"}')
+        return json.loads(line or b'{"error": "the fork server\'s launcher exited without an answer"}')
 
     def stop(self) -> None:
         for server in self._servers.values():

@@ -193,17 +193,23 @@ class Keeper:
                 self.answer(client)
 
 
+def start(plan: dict) -> Keeper:
+    """The keeper of plan, its socket listening. Called by main(), and by forkserver.py's launcher, which becomes
+    the keeper of the sandbox it built (so the keeper's pages stay shared with the fork server's)."""
+    for name in ("lifeline_fd", "stderr_fd"):
+        if plan.get(name) is not None:
+            os.set_inheritable(plan[name], False)  # never into runsc or the sweep
+    if plan.get("stderr_fd") is not None:
+        os.set_blocking(plan["stderr_fd"], False)
+    return Keeper(plan)
+
+
 def main() -> None:
     if "--detach" in sys.argv and os.fork() > 0:
         os._exit(0)  # its parent waits for this exit; the keeper, its child, is nobody's child for long
     plan = json.loads(sys.stdin.readline())
     try:
-        for name in ("lifeline_fd", "stderr_fd"):
-            if plan.get(name) is not None:
-                os.set_inheritable(plan[name], False)  # never into runsc or the sweep
-        if plan.get("stderr_fd") is not None:
-            os.set_blocking(plan["stderr_fd"], False)
-        keeper = Keeper(plan)
+        keeper = start(plan)
     except Exception as exc:
         sys.stdout.write(json.dumps({"error": f"the sandbox's keeper did not start: {exc}"}) + "\n")
         sys.stdout.flush()

@@ -139,6 +139,7 @@ while True:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 StartKernel = Callable[[dict, int], None]
+BecomeReaper = Callable[[dict, int, list[int]], None]
 
 
 def _check(result: int, what: str) -> None:
@@ -486,7 +487,8 @@ def exec_kernel(plan: dict, error_pipe: int) -> None:
         os._exit(127)
 
 
-def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None, start_kernel: StartKernel) -> None:
+def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None, start_kernel: StartKernel,
+              become_reaper: BecomeReaper) -> None:
     """pid 1 of the sandbox: build it, start the kernel, become the reaper."""
     try:
         os.setsid()
@@ -524,13 +526,21 @@ def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_e
         os._exit(1)
     os.write(status_pipe, b"ok")
     os.close(status_pipe)
+    become_reaper(plan, kernel, [fd for fd in (plan.get("lifeline_fd"), network_exit) if fd is not None])
+
+
+def reaper_arguments(plan: dict, kernel: int) -> list[str]:
     lifeline = plan.get("lifeline_fd")
-    if lifeline is not None:
-        os.set_inheritable(lifeline, True)
-    if network_exit is not None:
-        os.set_inheritable(network_exit, True)  # the reaper holds it; the helper quits when it closes
+    return [str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status"]
+
+
+def exec_reaper(plan: dict, kernel: int, kept_fds: list[int]) -> None:
+    """Init becomes REAPER, a small interpreter of its own. kept_fds: the lifeline, and the network
+    helper's exit pipe (the helper quits when it closes)."""
+    for fd in kept_fds:
+        os.set_inheritable(fd, True)
     python = plan["python"]
-    os.execve(python, [python, "-I", "-S", "-c", REAPER, str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status"], {"PATH": "/usr/bin:/bin"})
+    os.execve(python, [python, "-I", "-S", "-c", REAPER, *reaper_arguments(plan, kernel)], {"PATH": "/usr/bin:/bin"})
 
 
 def _relay(listeners: list[int]) -> None:
@@ -645,10 +655,10 @@ def _helper_log_tail(network: dict) -> str:
     return f" ({os.path.basename(network['helper'][0])} said: {tail})" if tail else ""
 
 
-def launch(plan: dict, start_kernel: StartKernel = exec_kernel) -> dict:
+def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: BecomeReaper = exec_reaper) -> dict:
     """Build the sandbox the plan describes and start its kernel with start_kernel, in a forked child of init that
-    must close the error pipe once the kernel runs (or write why it cannot). The report for the host: init's pid, or
-    the error. Called by main(), and by forkserver.py in a fork of the server."""
+    must close the error pipe once the kernel runs (or write why it cannot); then init runs become_reaper. The report
+    for the host: init's pid, or the error. Called by main(), and by forkserver.py in a fork of the server."""
     try:
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
@@ -675,7 +685,7 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel) -> dict:
             os.close(status_read)
             if helper_pid_pipe is not None:
                 os.close(helper_pid_pipe)
-            _run_init(plan, status_write, network_ready, network_exit, start_kernel)
+            _run_init(plan, status_write, network_ready, network_exit, start_kernel, become_reaper)
         os.close(status_write)
         if helper_pid_pipe is not None:
             os.write(helper_pid_pipe, str(init).encode())

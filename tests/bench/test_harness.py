@@ -54,6 +54,8 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
         run = figures["burst"][key]
         assert 0 < run["first_s"] <= run["median_s"] <= run["last_s"], (key, run)
     assert figures["capacity"]["answering"] == 2 and figures["capacity"]["failure"] is None
+    peak = figures["capacity"]["memory_at_peak"]
+    assert peak["sessions"] == 2 and 0 < peak["uss_mib_median"] < peak["pss_mib_median"], peak
     assert set(figures["cost_growth"]["msb"]) == {"1", "2"} == set(figures["cost_growth"]["bare"])
     assert len(results["targets"]) == 11 and all({"target", "measured", "met"} <= set(t) for t in results["targets"])
     # A target with two paths is met only when both are: the in-memory figure alone once printed "MET".
