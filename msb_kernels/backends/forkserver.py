@@ -145,8 +145,9 @@ def _launcher(listener: socket.socket, connection: socket.socket) -> None:
         os.dup2(stderr, 2)  # the sandbox's stderr, which the host reads
         os.dup2(stderr, 1)
         os.close(stderr)
-        if plan.get("lifeline_fd") is not None:
-            plan["lifeline_fd"] = fds.pop(0)
+        for name in ("lifeline_fd", "scratch_ready_fd"):
+            if plan.get(name) is not None:
+                plan[name] = fds.pop(0)
         plan["listen_fds"] = fds[:len(plan.get("listen_fds") or [])]
         report = nsinit.launch(plan, start_forked_kernel, reap_here)
     except Exception as exc:

@@ -304,14 +304,15 @@ class NamespaceBackend(SandboxBackend):
             for child in spec.io_dir.iterdir():
                 os.chown(child, uid, gid, follow_symlinks=False)
 
-        image = None
+        image = formatting = None
         if self.memory_scratch_reason is None:
             image = scratch.image_path(self.settings.scratch_root(), spec.sandbox_id)
             try:
-                await scratch.make_image(image, spec.flavor, reserve=self.settings.disk_reserve)
+                scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve)
             except BaseException:
                 self.remove_state(state_dir, None, keep_io_dir=True)
                 raise
+            formatting = scratch.Formatting(image)
 
         cgroup = None
         if self.hierarchy is not None:
@@ -320,6 +321,8 @@ class NamespaceBackend(SandboxBackend):
                 cgroup.create(spec.flavor, spec.max_processes)
             except OSError as exc:
                 cgroup.destroy(timeout=0)
+                if formatting is not None:
+                    formatting.close()
                 self.remove_state(state_dir, None, keep_io_dir=True)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
 
@@ -351,6 +354,7 @@ class NamespaceBackend(SandboxBackend):
             "env": _with_user_packages(spec) if template.user_packages else spec.env,
             "python": sys.executable,
             "lifeline_fd": lifeline_read,
+            "scratch_ready_fd": formatting.ready_fd if formatting else None,
             "kernel_dirs": [USER_PACKAGES] if template.user_packages else [],
             "network": network_plan,
             "listen_fds": [listener.fileno() for listener in listeners],
@@ -358,7 +362,14 @@ class NamespaceBackend(SandboxBackend):
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
-            process, forked = await self._launch(plan, lifeline_read, stderr_write, spec.io_dir / "exit_status", spec.fork)
+            try:
+                process, forked = await self._launch(plan, stderr_write, spec.io_dir / "exit_status", spec.fork)
+            except SandboxError:
+                if formatting is not None and (failure := formatting.failure()) is not None:
+                    raise failure from None  # what mkfs said, not only that init found no disk
+                raise
+            if formatting is not None:
+                await formatting.finish()
             if keep:
                 try:
                     keeper_pid = await self._start_keeper(state_dir, spec, process.pid, lifeline_write, stderr_read, forked)
@@ -377,6 +388,8 @@ class NamespaceBackend(SandboxBackend):
             for fd in (lifeline_read, lifeline_write, stderr_read):
                 if fd is not None:
                     os.close(fd)
+            if formatting is not None:
+                formatting.close()
             self.remove_state(state_dir, cgroup, keep_io_dir=True)
             raise
         finally:
@@ -410,11 +423,11 @@ class NamespaceBackend(SandboxBackend):
         sandbox.forked = bool(record.get("forked"))
         return sandbox
 
-    async def _launch(self, plan: dict, lifeline: int | None, stderr: int, exit_status: Path, fork: bool) -> tuple[PidfdProcess, bool]:
+    async def _launch(self, plan: dict, stderr: int, exit_status: Path, fork: bool) -> tuple[PidfdProcess, bool]:
         """Init's process, and whether the kernel was forked from a fork server (else exec'd by the launcher)."""
         interpreter = forkable(plan["argv"]) if fork else None
         if interpreter is not None:
-            fds = [stderr, *([lifeline] if lifeline is not None else []), *plan["listen_fds"]]
+            fds = [stderr, *self._passed_fds(plan)]
             forked = await self.fork_servers.launch(interpreter, plan, fds)
             if forked is not None:
                 report, connection = forked
@@ -424,7 +437,7 @@ class NamespaceBackend(SandboxBackend):
         launcher = await asyncio.create_subprocess_exec(
             sys.executable, "-S", "-I", LAUNCHER,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env={"PATH": "/usr/bin:/bin"},
-            pass_fds=([lifeline] if lifeline is not None else []) + plan["listen_fds"], start_new_session=True,
+            pass_fds=self._passed_fds(plan), start_new_session=True,
         )
         assert launcher.stdin and launcher.stdout
         try:
@@ -449,6 +462,11 @@ class NamespaceBackend(SandboxBackend):
         keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sandbox_pid=sandbox_pid, lifeline_fd=lifeline,
                                                     stderr_fd=stderr, sweep_env=self.settings_env())
         return keeper_pid
+
+    @staticmethod
+    def _passed_fds(plan: dict) -> list[int]:
+        """The descriptors the launcher gets with the plan, in the order forkserver.py takes them."""
+        return [fd for fd in (plan["lifeline_fd"], plan["scratch_ready_fd"]) if fd is not None] + plan["listen_fds"]
 
     @staticmethod
     def _launched(report: dict, exit_status: Path) -> PidfdProcess:

@@ -237,6 +237,11 @@ def _mount_scratch(plan: dict, root: str) -> None:
     """/tmp and home on one filesystem of the flavor's disk size, so together they stop at it."""
     scratch = plan["scratch_mount"]
     if plan.get("scratch_image"):
+        if plan.get("scratch_ready_fd") is not None:  # the host formats the disk while the root is being built
+            formatted = os.read(plan["scratch_ready_fd"], 1)
+            os.close(plan["scratch_ready_fd"])
+            if formatted != b"1":
+                raise OSError("the sandbox's disk was not formatted (mkfs.ext4 failed; the host's log says why)")
         device, loop = _attach_loop(plan["scratch_image"])
         try:  # noinit_itable: the image reads as zeros, so no background thread writes the inode tables
             _mount(device, scratch, "ext4", MS_NOSUID | MS_NODEV, "noinit_itable")
@@ -662,6 +667,8 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
     try:
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
+        if plan.get("scratch_ready_fd") is not None:
+            os.set_inheritable(plan["scratch_ready_fd"], False)
         for fd in plan.get("listen_fds") or []:
             os.set_inheritable(fd, False)  # inherited by forks only: the relay's, never an exec's
         for procs in plan["cgroup_procs"]:

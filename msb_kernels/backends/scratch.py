@@ -75,6 +75,13 @@ def image_path(scratch_root: Path, sandbox_id: str) -> Path:
 
 async def make_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
     """Put an empty ext4 of the flavor's disk size at ``path``: reserved in full, or sparse once the host has the room."""
+    reserve_image(path, flavor, reserve)
+    await format_image(path)
+
+
+def reserve_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
+    """The disk's file, of the flavor's size: its blocks reserved (fallocate), or sparse once the host has the room.
+    Called by the namespace backend, which formats it (format_image) while the sandbox is being built."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)
@@ -98,6 +105,10 @@ async def make_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
                            advice) from None
     finally:
         os.close(fd)
+
+
+async def format_image(path: Path) -> None:
+    """An empty ext4 on the reserved file; the file is removed if that fails."""
     mkfs = await asyncio.create_subprocess_exec(mkfs_path() or "mkfs.ext4", *MKFS_OPTIONS, str(path), stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={"PATH": SYSTEM_PATH})
     output, _ = await mkfs.communicate()
@@ -105,6 +116,38 @@ async def make_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
         remove_image(path)
         raise SandboxError(f"mkfs.ext4 could not format the sandbox's disk: {output.decode(errors='replace').strip()[-300:]}",
                            ["run `msb-kernels doctor` to check this host"])
+
+
+class Formatting:
+    """A sandbox's disk formatted while its root is built: init reads one byte from ready_fd (b"1", or EOF if mkfs
+    failed) before it mounts the disk, so the format costs a start only what the root's other mounts do not cover."""
+
+    def __init__(self, path: Path):
+        self.ready_fd, self._ready_write = os.pipe()
+        self.task = asyncio.ensure_future(format_image(path))
+        self.task.add_done_callback(self._tell_init)
+
+    def _tell_init(self, task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is None:
+            os.write(self._ready_write, b"1")
+        os.close(self._ready_write)
+
+    async def finish(self) -> None:
+        """mkfs's own error, where it failed; the host's copy of ready_fd is closed either way."""
+        try:
+            await self.task
+        finally:
+            self.close()
+
+    def failure(self) -> BaseException | None:
+        return self.task.exception() if self.task.done() and not self.task.cancelled() else None
+
+    def close(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+        if self.ready_fd >= 0:
+            os.close(self.ready_fd)
+            self.ready_fd = -1
 
 
 def remove_image(path: Path) -> None:
