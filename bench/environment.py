@@ -26,6 +26,30 @@ def isolate(base: Path, max_sessions: int, backend: str = "namespace") -> None:
     os.environ["PATH"] = f"{VENV_BIN}:{os.environ.get('PATH', '')}"
 
 
+def raise_host_limits(sessions: int) -> list[str]:
+    """Lift what would stop the capacity run short of sessions idle kernels, where this process may; say what was
+    changed, and what is still in the way and how to lift it."""
+    import resource
+
+    said = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 64 + 8 * sessions  # per sandbox this process holds a pidfd, pipes and, for tcp, host ports
+    if soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(needed, soft)), hard))
+        said.append(f"open files (RLIMIT_NOFILE) raised from {soft} to {min(hard, needed)}")
+    if hard < needed:
+        said.append(f"open files: the hard limit {hard} is below the {needed} the run needs: raise it (ulimit -Hn, or LimitNOFILE=)")
+    tasks = 12 * sessions  # a kernel's threads and its sandbox's init
+    for path, what in (("/proc/sys/kernel/pid_max", "kernel.pid_max"), ("/proc/sys/kernel/threads-max", "kernel.threads-max")):
+        try:
+            value = int(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        if value < tasks:
+            said.append(f"{what} is {value}, below the {tasks} tasks the run may need: sysctl -w {what}={tasks * 2}")
+    return said
+
+
 def meminfo_mib(field: str) -> int | None:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith(f"{field}:"):

@@ -366,13 +366,15 @@ class Bench:
         growth: dict[str, Any] = {"levels": levels}
         capacity: dict[str, Any] = {"tried": target}
         for key, name in (("msb", MSB), ("bare", BARE)):
-            log(f"capacity and cost growth: up to {target} live {name} sessions")
+            # Bare kernels go up to the cost-growth levels only: 500 of them would take some 25 GiB.
+            steps = [0, *levels, *([target] if key == "msb" and target not in levels else [])]
+            log(f"capacity and cost growth: up to {steps[-1]} live {name} sessions")
             live: list[tuple[Any, Any]] = []
             growth[key] = {}
             failure = None
             available_before = available_mib()
             try:
-                for level in [0, *levels]:
+                for level in steps:
                     while len(live) < level and failure is None:
                         batch = min(self.args.batch, level - len(live))
                         outcome = await asyncio.gather(*(start_kernel(name) for _ in range(batch)), return_exceptions=True)
@@ -389,8 +391,8 @@ class Bench:
                                 live.append((item[1], item[2]))
                     if failure is not None:
                         break
-                    if level == 0:
-                        continue
+                    if level not in levels:
+                        continue  # none yet, or the capacity beyond the growth levels: reached, then probed below
                     await asyncio.sleep(1)
                     starts = []
                     for _ in range(self.args.growth_starts):
@@ -424,7 +426,8 @@ class Bench:
                                     "the others are idle with none attached", host_available_mib_at_peak=available_mib())
                     capacity["memory_at_peak"] = memory_at_scale([km for km, _ in live], available_before)
             finally:
-                await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live))
+                for first in range(0, len(live), 50):  # a shutdown opens sockets: 500 at once pass ZMQ's 1023 per context
+                    await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live[first:first + 50]))
         self.figures["capacity"] = capacity
         self.figures["cost_growth"] = growth
 

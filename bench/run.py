@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:  # run as a script, sys.path starts at bench/: the
     sys.path.insert(0, str(REPO))
 
 from bench import report  # noqa: E402
-from bench.environment import isolate  # noqa: E402
+from bench.environment import isolate, raise_host_limits  # noqa: E402
 from bench.figures import Bench  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -65,7 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> dict:
     base = Path(tempfile.mkdtemp(prefix="msbb-", dir="/tmp"))  # short: ipc socket paths must fit in 107 bytes
     isolate(base, max_sessions=max(args.capacity, max(args.levels)) + 10, backend=args.backend)
+    limits = raise_host_limits(max(args.capacity, max(args.levels)))
+    for line in limits:
+        print(f"host limits: {line}", flush=True)
     bench = Bench(args, base)
+    bench.results["host_limits"] = limits
     began = time.perf_counter()
     try:
         await bench.cold_start()
