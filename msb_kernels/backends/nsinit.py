@@ -1,22 +1,25 @@
-"""The namespace sandbox's launcher and init; runs as ``python -S .../nsinit.py`` (a script, for a fast start).
+"""The namespace sandbox's launcher and init; runs as ``python -S .../nsinit.py`` (a script, for a fast start),
+or in a fork of a fork server (forkserver.py calls launch() with its own kernel start and reaper).
 
 The host side (namespace.py) writes one JSON line, the launch plan, to stdin. Then:
 
-1. The launcher joins the sandbox's cgroups. With MSB_ALLOW_NETWORK it forks the
-   network helper (slirp4netns) while still in the host's network namespace. Then it
-   unshares mount, pid, net, ipc, uts and cgroup namespaces (plus a user namespace
-   when the host is not root).
-2. It forks the sandbox's init (pid 1). Init builds a fresh root: a read-only
-   tmpfs holding read-only binds of what a kernel needs, a private /dev with its
-   own devpts, /tmp and home on the sandbox's disk (a loop-mounted image; RAM when
-   the host cannot), the kernel's io dir, the shared volume; then pivot_root, loopback up.
-   With a network, it waits for the helper's tap0 and adds the routes that fence off the
-   host and the LAN, while it still holds CAP_NET_ADMIN over the namespace.
+1. The launcher opens the sandbox's cgroups' procs files. With MSB_ALLOW_NETWORK it forks
+   the network helper (slirp4netns) while still in the host's network namespace. Then it
+   unshares mount, pid, net, ipc and uts namespaces (plus a user namespace when the host
+   is not root, and the cgroup namespace when there are no cgroups).
+2. It forks the sandbox's init (pid 1), and puts init (and the helper) in the cgroups
+   while init builds a fresh root: a read-only tmpfs holding read-only binds of what a
+   kernel needs, a private /dev with its own devpts, /tmp and home on the sandbox's disk
+   (a loop-mounted image, once the host has formatted it; RAM when the host cannot), the
+   kernel's io dir, the shared volume; then pivot_root, loopback up. With a network, it
+   waits for the helper's tap0 and adds the routes that fence off the host and the LAN,
+   while it still holds CAP_NET_ADMIN over the namespace. Init then waits until it is in
+   its cgroups, and unshares its cgroup namespace there.
 3. Init gives up host privileges for good: an unprivileged uid when the host is
    root, no_new_privs, and a user namespace where it is uid 1000.
 4. With MSB_TRANSPORT=tcp it forks the relay (see _relay). Then it forks the kernel
-   and re-execs itself as a tiny reaper that forwards signals to the kernel and kills
-   the sandbox when the owner's lifeline closes.
+   and becomes a tiny reaper that forwards signals to the kernel and kills the sandbox
+   when the owner's lifeline closes (an exec of REAPER; forked kernels' inits run it in place).
 5. The launcher prints ``{"pid": <init's host pid>}`` (or ``{"error": ...}``),
    waits for the host to close stdin (it has taken a pidfd by then), and exits.
 
@@ -385,15 +388,17 @@ def _add_route(destination: str, route_type: int, gateway: str | None = None) ->
         raise OSError(exc.errno, f"adding the route for {destination}: {exc.strerror}") from None
 
 
-def _start_network_helper(network: dict, ready_write: int, exit_read: int) -> int:
+def _start_network_helper(network: dict, ready_write: int, exit_read: int) -> tuple[int, int]:
     """Fork the helper (slirp4netns) while still in the host's network namespace; it waits for init's pid.
+    Returns the pipe to send that pid on, and the helper's own pid.
 
     It serves the sandbox's tap device from the host side, writes to ready_write once the
     interface is configured, and quits when exit_read reaches EOF: init holds the write end,
     so the helper goes when the sandbox does, however it ends.
     """
     pid_read, pid_write = os.pipe()
-    if os.fork() == 0:
+    helper = os.fork()
+    if helper == 0:
         try:
             os.close(pid_write)
             target = os.read(pid_read, 32).decode().strip()
@@ -415,7 +420,7 @@ def _start_network_helper(network: dict, ready_write: int, exit_read: int) -> in
             os.write(2, f"cannot start {network['helper'][0]}: {exc}\n".encode())
         os._exit(127)
     os.close(pid_read)
-    return pid_write
+    return pid_write, helper
 
 
 def _await_network(ready_read: int) -> None:
@@ -492,8 +497,8 @@ def exec_kernel(plan: dict, error_pipe: int) -> None:
         os._exit(127)
 
 
-def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None, start_kernel: StartKernel,
-              become_reaper: BecomeReaper) -> None:
+def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None, cgroups_joined: int | None,
+              start_kernel: StartKernel, become_reaper: BecomeReaper) -> None:
     """pid 1 of the sandbox: build it, start the kernel, become the reaper."""
     try:
         os.setsid()
@@ -507,6 +512,11 @@ def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_e
             _await_network(network_ready)
             _restrict_routes(plan["network"])
         _check(_libc.sethostname(plan["hostname"].encode(), len(plan["hostname"])), "sethostname")
+        if cgroups_joined is not None:
+            if os.read(cgroups_joined, 1) != b"1":
+                raise RuntimeError("the launcher could not put the sandbox in its cgroups")
+            os.close(cgroups_joined)
+            _unshare(CLONE_NEWCGROUP)  # rooted at the sandbox's own cgroup, now that init is in it
         _drop_privileges(plan)
         _apply_fallback_limits(plan)
         listeners = plan.get("listen_fds") or []
@@ -671,29 +681,52 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
             os.set_inheritable(plan["scratch_ready_fd"], False)
         for fd in plan.get("listen_fds") or []:
             os.set_inheritable(fd, False)  # inherited by forks only: the relay's, never an exec's
-        for procs in plan["cgroup_procs"]:
-            _write(procs, str(os.getpid()))
-        network_ready = network_exit = helper_pid_pipe = None
+        # Opened now, while the host's cgroup mounts are in view: init is put in them once it exists (below).
+        cgroup_procs = [os.open(procs, os.O_WRONLY | os.O_CLOEXEC) for procs in plan["cgroup_procs"]]
+        network_ready = network_exit = helper_pid_pipe = helper = None
         if plan.get("network"):
-            # Forked after joining the cgroups: the helper's memory and CPU count toward the flavor.
             network_ready, ready_write = os.pipe()
             exit_read, network_exit = os.pipe()
-            helper_pid_pipe = _start_network_helper(plan["network"], ready_write, exit_read)
+            helper_pid_pipe, helper = _start_network_helper(plan["network"], ready_write, exit_read)
             os.close(ready_write)
             os.close(exit_read)
-        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+        if not cgroup_procs:
+            flags |= CLONE_NEWCGROUP  # with cgroups, init unshares it once it is in the sandbox's own
         if plan["rootful"]:
             _unshare(flags)
         else:
             _enter_user_namespace(flags, 0)
         status_read, status_write = os.pipe()
+        joined_read, joined_write = os.pipe() if cgroup_procs else (None, None)
         init = os.fork()
         if init == 0:
             os.close(status_read)
+            if joined_write is not None:
+                os.close(joined_write)
             if helper_pid_pipe is not None:
                 os.close(helper_pid_pipe)
-            _run_init(plan, status_write, network_ready, network_exit, start_kernel, become_reaper)
+            _run_init(plan, status_write, network_ready, network_exit, joined_read, start_kernel, become_reaper)
         os.close(status_write)
+        join_failure = ""
+        if cgroup_procs:
+            os.close(joined_read)
+            # While init builds the root: a process's first move into a cgroup v1 hierarchy waits out an RCU grace
+            # period (some 10 ms here), which before the fork was all start time. Init starts no other process,
+            # and runs nothing of the kernel's, until it reads the byte. The helper's memory and CPU count toward
+            # the flavor too.
+            try:
+                for fd in cgroup_procs:
+                    for pid in (init, helper):
+                        if pid is not None:
+                            os.write(fd, str(pid).encode())
+                os.write(joined_write, b"1")
+            except OSError as exc:
+                join_failure = f" (joining the sandbox's cgroups: {exc})"
+            finally:
+                os.close(joined_write)
+                for fd in cgroup_procs:
+                    os.close(fd)
         if helper_pid_pipe is not None:
             os.write(helper_pid_pipe, str(init).encode())
             os.close(helper_pid_pipe)
@@ -702,6 +735,8 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
         while chunk := os.read(status_read, 4096):
             chunks.append(chunk)
         status = b"".join(chunks).decode(errors="replace")
+        if status != "ok":
+            status += join_failure
         if status != "ok" and plan.get("network"):
             status += _helper_log_tail(plan["network"])
         return {"pid": init} if status == "ok" else {"error": status or "sandbox init exited during setup"}

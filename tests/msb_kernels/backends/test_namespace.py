@@ -39,6 +39,19 @@ async def test_writes_outside_the_allowed_dirs_fail(shared_kernel):
     assert not os.path.exists(venv_file)
 
 
+@needs_cgroups
+async def test_every_sandbox_process_is_in_its_cgroups_and_sees_only_its_own(start_kernel):
+    km, kc = await start_kernel()
+    sandbox = km.provisioner.sandbox
+    init = sandbox.init_pid
+    children = {int(pid) for pid in Path(f"/proc/{init}/task/{init}/children").read_text().split()}
+    for path in sandbox.cgroup.paths.values():  # every hierarchy: memory, cpu and pids
+        members = {int(pid) for pid in (Path(path) / "cgroup.procs").read_text().split()}
+        assert {init} | children <= members, (path, init, children, members)
+    inside = (await execute(kc, "open('/proc/self/cgroup').read().split()")).value
+    assert inside and all(line.endswith(":/") for line in inside), inside  # its cgroup namespace is rooted at its own
+
+
 async def test_the_kernel_is_never_host_root(start_kernel):
     km, kc = await start_kernel()
     status = (await execute(kc, "print(open('/proc/self/status').read())")).stdout
