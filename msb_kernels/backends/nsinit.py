@@ -247,7 +247,7 @@ def _mount_scratch(plan: dict, root: str) -> None:
                 raise OSError("the sandbox's disk was not formatted (mkfs.ext4 failed; the host's log says why)")
         device, loop = _attach_loop(plan["scratch_image"])
         try:  # noinit_itable: the image reads as zeros, so no background thread writes the inode tables
-            _mount(device, scratch, "ext4", MS_NOSUID | MS_NODEV, "noinit_itable")
+            _mount(device, scratch, "ext4", MS_NOSUID | MS_NODEV, "noinit_itable,nobarrier")
         finally:
             os.close(loop)  # the mount holds the device now; when it goes, autoclear detaches it
     else:
