@@ -82,6 +82,7 @@ class Bench:
                 if round_:
                     starts[name].append(elapsed)
                 await stop_kernel(km, kc)
+                await settle()  # a stopped sandbox's teardown (gVisor's runsc above all) ends before the next start
         os.environ["MSB_BACKEND"] = self.args.backend
         bare = summary(starts[BARE])
         for name, info in backends.items():
@@ -472,3 +473,13 @@ def memory_at_scale(managers: list[Any], available_before_mib: float, sample: in
             "uss_mib_median": statistics.median(u for _, u in per_session) if per_session else 0.0,
             "host_mib_per_session": (available_before_mib - available_mib()) / max(1, len(managers)),
             "fork_servers_pss_mib": sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB}
+
+
+async def settle(quiet_load: float = 0.5, most_seconds: float = 3.0) -> None:
+    """Wait until the CPUs are about idle again (the 1-second run queue, from /proc/loadavg's running count)."""
+    deadline = time.perf_counter() + most_seconds
+    while time.perf_counter() < deadline:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1  # this process is running
+        if running <= quiet_load:
+            return
+        await asyncio.sleep(0.05)

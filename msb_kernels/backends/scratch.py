@@ -26,9 +26,10 @@ from msb_kernels.flavors import FLAVORS, Flavor
 
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 IMAGE_SUFFIX = ".img"
-# No journal (the disk is thrown away with the sandbox); no reserved blocks (all of it is the user's);
+# No journal (the disk is thrown away with the sandbox); no reserved blocks (all of it is the user's); no room kept
+# for growing it, which it never does (^resize_inode: mkfs of a 4 GiB disk in 6 ms instead of 15);
 # nodiscard: mke2fs would otherwise punch holes in the reservation.
-MKFS_OPTIONS = ("-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "nodiscard,lazy_itable_init=1")
+MKFS_OPTIONS = ("-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0", "-E", "nodiscard,lazy_itable_init=1")
 
 
 def host_headroom_bytes(total: int) -> int:
