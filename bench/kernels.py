@@ -21,10 +21,7 @@ async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any
     kc = km.client()
     kc.start_channels()
     try:
-        msg_id = kc.kernel_info()
-        while (await kc.get_shell_msg(timeout=timeout))["parent_header"].get("msg_id") != msg_id:
-            pass
-        elapsed = time.perf_counter() - started
+        elapsed = await first_kernel_info_reply(km, kc, started, timeout)
         await kc.wait_for_ready(timeout=timeout)
     except BaseException:
         kc.stop_channels()
@@ -32,6 +29,26 @@ async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any
             await km.shutdown_kernel(now=True)
         raise
     return elapsed, km, kc
+
+
+async def first_kernel_info_reply(km: Any, kc: Any, started: float, timeout: float) -> float:
+    """Seconds from started to the first kernel_info reply. The request goes again at a growing interval, as
+    wait_for_ready sends it again, since a kernel's ports can be lost to a race; a kernel that died raises."""
+    deadline = started + timeout
+    interval = 0.05
+    while time.perf_counter() < deadline:
+        kc.kernel_info()
+        try:
+            while True:
+                reply = await kc.get_shell_msg(timeout=interval)
+                if reply["msg_type"] == "kernel_info_reply":
+                    return time.perf_counter() - started
+        except queue.Empty:
+            pass
+        if not await km.is_alive():
+            raise RuntimeError(f"kernel {km.kernel_id} died before it answered kernel_info")
+        interval = min(interval * 2, 1.0)
+    raise TimeoutError(f"kernel {km.kernel_id} did not answer kernel_info within {timeout:.0f} s")
 
 
 async def stop_kernel(km: Any, kc: Any) -> None:
