@@ -702,21 +702,31 @@ class MsbKernelManager(AsyncMappingKernelManager):
             "culling": {"idle_timeout": self.cull_idle_timeout, "interval": self.cull_interval,
                         "connected": self.cull_connected, "busy": self.cull_busy},
             "pool": self.pool.stats(),
+            # Not sessions: the namespace backend's fork servers, one per Python environment (forkservers.py).
+            "fork_servers": backend_stats(self.msb_settings)[1].get("fork_servers", []),
             "kernels": kernels,
             "recently_stopped": list(self.stopped),
             "gateway": gateway_process_stats(),
         }
 
 
-def port_stats(settings: Any) -> dict:
-    """Host ports from the backend: 5 per kernel over tcp (microVMs, MSB_TRANSPORT=tcp); none over ipc."""
+def backend_stats(settings: Any) -> tuple[Any, dict]:
+    """The backend and what it says of itself; (None, {"note": why}) when there is none to ask."""
     try:
         from msb_kernels.backends import get_backend
 
         backend = get_backend(settings)
-        ports = dict((backend.stats() if hasattr(backend, "stats") else {}).get("ports") or {})
+        return backend, backend.stats()
     except Exception as exc:  # stats must answer even when the backend cannot
-        return {"allocated": 0, "available": 0, "note": f"no backend: {exc}"}
+        return None, {"note": f"no backend: {exc}"}
+
+
+def port_stats(settings: Any) -> dict:
+    """Host ports from the backend: 5 per kernel over tcp (microVMs, MSB_TRANSPORT=tcp); none over ipc."""
+    backend, stats = backend_stats(settings)
+    if backend is None:
+        return {"allocated": 0, "available": 0, "note": stats["note"]}
+    ports = dict(stats.get("ports") or {})
     if {"allocated", "available"} <= set(ports):
         return {**ports, "backend": backend.name}
     return {"allocated": 0, "available": 0, "backend": backend.name,

@@ -226,6 +226,8 @@ async def test_max_sessions_and_capacity_refusals(gateway_factory) -> None:
     assert any("stop a session" in s for s in refused.json["suggestions"])
     stats = await gateway.stats()
     assert stats["active_sessions"] == 2 and stats["max_sessions"] == 2
+    (fork_server,) = stats["fork_servers"]  # it forked both kernels, and counts toward no limit
+    assert fork_server["kernels_forked"] >= 2 and fork_server["python"].endswith("python"), fork_server
     assert (stats["total_memory_mb"], stats["total_cpus"]) == (3072, 3)
     assert stats["available"] == {"memory_mb": 0, "cpus": 5}
     assert stats["utilization"]["sessions"] == 100.0 and stats["utilization"]["memory"] == 100.0
