@@ -112,9 +112,13 @@ async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None
     Called by a backend's create. The keeper holds sandbox_pid, or starts argv as its own child
     (whose stderr is child_stderr_fd), or, with neither (a microVM), holds only the grace period.
     Its parent exits at once, so it is nobody's child here."""
-    plan = keeper_plan(state_dir, grace, sandbox_pid=sandbox_pid, argv=argv, lifeline_fd=lifeline_fd, stderr_fd=stderr_fd,
-                       child_stderr_fd=child_stderr_fd, sweep_env=sweep_env)
-    fds = [fd for fd in (lifeline_fd, stderr_fd, child_stderr_fd) if fd is not None]
+    return await exec_keeper(state_dir, keeper_plan(state_dir, grace, sandbox_pid=sandbox_pid, argv=argv, lifeline_fd=lifeline_fd,
+                                                    stderr_fd=stderr_fd, child_stderr_fd=child_stderr_fd, sweep_env=sweep_env))
+
+
+async def exec_keeper(state_dir: Path, plan: dict) -> tuple[int, int | None]:
+    """start_keeper's work for a plan already made (keeper_plan): keeper.py in an interpreter of its own."""
+    fds = [plan[name] for name in ("lifeline_fd", "stderr_fd", "child_stderr_fd") if plan[name] is not None]
     log = os.open(state_dir / KEEPER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         process = await asyncio.create_subprocess_exec(

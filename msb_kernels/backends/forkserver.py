@@ -53,7 +53,6 @@ REQUIRED = "ipykernel.kernelapp"
 LENGTH = struct.Struct("!I")
 MOST_PLAN_BYTES = 4 << 20
 MOST_FDS = 32
-SO_PEERCRED_FORMAT = struct.Struct("3i")  # pid, uid, gid
 RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
@@ -106,7 +105,7 @@ def serve(listener: socket.socket) -> None:
                 connection, _ = listener.accept()
             except OSError:
                 continue
-            _, uid, _ = SO_PEERCRED_FORMAT.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, SO_PEERCRED_FORMAT.size))
+            _, uid, _ = keeper.PEERCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, keeper.PEERCRED.size))
             if uid != os.geteuid():
                 connection.close()
                 continue
@@ -203,7 +202,7 @@ def start_forked_kernel(plan: dict, error_pipe: int) -> None:
     try:
         nsinit.prepare_kernel_process(plan)
         nsinit.drop_capabilities()
-        close_descriptors_but([error_pipe])  # nothing of the server's, the launcher's or init's
+        nsinit.close_descriptors_but([error_pipe])  # nothing of the server's, the launcher's or init's
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in RESTORED_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
@@ -244,24 +243,13 @@ def reap_here(plan: dict, kernel: int, kept_fds: list[int]) -> None:
     server's, where an exec'd reaper would cost each sandbox some 4 MiB of its own."""
     try:
         nsinit.drop_capabilities()  # what the exec as uid 1000 would have dropped
-        close_descriptors_but(kept_fds)
+        nsinit.close_descriptors_but(kept_fds)
         sys.argv = ["msb-reaper", *nsinit.reaper_arguments(plan, kernel)]
         code = compile(nsinit.REAPER, "<msb-reaper>", "exec")
     except BaseException:
         os._exit(1)  # init gone: the whole sandbox with it, and the host sees it end
     exec(code, {"__name__": "__msb_reaper__"})  # nsinit's own reaper: the code an exec'd init would run
     os._exit(0)
-
-
-def close_descriptors_but(kept: list[int]) -> None:
-    """Close every descriptor above 2 that is not kept: a fork, unlike an exec, closes none by itself."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd not in kept:
-            try:
-                os.close(fd)
-            except OSError:
-                continue
 
 
 def kernel_arguments(argv: list[str]) -> list[str]:

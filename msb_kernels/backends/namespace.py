@@ -133,7 +133,7 @@ class KernelStderr:
 class NamespaceSandbox(HostCgroupSandbox):
     def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, process: PidfdProcess,
                  cgroup: cgroups.SandboxCgroup | None, lifeline: int | None, stderr: KernelStderr | None = None,
-                 keeper: KeeperLink | None = None):
+                 keeper: KeeperLink | None = None, forked: bool = False):
         super().__init__(spec, cgroup)
         self.backend = backend
         self.state_dir = state_dir
@@ -142,7 +142,7 @@ class NamespaceSandbox(HostCgroupSandbox):
         self.lifeline = lifeline  # None when a keeper holds it
         self.keeper = keeper
         self.stderr = stderr
-        self.forked = False  # the kernel is a fork of a fork server (forkservers.py), not an exec
+        self.forked = forked  # the kernel is a fork of a fork server (forkservers.py), not an exec
 
     async def poll(self) -> int | None:
         return self.process.returncode
@@ -406,10 +406,8 @@ class NamespaceBackend(SandboxBackend):
         write_state(state_dir, record)
         if self.rootful:
             uids.hand_over(uid, spec.sandbox_id, process.pid)
-        sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, lifeline_write,
-                                   KernelStderr(spec.sandbox_id, stderr_read), keeper)
-        sandbox.forked = forked
-        return sandbox
+        return NamespaceSandbox(spec, self, state_dir, process, cgroup, lifeline_write,
+                                KernelStderr(spec.sandbox_id, stderr_read), keeper, forked)
 
     async def adopt(self, spec: SandboxSpec) -> NamespaceSandbox:
         state_dir = spec.io_dir.parent
@@ -418,9 +416,8 @@ class NamespaceBackend(SandboxBackend):
             self.ports.claim(spec.sandbox_id, record["ports"])  # bound by the sandbox's relay, which kept them open
         cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id) if self.hierarchy and record.get("cgroup") else None
         stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
-        sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, None, stderr, keeper)
+        sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, None, stderr, keeper, bool(record.get("forked")))
         sandbox.created = record.get("created", sandbox.created)
-        sandbox.forked = bool(record.get("forked"))
         return sandbox
 
     async def _launch(self, plan: dict, stderr: int, exit_status: Path, fork: bool) -> tuple[PidfdProcess, bool]:
@@ -459,8 +456,7 @@ class NamespaceBackend(SandboxBackend):
                                     sweep_env=self.settings_env())
         if forked and (keeper_pid := await self.fork_servers.start_keeper(forkable(spec.argv), plan)) is not None:
             return keeper_pid
-        keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sandbox_pid=sandbox_pid, lifeline_fd=lifeline,
-                                                    stderr_fd=stderr, sweep_env=self.settings_env())
+        keeper_pid, _ = await adoption.exec_keeper(state_dir, plan)
         return keeper_pid
 
     @staticmethod

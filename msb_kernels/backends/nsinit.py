@@ -475,6 +475,17 @@ def drop_capabilities() -> None:
     _check(_libc.capset(header, bytes(24)), "capset")
 
 
+def close_descriptors_but(kept: list[int]) -> None:
+    """Close every descriptor above 2 that is not kept: a fork, unlike an exec, closes none by itself."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in kept:
+            try:
+                os.close(fd)
+            except OSError:
+                continue  # the directory listdir held open
+
+
 def prepare_kernel_process(plan: dict) -> None:
     """What every kernel process gets before its code runs, exec'd or forked (forkserver.py)."""
     os.setpgid(0, 0)
@@ -571,12 +582,7 @@ def _relay(listeners: list[int]) -> None:
     _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(undumpable)")
     _libc.prctl(PR_SET_NAME, RELAY_NAME, 0, 0, 0)
     drop_capabilities()
-    for name in os.listdir("/proc/self/fd"):  # nothing of init's but the listeners
-        if int(name) > 2 and int(name) not in listeners:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass
+    close_descriptors_but(listeners)  # nothing of init's but the listeners
     poller = select.poll()
     listening = {}
     for fd in listeners:

@@ -74,12 +74,6 @@ def image_path(scratch_root: Path, sandbox_id: str) -> Path:
     return scratch_root / f"{sandbox_id}{IMAGE_SUFFIX}"
 
 
-async def make_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
-    """Put an empty ext4 of the flavor's disk size at ``path``: reserved in full, or sparse once the host has the room."""
-    reserve_image(path, flavor, reserve)
-    await format_image(path)
-
-
 def reserve_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
     """The disk's file, of the flavor's size: its blocks reserved (fallocate), or sparse once the host has the room.
     Called by the namespace backend, which formats it (format_image) while the sandbox is being built."""

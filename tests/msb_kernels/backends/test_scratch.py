@@ -161,7 +161,7 @@ async def test_an_unusable_scratch_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(SandboxError) as failure:
-        await scratch.make_image(scratch.image_path(blocker / "scratch", "x"), SMALL)
+        scratch.reserve_image(scratch.image_path(blocker / "scratch", "x"), SMALL)
     assert f"cannot create the sandbox's disk in MSB_SCRATCH_DIR={blocker / 'scratch'}" in failure.value.message
 
 
