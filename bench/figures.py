@@ -17,12 +17,12 @@ from bench.kernels import (
     drain_iopub,
     execute_rtt,
     first_stdout,
-    kernel_processes,
-    kernel_pss,
+    kernel_memory,
     kernel_rss,
     pss_bytes,
     start_kernel,
     stop_kernel,
+    uss_bytes,
 )
 from bench.servers import KernelSocket, start_gateway, start_plain_jupyter_server
 from bench.stats import summary
@@ -307,10 +307,8 @@ class Bench:
             kernels = [await start_kernel(name) for _ in range(count)]
             try:
                 await asyncio.sleep(2)  # let them settle to idle
-                rss = [kernel_rss(km) for _, km, _ in kernels]
-                pss = [kernel_pss(km) for _, km, _ in kernels]
-                uss = [sum(uss_bytes(pid) for pid in kernel_processes(km)) for _, km, _ in kernels]
-                processes = [len(kernel_processes(km)) for _, km, _ in kernels]
+                measured = [kernel_memory(km) for _, km, _ in kernels]
+                rss, pss, uss, processes = ([m[field] for m in measured] for field in ("rss", "pss", "uss", "processes"))
                 memory[key] = {"sessions": count, "rss_mib_mean": statistics.fmean(rss) / MiB,
                                "rss_mib_median": statistics.median(rss) / MiB, "processes_per_session": statistics.median(processes),
                                "pss_mib_median": statistics.median(pss) / MiB, "uss_mib_median": statistics.median(uss) / MiB}
@@ -450,24 +448,15 @@ async def gateway_session_pss(runtime_dir: Path, kernel_id: str) -> dict:
     state = json.loads((runtime_dir / kernel_id / "state.json").read_text())
     pids = descendants(state["init_pid"])
     keeper = [state["keeper_pid"]] if state.get("keeper_pid") else []
-    return {"sandbox_mib": sum(pss_bytes(pid) for pid in pids) / MiB, "keeper_mib": sum(pss_bytes(pid) for pid in keeper) / MiB,
-            "total_mib": sum(pss_bytes(pid) for pid in [*pids, *keeper]) / MiB,
+    sandbox, kept_by = sum(pss_bytes(pid) for pid in pids) / MiB, sum(pss_bytes(pid) for pid in keeper) / MiB
+    return {"sandbox_mib": sandbox, "keeper_mib": kept_by, "total_mib": sandbox + kept_by,
             "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB, "keeper_uss_mib": sum(uss_bytes(pid) for pid in keeper) / MiB,
             "forked": bool(state.get("forked"))}
 
 
-def uss_bytes(pid: int) -> int:
-    """Pages only this process maps: what its end would give back."""
-    from bench.kernels import _kib_field
-
-    rollup = f"/proc/{pid}/smaps_rollup"
-    return _kib_field(rollup, "Private_Dirty:") + _kib_field(rollup, "Private_Clean:")
-
-
 def memory_at_scale(managers: list[Any], available_before_mib: float, sample: int = 20) -> dict:
     """With every session live: the host memory they took, per session, and the PSS and USS of a sample of them."""
-    per_session = [(sum(pss_bytes(pid) for pid in kernel_processes(km)) / MiB, sum(uss_bytes(pid) for pid in kernel_processes(km)) / MiB)
-                   for km in managers[:sample]]
+    per_session = [(m["pss"] / MiB, m["uss"] / MiB) for m in map(kernel_memory, managers[:sample])]
     return {"sessions": len(managers), "sampled": len(per_session),
             "pss_mib_median": statistics.median(p for p, _ in per_session) if per_session else 0.0,
             "uss_mib_median": statistics.median(u for _, u in per_session) if per_session else 0.0,

@@ -143,5 +143,14 @@ def pss_bytes(pid: int) -> int:
     return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
-def kernel_pss(km: Any) -> int:
-    return sum(pss_bytes(pid) for pid in kernel_processes(km))
+def uss_bytes(pid: int) -> int:
+    """Pages only this process maps: what its end would give back."""
+    rollup = f"/proc/{pid}/smaps_rollup"
+    return _kib_field(rollup, "Private_Dirty:") + _kib_field(rollup, "Private_Clean:")
+
+
+def kernel_memory(km: Any) -> dict[str, int]:
+    """RSS, PSS and USS in bytes of every process a kernel consists of (found once), and how many there are."""
+    pids = kernel_processes(km)
+    return {"rss": sum(rss_bytes(pid) for pid in pids), "pss": sum(pss_bytes(pid) for pid in pids),
+            "uss": sum(uss_bytes(pid) for pid in pids), "processes": len(pids)}
