@@ -649,7 +649,8 @@ class MsbKernelManager(AsyncMappingKernelManager):
         paths = await self.notebook_paths(session_manager)
         memory, cpus = self.allocated()
         active = len(self.allocations)
-        ports = port_stats(self.msb_settings)
+        backend, backend_info = backend_stats(self.msb_settings)
+        ports = port_stats(backend, backend_info)
         kernels = []
         for kernel_id, allocation in list(self.allocations.items()):
             km = self._kernels.get(kernel_id)
@@ -703,7 +704,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
                         "connected": self.cull_connected, "busy": self.cull_busy},
             "pool": self.pool.stats(),
             # Not sessions: the namespace backend's fork servers, one per Python environment (forkservers.py).
-            "fork_servers": backend_stats(self.msb_settings)[1].get("fork_servers", []),
+            "fork_servers": backend_info.get("fork_servers", []),
             "kernels": kernels,
             "recently_stopped": list(self.stopped),
             "gateway": gateway_process_stats(),
@@ -721,9 +722,8 @@ def backend_stats(settings: Any) -> tuple[Any, dict]:
         return None, {"note": f"no backend: {exc}"}
 
 
-def port_stats(settings: Any) -> dict:
-    """Host ports from the backend: 5 per kernel over tcp (microVMs, MSB_TRANSPORT=tcp); none over ipc."""
-    backend, stats = backend_stats(settings)
+def port_stats(backend: Any, stats: dict) -> dict:
+    """Host ports from the backend's stats: 5 per kernel over tcp (microVMs, MSB_TRANSPORT=tcp); none over ipc."""
     if backend is None:
         return {"allocated": 0, "available": 0, "note": stats["note"]}
     ports = dict(stats.get("ports") or {})
