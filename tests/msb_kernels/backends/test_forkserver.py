@@ -156,3 +156,33 @@ async def test_without_fork_kernels_each_kernel_starts_its_own_interpreter(start
 async def test_the_fork_server_ends_with_the_process_that_started_it():
     started = await assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds=10)
     assert started["fork_servers"], "the owner's kernel was not forked"
+
+
+def parsed(app_class: type, arguments: list[str]) -> dict:
+    app = app_class()
+    app.parse_command_line(arguments)
+    return {"cli_config": app.cli_config, "config": app.config, "extra_args": app.extra_args, "argv": app.argv,
+            "connection_file": app.connection_file, "exec_files": app.exec_files}
+
+
+async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_does(start_kernel):
+    """The forked kernel's app takes the provisioner's own command line without traitlets' argparse parser: it must
+    end with what traitlets' parse gives, and hand any other command line to traitlets."""
+    from ipykernel.kernelapp import IPKernelApp
+
+    from msb_kernels.backends import forkserver
+    from msb_kernels.templates import TEMPLATES
+
+    km, kc = await start_kernel()
+    guest_argv = (await execute(kc, "from ipykernel.kernelapp import IPKernelApp; IPKernelApp.instance().argv")).value
+    template = TEMPLATES["python"]
+    assert guest_argv == ["-f", "/run/kernel/connection.json", *template.startup_arguments("/run/kernel/msb_startup.py")]
+    assert forkserver._provisioner_command_line(guest_argv) is not None, "the provisioner's command line would be parsed by argparse"
+
+    fast = forkserver.kernel_app_class()
+    assert fast.__name__ == "IPKernelApp" and issubclass(fast, IPKernelApp)
+    assert parsed(fast, guest_argv) == parsed(IPKernelApp, guest_argv)
+    for other in (["-f", "/k.json", "--debug"], ["-f", "/k.json", "script.py"], ["--IPKernelApp.exec_files=/s.py"],
+                  ["-f", "/k.json", "--IPKernelApp.exec_files=/a.py", "--IPKernelApp.exec_files=/b.py"]):
+        assert forkserver._provisioner_command_line(other) is None, other
+        assert parsed(fast, other) == parsed(IPKernelApp, other)
