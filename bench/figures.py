@@ -228,7 +228,8 @@ class Bench:
             gw_kernel = (await gateway.request("POST", "/api/kernels", {"name": MSB}))["id"]
             plain_kernel = (await plain.request("POST", "/api/kernels", {"name": BARE}))["id"]
             gw_ws, plain_ws = await KernelSocket.open(gateway, gw_kernel), await KernelSocket.open(plain, plain_kernel)
-            self.figures["gateway_session_pss"] = await gateway_session_pss(self.base / "gw", gw_kernel)
+            self.figures["gateway_session_pss"] = await gateway_session_pss(gateway, self.base / "gw", gw_kernel,
+                                                                            more=2 if self.args.quick else 9)
             gw_quick = await KernelSocket.open(gateway, gw_kernel, quickack=True)
             plain_quick = await KernelSocket.open(plain, plain_kernel, quickack=True)
             # A direct bare client as well, so every WebSocket sample has a direct bare sample beside it.
@@ -439,19 +440,33 @@ def _fork_servers() -> list[dict]:
     return get_backend(load_settings()).stats().get("fork_servers", [])
 
 
-async def gateway_session_pss(runtime_dir: Path, kernel_id: str) -> dict:
-    """PSS and USS of an idle gateway session: its sandbox's processes, and the keeper that holds it for adoption. The
-    gateway holds one session here, so the fork server's shared pages weigh on its PSS as they would not with many."""
+async def gateway_session_pss(gateway: Any, runtime_dir: Path, kernel_id: str, more: int = 9) -> dict:
+    """PSS and USS of an idle gateway session's sandbox, and what it costs the keeper that holds it for adoption. The
+    gateway holds one session here, so the fork server's shared pages weigh on its PSS as they would not with many.
+    The keeper is one process for all of a gateway's sessions: a session's share of it is what one more session adds
+    to its USS, measured from 1 to 1 + more sessions."""
     import json
 
     await asyncio.sleep(2)  # idle
     state = json.loads((runtime_dir / kernel_id / "state.json").read_text())
     pids = descendants(state["init_pid"])
-    keeper = [state["keeper_pid"]] if state.get("keeper_pid") else []
-    sandbox, kept_by = sum(pss_bytes(pid) for pid in pids) / MiB, sum(pss_bytes(pid) for pid in keeper) / MiB
-    return {"sandbox_mib": sandbox, "keeper_mib": kept_by, "total_mib": sandbox + kept_by,
-            "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB, "keeper_uss_mib": sum(uss_bytes(pid) for pid in keeper) / MiB,
-            "forked": bool(state.get("forked"))}
+    keeper = state.get("keeper_pid")
+    figures = {"sandbox_mib": sum(pss_bytes(pid) for pid in pids) / MiB, "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB,
+               "forked": bool(state.get("forked")), "keeper_uss_mib": 0.0, "keeper_per_session_mib": 0.0}
+    if keeper is None:
+        return figures
+    alone = uss_bytes(keeper) / MiB
+    extra = [(await gateway.request("POST", "/api/kernels", {"name": MSB}))["id"] for _ in range(more)]
+    try:
+        await asyncio.sleep(2)
+        keepers = {json.loads((runtime_dir / kid / "state.json").read_text()).get("keeper_pid") for kid in extra}
+        held = uss_bytes(keeper) / MiB
+    finally:
+        for kid in extra:
+            await gateway.request("DELETE", f"/api/kernels/{kid}")
+    figures.update(keeper_uss_mib=alone, keeper_pss_mib=pss_bytes(keeper) / MiB, keeper_shared=keepers == {keeper},
+                   keeper_sessions=1 + more, keeper_uss_held_mib=held, keeper_per_session_mib=max(0.0, held - alone) / more)
+    return figures
 
 
 def memory_at_scale(managers: list[Any], available_before_mib: float, sample: int = 20) -> dict:

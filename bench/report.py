@@ -25,10 +25,10 @@ def targets(figures: dict) -> list[dict]:
     peak = f["capacity"].get("memory_at_peak")
     if peak and "pss_mib_median" in mem["msb"]:
         gateway = f.get("gateway_session_pss") or {}
-        keeper = gateway.get("keeper_uss_mib", 0.0)
+        keeper = gateway.get("keeper_per_session_mib", gateway.get("keeper_uss_mib", 0.0))
         add("idle memory per session unique to it (PSS, all its processes) <= 20 MiB",
             f"{peak['pss_mib_median']:.1f} MiB PSS with {peak['sessions']} sessions live (USS {peak['uss_mib_median']:.1f} MiB; "
-            f"host memory taken {peak['host_mib_per_session']:.1f} MiB per session), + {keeper:.1f} MiB for a gateway session's keeper (USS); "
+            f"host memory taken {peak['host_mib_per_session']:.1f} MiB per session), + {keeper:.2f} MiB for a gateway session's share of its keeper (USS); "
             f"{mem['msb']['pss_mib_median']:.1f} MiB PSS with {mem['msb']['sessions']} live; bare ipykernel {mem['bare']['pss_mib_median']:.1f} MiB",
             peak["pss_mib_median"] + keeper <= 20, "PSS shares a fork server's pages among the sessions that map them: "
             "judged with the capacity run's sessions all live")
@@ -128,8 +128,11 @@ def table(results: dict) -> str:
         rows.append(f"| per idle session with {peak['sessions']} live: PSS / USS (median of {peak['sampled']}); host memory taken "
                     f"| {peak['pss_mib_median']:.1f} / {peak['uss_mib_median']:.1f} MiB; {peak['host_mib_per_session']:.1f} MiB | - | - |")
     if g := f.get("gateway_session_pss"):
-        rows.append(f"| an idle gateway session, the only one: PSS sandbox + keeper (USS) | {g['sandbox_mib']:.1f} "
-                    f"({g.get('sandbox_uss_mib', 0):.1f}) + {g['keeper_mib']:.1f} ({g.get('keeper_uss_mib', 0):.1f}) MiB | - | - |")
+        rows.append(f"| an idle gateway session, the only one: its sandbox, PSS (USS) | {g['sandbox_mib']:.1f} "
+                    f"({g.get('sandbox_uss_mib', 0):.1f}) MiB | - | - |")
+        if "keeper_per_session_mib" in g:
+            rows.append(f"| the gateway's keeper, one process for all its sessions: USS with 1 session; what each more session adds "
+                        f"| {g['keeper_uss_mib']:.1f} MiB; {g['keeper_per_session_mib']:.2f} MiB | - | - |")
     if b := f.get("burst"):  # absent from results written before this figure existed
         def ready(run: dict) -> str:
             return f"first {run['first_s']:.1f} / median {run['median_s']:.1f} / last {run['last_s']:.1f} s"

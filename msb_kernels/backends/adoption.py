@@ -1,10 +1,10 @@
 """Sandboxes that outlive their gateway: the host side of keeper.py, and the files adoption trusts.
 
-A gateway's sandboxes are held by keepers (keeper.py), not by the gateway, so they live on
-through its stop, crash or kill -9, for MSB_ADOPT_GRACE_SECONDS. The next gateway on the same
-runtime dir adopts them: it reads each one's adoption record (``<state dir>/adoption.json``,
-0600: the kernel's connection keys, its kernelspec, flavor, notebook and last activity),
-and becomes its owner through the keeper's socket.
+A gateway's sandboxes are held by the keeper of its runtime dir (keeper.py, one process for all of
+them), not by the gateway, so they live on through its stop, crash or kill -9, for
+MSB_ADOPT_GRACE_SECONDS. The next gateway on the same runtime dir adopts them: it reads each one's
+adoption record (``<state dir>/adoption.json``, 0600: the kernel's connection keys, its kernelspec,
+flavor, notebook and last activity), and becomes its owner through the sandbox's keeper socket.
 
 Adoption trusts only files that no sandbox can have written: regular files (not links)
 owned by this process's user and writable by no one else, in a state dir that is the
@@ -20,15 +20,17 @@ import os
 import socket
 import stat
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.backends.keeper import PEERCRED
+from msb_kernels.backends.keeper import LENGTH, PEERCRED, PLAN_FDS
 from msb_kernels.errors import SandboxError
 
 KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
 KEEPER_SOCKET = "keeper.sock"
-KEEPER_LOG = "keeper.log"  # what the keeper and its closing sweep say, for an operator looking into a sandbox left behind
+KEEPERS_SOCKET = "keepers.sock"  # in the runtime dir of a backend: where its gateway hands sandboxes to their keeper
+KEEPERS_LOG = "keepers.log"  # what the keeper says; each sandbox's closing sweep writes to keeper.log in its state dir
 ADOPTION_RECORD = "adoption.json"
 KEEPER_TIMEOUT = 10.0
 UNIX_PATH_MAX = 107
@@ -77,8 +79,9 @@ def write_private_json(path: Path, data: dict) -> None:
     temporary.replace(path)
 
 
-def socket_path(state_dir: Path) -> str:
-    path = str(state_dir / KEEPER_SOCKET)
+def socket_path(directory: Path, name: str = KEEPER_SOCKET) -> str:
+    """A keeper socket: a sandbox's own in its state dir, or (KEEPERS_SOCKET) the keeper's in the runtime dir."""
+    path = str(directory / name)
     if len(path) > UNIX_PATH_MAX:
         raise SandboxError(f"the runtime dir's path is too long for a keeper socket ({path})",
                            ["set MSB_RUNTIME_DIR to a shorter path, such as /run/msb-kernels"])
@@ -107,39 +110,117 @@ def keeper_plan(state_dir: Path, grace: float, *, sandbox_pid: int | None = None
 async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
                        lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
                        sweep_env: dict[str, str] | None = None) -> tuple[int, int | None]:
-    """Start the sandbox's keeper; return (its pid, the sandbox's pid).
+    """Have the keeper of the runtime dir hold the sandbox in state_dir; return (the keeper's pid, the sandbox's pid).
 
-    Called by a backend's create. The keeper holds sandbox_pid, or starts argv as its own child
-    (whose stderr is child_stderr_fd), or, with neither (a microVM), holds only the grace period.
-    Its parent exits at once, so it is nobody's child here."""
-    return await exec_keeper(state_dir, keeper_plan(state_dir, grace, sandbox_pid=sandbox_pid, argv=argv, lifeline_fd=lifeline_fd,
-                                                    stderr_fd=stderr_fd, child_stderr_fd=child_stderr_fd, sweep_env=sweep_env))
+    Called by a backend's create. The keeper holds sandbox_pid, or starts argv as its own child (whose stderr is
+    child_stderr_fd), or, with neither (a microVM), holds only the grace period. The descriptors are the keeper's
+    once this returns; the caller closes its own copies."""
+    plan = keeper_plan(state_dir, grace, sandbox_pid=sandbox_pid, argv=argv, lifeline_fd=lifeline_fd, stderr_fd=stderr_fd,
+                       child_stderr_fd=child_stderr_fd, sweep_env=sweep_env)
+    fds = [plan[name] for name in PLAN_FDS if plan.get(name) is not None]
+    path = socket_path(state_dir.parent, KEEPERS_SOCKET)
+    async with _keeper_lock(path):
+        for attempt in (1, 2):
+            connection = _keeper_connections.get(path)
+            try:
+                if connection is None:
+                    connection = _keeper_connections[path] = await _connect_keeper(state_dir.parent, path)
+                answer = await send_request(connection, plan, fds, KEEPER_TIMEOUT, "the keeper")
+                break
+            except (OSError, EOFError) as exc:  # a keeper killed since: the next attempt starts a fresh one
+                _forget_keeper(path, connection)
+                if attempt == 2:
+                    raise SandboxError(f"cannot hand the sandbox to its keeper: {exc}", ["run `msb-kernels doctor` to check this host"]) from None
+            except BaseException:
+                _forget_keeper(path, connection)
+                raise
+    if "error" in answer:
+        raise SandboxError(answer["error"], ["run `msb-kernels doctor` to check this host"])
+    return int(answer["keeper"]), answer["pid"]
 
 
-async def exec_keeper(state_dir: Path, plan: dict) -> tuple[int, int | None]:
-    """start_keeper's work for a plan already made (keeper_plan): keeper.py in an interpreter of its own."""
-    fds = [plan[name] for name in ("lifeline_fd", "stderr_fd", "child_stderr_fd") if plan[name] is not None]
-    log = os.open(state_dir / KEEPER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+# This process's connection to the keeper of each runtime dir it started sandboxes in: open while it lives, so the
+# keeper waits for its next sandbox; the keeper exits once no gateway is connected and it holds nothing.
+_keeper_connections: dict[str, socket.socket] = {}
+_keeper_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+
+
+def _keeper_lock(path: str) -> asyncio.Lock:
+    return _keeper_locks.setdefault(asyncio.get_running_loop(), {}).setdefault(path, asyncio.Lock())
+
+
+def _forget_keeper(path: str, connection: socket.socket | None) -> None:
+    _keeper_connections.pop(path, None)
+    if connection is not None:
+        connection.close()
+
+
+def disconnect_keepers() -> None:
+    """This process hands no more sandboxes over: each keeper it reached exits once it holds none."""
+    for connection in _keeper_connections.values():
+        connection.close()
+    _keeper_connections.clear()
+
+
+async def _connect_keeper(root: Path, path: str) -> socket.socket:
+    """A connection to the runtime dir's keeper, started first when none listens."""
+    try:
+        return await _connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass  # none yet, or one killed before it could remove its socket
+    log = os.open(root / KEEPERS_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-S", "-I", KEEPER, "--detach", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=log, pass_fds=fds, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+            sys.executable, "-S", "-I", KEEPER, "--serve", path, "--detach", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
     finally:
         os.close(log)
-    assert process.stdin and process.stdout
+    assert process.stdout
     try:
-        process.stdin.write((json.dumps(plan) + "\n").encode())
-        await process.stdin.drain()
         line = await asyncio.wait_for(process.stdout.readline(), KEEPER_TIMEOUT)
     except asyncio.TimeoutError:
-        raise SandboxError(f"the sandbox's keeper did not answer within {KEEPER_TIMEOUT:.0f} s") from None
+        raise SandboxError(f"the keeper did not answer within {KEEPER_TIMEOUT:.0f} s") from None
     finally:
-        process.stdin.close()
         await process.wait()  # the first fork, gone at once; the keeper is its child
-    report = json.loads(line or b'{"error": "the sandbox\'s keeper exited without a report"}')
+    report = json.loads(line or b'{"error": "the keeper exited without a report"}')
     if "error" in report:
         raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
-    return int(report["keeper"]), report["pid"]
+    return await _connect(path)
+
+
+async def _connect(path: str) -> socket.socket:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(connection, path)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+async def send_request(connection: socket.socket, plan: dict, fds: list[int], timeout: float, peer: str) -> dict:
+    """One request (keeper.receive_request reads it) and its one-line JSON answer, on a non-blocking connection."""
+    loop = asyncio.get_running_loop()
+    body = json.dumps(plan).encode()
+    message = LENGTH.pack(len(body)) + body
+    sent = socket.send_fds(connection, [message[:65536]], fds)  # a Unix socket takes this much at once from a new connection
+    await loop.sock_sendall(connection, message[sent:])
+    received = bytearray()
+
+    async def answer_line() -> bytes:
+        while b"\n" not in received:
+            chunk = await loop.sock_recv(connection, 65536)
+            if not chunk:
+                raise EOFError(f"{peer} hung up before it answered")
+            received.extend(chunk)
+        return bytes(received).split(b"\n", 1)[0]
+
+    try:
+        line = await asyncio.wait_for(answer_line(), timeout)
+    except asyncio.TimeoutError:
+        raise SandboxError(f"{peer} did not answer within {timeout:.0f} s") from None
+    return json.loads(line)
 
 
 @dataclass

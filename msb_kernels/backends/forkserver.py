@@ -33,7 +33,6 @@ import random
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import traceback
@@ -54,9 +53,6 @@ PRELOADED = (
     "psutil", "jupyter_client.localinterfaces",
 )
 REQUIRED = "ipykernel.kernelapp"
-LENGTH = struct.Struct("!I")
-MOST_PLAN_BYTES = 4 << 20
-MOST_FDS = 32
 RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
@@ -158,8 +154,7 @@ def serve(listener: socket.socket) -> None:
                 connection, _ = listener.accept()
             except OSError:
                 continue
-            _, uid, _ = keeper.PEERCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, keeper.PEERCRED.size))
-            if uid != os.geteuid():
+            if keeper.peer_uid(connection) != os.geteuid():
                 connection.close()
                 continue
             try:
@@ -180,9 +175,8 @@ def serve(listener: socket.socket) -> None:
 
 
 def _launcher(listener: socket.socket, connection: socket.socket) -> None:
-    """The forked child: read the request. A launch plan: build the sandbox with nsinit, report init's pid, and wait
-    for the host to close (it holds init's pidfd then). A keeper's plan: become that sandbox's keeper (keeper.py),
-    still in the host's namespaces, its pages shared with the server's."""
+    """The forked child: read the launch plan, build the sandbox with nsinit, report init's pid, and wait for the host
+    to close (it holds init's pidfd then)."""
     report: dict
     try:
         os.close(listener.detach())
@@ -190,9 +184,9 @@ def _launcher(listener: socket.socket, connection: socket.socket) -> None:
         os.dup2(null, 0)  # not the server's lifeline
         os.close(null)
         os.setsid()
-        plan, fds = _receive(connection)
-        if "keeper" in plan:
-            _keeper(connection, plan["keeper"], fds)
+        plan, fds = keeper.receive_request(connection)
+        if not fds:
+            raise ValueError("the request carries no descriptors")
         stderr, *fds = fds
         os.dup2(stderr, 2)  # the sandbox's stderr, which the host reads
         os.dup2(stderr, 1)
@@ -210,44 +204,6 @@ def _launcher(listener: socket.socket, connection: socket.socket) -> None:
             pass
     finally:
         os._exit(0)
-
-
-def _keeper(connection: socket.socket, plan: dict, fds: list[int]) -> None:
-    try:
-        plan["lifeline_fd"], plan["stderr_fd"], log = fds
-        os.dup2(log, 2)  # its own log, as an exec'd keeper's, not the server's
-        os.close(log)
-        held = keeper.start(plan)
-        answer = {"keeper": os.getpid()}
-    except Exception as exc:
-        held, answer = None, {"error": f"the sandbox's keeper did not start: {exc}"}
-    try:
-        connection.sendall(json.dumps(answer).encode() + b"\n")
-        connection.close()
-        if held is not None:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            held.serve()
-    finally:
-        os._exit(0)
-
-
-def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
-    """A request: a 4-byte length, then a plan as JSON; its descriptors ride on the first bytes."""
-    data, fds, _, _ = socket.recv_fds(connection, 65536, MOST_FDS)
-    if len(data) < LENGTH.size:
-        raise ValueError("the request ended before its length")
-    (length,) = LENGTH.unpack_from(data)
-    if length > MOST_PLAN_BYTES:
-        raise ValueError(f"a plan of {length} bytes is over the limit of {MOST_PLAN_BYTES}")
-    body = bytearray(data[LENGTH.size:])
-    while len(body) < length:
-        more = connection.recv(length - len(body))
-        if not more:
-            raise ValueError("the request ended before its plan")
-        body += more
-    if not fds:
-        raise ValueError("the request carries no descriptors")
-    return json.loads(body), fds
 
 
 def start_forked_kernel(plan: dict, error_pipe: int) -> None:

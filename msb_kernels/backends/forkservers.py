@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msb_kernels.backends.adoption import KEEPER_LOG
+from msb_kernels.backends.adoption import send_request
 from msb_kernels.errors import SandboxError
 
 log = logging.getLogger("msb_kernels")
@@ -32,7 +32,6 @@ FORK_SERVER = str(Path(__file__).resolve().with_name("forkserver.py"))
 LAUNCHER_MODULE = "ipykernel_launcher"
 START_TIMEOUT = 60.0
 REPORT_TIMEOUT = 30.0
-LENGTH_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,10 @@ class ForkServers:
                 server.stop()  # dead or wedged: the next attempt starts a fresh one
                 continue
             try:
-                report = await self._request(connection, plan, fds)
+                report = await send_request(connection, plan, fds, REPORT_TIMEOUT, "the fork server's launcher")
+            except EOFError as exc:
+                connection.close()
+                raise SandboxError(f"the sandbox did not start: {exc}", ["run `msb-kernels doctor` to check this host"]) from None
             except BaseException:
                 connection.close()
                 raise
@@ -226,46 +228,6 @@ class ForkServers:
             connection.close()
             raise
         return connection
-
-    async def start_keeper(self, interpreter: Interpreter, keeper_plan: dict) -> int | None:
-        """A sandbox's keeper (keeper.py) as a fork of the server, its pages shared with the server's, where an exec'd
-        keeper costs each sandbox some 4 MiB of its own. Its pid; None where this interpreter has no server."""
-        server = await self._server(interpreter)
-        if server is None:
-            return None
-        log = os.open(Path(keeper_plan["socket"]).with_name(KEEPER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            with await self._connect(server) as connection:
-                answer = await self._request(connection, {"keeper": keeper_plan}, [keeper_plan["lifeline_fd"], keeper_plan["stderr_fd"], log])
-        finally:
-            os.close(log)
-        if "error" in answer:
-            raise SandboxError(answer["error"], ["run `msb-kernels doctor` to check this host"])
-        return int(answer["keeper"])
-
-    @staticmethod
-    async def _request(connection: socket.socket, plan: dict, fds: list[int]) -> dict:
-        """One request and its one-line answer."""
-        loop = asyncio.get_running_loop()
-        body = json.dumps(plan).encode()
-        message = len(body).to_bytes(LENGTH_BYTES, "big") + body
-        sent = socket.send_fds(connection, [message[:65536]], fds)  # a Unix socket takes this much at once from a new connection
-        await loop.sock_sendall(connection, message[sent:])
-        received = bytearray()
-
-        async def report_line() -> bytes:
-            while b"\n" not in received:
-                chunk = await loop.sock_recv(connection, 65536)
-                if not chunk:
-                    break
-                received.extend(chunk)
-            return bytes(received).split(b"\n", 1)[0]
-
-        try:
-            line = await asyncio.wait_for(report_line(), REPORT_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise SandboxError(f"the sandbox did not start within {REPORT_TIMEOUT:.0f} s") from None
-        return json.loads(line or b'{"error": "the fork server\'s launcher exited without an answer"}')
 
     def stop(self) -> None:
         for server in self._servers.values():

@@ -372,7 +372,8 @@ class NamespaceBackend(SandboxBackend):
                 await formatting.finish()
             if keep:
                 try:
-                    keeper_pid = await self._start_keeper(state_dir, spec, process.pid, lifeline_write, stderr_read, forked)
+                    keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sandbox_pid=process.pid, lifeline_fd=lifeline_write,
+                                                                stderr_fd=stderr_read, sweep_env=self.settings_env())
                     keeper = KeeperLink.own(state_dir, keeper_pid)
                 except BaseException:
                     process.kill()
@@ -449,15 +450,6 @@ class NamespaceBackend(SandboxBackend):
             launcher.stdin.close()
             await launcher.wait()
         return process, False
-
-    async def _start_keeper(self, state_dir: Path, spec: SandboxSpec, sandbox_pid: int, lifeline: int, stderr: int, forked: bool) -> int:
-        """The keeper's pid: a fork of the kernel's fork server where the kernel is one, else its own interpreter."""
-        plan = adoption.keeper_plan(state_dir, spec.adopt_grace, sandbox_pid=sandbox_pid, lifeline_fd=lifeline, stderr_fd=stderr,
-                                    sweep_env=self.settings_env())
-        if forked and (keeper_pid := await self.fork_servers.start_keeper(forkable(spec.argv), plan)) is not None:
-            return keeper_pid
-        keeper_pid, _ = await adoption.exec_keeper(state_dir, plan)
-        return keeper_pid
 
     @staticmethod
     def _passed_fds(plan: dict) -> list[int]:

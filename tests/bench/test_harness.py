@@ -49,7 +49,8 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert 0 < figures["idle_memory"]["msb"]["pss_mib_median"] < figures["idle_memory"]["msb"]["rss_mib_median"]
     assert figures["idle_memory"]["fork_server_pss_mib"] > 0
     gateway = figures["gateway_session_pss"]
-    assert gateway["forked"] and gateway["keeper_mib"] > 0 and gateway["total_mib"] == gateway["sandbox_mib"] + gateway["keeper_mib"]
+    assert gateway["forked"] and gateway["sandbox_uss_mib"] > 0 and gateway["keeper_uss_mib"] > 0
+    assert gateway["keeper_shared"] and gateway["keeper_sessions"] == 3 and gateway["keeper_per_session_mib"] >= 0, gateway
     for key in ("bare", "msb", "msb_all_at_once"):
         run = figures["burst"][key]
         assert 0 < run["first_s"] <= run["median_s"] <= run["last_s"], (key, run)

@@ -123,8 +123,8 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
 
 @pytest.mark.slow
 async def test_a_clean_stop_keeps_kernels_only_with_keep_kernels():
-    """SIGTERM with --keep-kernels leaves the kernel for the next gateway, which adopts it; that one's plain
-    SIGTERM stops everything, keepers included, as before."""
+    """SIGTERM with --keep-kernels leaves the kernel for the next gateway, which adopts it and hands its own new
+    kernel to the same keeper; that one's plain SIGTERM stops everything, the keeper included, as before."""
     first = await launch_gateway(NO_POOL, args=["--keep-kernels"])
     second = None
     try:
@@ -143,8 +143,9 @@ async def test_a_clean_stop_keeps_kernels_only_with_keep_kernels():
         notebook = await KernelSocket.open(second, kernel_id)
         assert (await notebook.execute("counter += 1; print(counter)")).stdout == "42\n"
         notebook.close()
-        keepers = keeper_pids(second)
-        assert keepers and all(pid_alive(pid) for pid in keepers)
+        await second.start_kernel(env={"KERNEL_FLAVOR": "small"})
+        keepers = keeper_pids(second)  # the adopted kernel's keeper holds the new gateway's kernels too: one per runtime dir
+        assert len(keepers) == 2 and len(set(keepers)) == 1 and pid_alive(keepers[0]), keepers
         assert second.stop(signal.SIGTERM) == 0
         assert not second.sandboxes()
         await wait_until(lambda: not any(pid_alive(pid) for pid in keepers), 10, "the keepers to exit")
