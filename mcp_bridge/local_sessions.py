@@ -40,11 +40,14 @@ async def wait_until_connected(kc: Any, timeout: float, is_alive: Callable) -> N
 
     jupyter_client's wait_for_ready also checks iopub, but gives it 0.2 s after each reply, and a
     just-made SUB socket usually misses the first status: a warm (pooled) kernel then takes 200 ms
-    to "connect". A short, growing interval finds both channels working within a few ms.
+    to "connect". Here the first request waits for its reply (a kernel still starting answers it
+    once it can; sent again only after a second, should it be lost), and then requests go at a
+    short, growing interval until iopub carries one's status: both channels work within a few ms,
+    and a starting kernel is not handed a queue of requests before the user's first cell.
     """
     deadline = time.monotonic() + timeout
     replied = subscribed = False
-    interval = 0.01
+    interval = 1.0
     while not (replied and subscribed):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the kernel did not answer within {timeout:.0f} s")
@@ -55,14 +58,18 @@ async def wait_until_connected(kc: Any, timeout: float, is_alive: Callable) -> N
         while not (replied and subscribed) and (remaining := until - time.monotonic()) > 0:
             get = kc.get_iopub_msg if replied else kc.get_shell_msg
             try:
-                message = await get(timeout=remaining)
+                message = await get(timeout=min(remaining, 0.1))  # liveness is checked between waits
             except (queue.Empty, asyncio.TimeoutError, TimeoutError):
-                break
+                if not replied and not await is_alive():
+                    raise RuntimeError("the kernel died before it answered") from None
+                continue
             if replied:
                 subscribed = True
-            else:
-                replied = message["msg_type"] == "kernel_info_reply"
-        interval = min(interval * 2, 0.5)
+            elif message["msg_type"] == "kernel_info_reply":
+                replied = True
+                interval = 0.005  # from now on, for iopub: each request's status is a chance for it
+                until = time.monotonic() + interval
+        interval = min(interval * 2, 1.0) if replied else 1.0
 
 
 class ManagedConnection(KernelConnection):
