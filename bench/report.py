@@ -25,10 +25,12 @@ def targets(figures: dict) -> list[dict]:
     peak = f["capacity"].get("memory_at_peak")
     if peak and "pss_mib_median" in mem["msb"]:
         gateway = f.get("gateway_session_pss") or {}
-        keeper = gateway.get("keeper_per_session_mib", gateway.get("keeper_uss_mib", 0.0))
+        # One keeper holds all of a gateway's sessions: each pays what it adds, and an equal part of the keeper itself.
+        keeper = (gateway.get("keeper_per_session_mib", 0.0) + gateway.get("keeper_uss_mib", 0.0) / peak["sessions"]
+                  if "keeper_per_session_mib" in gateway else gateway.get("keeper_uss_mib", 0.0))
         add("idle memory per session unique to it (PSS, all its processes) <= 20 MiB",
             f"{peak['pss_mib_median']:.1f} MiB PSS with {peak['sessions']} sessions live (USS {peak['uss_mib_median']:.1f} MiB; "
-            f"host memory taken {peak['host_mib_per_session']:.1f} MiB per session), + {keeper:.2f} MiB for a gateway session's share of its keeper (USS); "
+            f"host memory taken {peak['host_mib_per_session']:.1f} MiB per session), + {keeper * 1024:.0f} KiB for a gateway session's share of its keeper (USS, one keeper for {peak['sessions']}); "
             f"{mem['msb']['pss_mib_median']:.1f} MiB PSS with {mem['msb']['sessions']} live; bare ipykernel {mem['bare']['pss_mib_median']:.1f} MiB",
             peak["pss_mib_median"] + keeper <= 20, "PSS shares a fork server's pages among the sessions that map them: "
             "judged with the capacity run's sessions all live")
@@ -132,7 +134,7 @@ def table(results: dict) -> str:
                     f"({g.get('sandbox_uss_mib', 0):.1f}) MiB | - | - |")
         if "keeper_per_session_mib" in g:
             rows.append(f"| the gateway's keeper, one process for all its sessions: USS with 1 session; what each more session adds "
-                        f"| {g['keeper_uss_mib']:.1f} MiB; {g['keeper_per_session_mib']:.2f} MiB | - | - |")
+                        f"| {g['keeper_uss_mib']:.1f} MiB; {g['keeper_per_session_mib'] * 1024:.0f} KiB | - | - |")
     if b := f.get("burst"):  # absent from results written before this figure existed
         def ready(run: dict) -> str:
             return f"first {run['first_s']:.1f} / median {run['median_s']:.1f} / last {run['last_s']:.1f} s"

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,16 @@ SANDBOX_ENV = ("KERNEL_FLAVOR",)
 REQUEST_ONLY_ENV = ("JPY_SESSION_NAME", "KERNEL_LAUNCH_TIMEOUT", "KERNEL_USERNAME", "KERNEL_WORKING_DIR")
 READY_TIMEOUT = 120.0
 RETRY_SECONDS = 10.0
+
+
+async def run_silently(client: Any, code: str) -> None:
+    """Run code as a silent cell and wait for its reply; what it raises is the pool's to ignore, not a session's."""
+    msg_id = client.execute(code, silent=True, store_history=False)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while (remaining := deadline - time.monotonic()) > 0:
+        reply = await client.get_shell_msg(timeout=remaining)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return
 
 
 class KernelPool:
@@ -77,6 +88,9 @@ class KernelPool:
             client.start_channels()
             try:
                 await client.wait_for_ready(timeout=READY_TIMEOUT)
+                template = getattr(km.provisioner, "template_spec", None)
+                if template is not None and (code := template.warm_up_code()):
+                    await run_silently(client, code)
             finally:
                 client.stop_channels()
             if self._closed:
