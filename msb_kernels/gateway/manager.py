@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -656,6 +656,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
             km = self._kernels.get(kernel_id)
             sandbox = described.sandbox if (described := describe(km)) else None
             info = sandbox.info() if sandbox is not None else {}
+            keeper = getattr(sandbox, "keeper", None)
             last = getattr(km, "last_activity", None)
             memory_bytes = None
             if sandbox is not None and hasattr(sandbox, "memory_bytes"):
@@ -677,6 +678,7 @@ class MsbKernelManager(AsyncMappingKernelManager):
                 "notebook_path": paths.get(kernel_id),
                 "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
                 "memory_bytes": memory_bytes,
+                "keeper_pid": keeper.keeper_pid if keeper is not None else None,
             })
 
         def percent(used: float, total: float) -> float:
@@ -705,6 +707,10 @@ class MsbKernelManager(AsyncMappingKernelManager):
             "pool": self.pool.stats(),
             # Not sessions: the namespace backend's fork servers, one per Python environment (forkservers.py).
             "fork_servers": backend_info.get("fork_servers", []),
+            # Not sessions either: the process that holds this runtime dir's kernels for adoption (keeper.py). A kill
+            # of it ends every kernel it holds.
+            "keepers": [{"pid": pid, "kernels": count} for pid, count in
+                        sorted(Counter(k["keeper_pid"] for k in kernels if k["keeper_pid"] is not None).items())],
             "kernels": kernels,
             "recently_stopped": list(self.stopped),
             "gateway": gateway_process_stats(),

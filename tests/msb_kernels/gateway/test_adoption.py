@@ -146,6 +146,7 @@ async def test_a_clean_stop_keeps_kernels_only_with_keep_kernels():
         await second.start_kernel(env={"KERNEL_FLAVOR": "small"})
         keepers = keeper_pids(second)  # the adopted kernel's keeper holds the new gateway's kernels too: one per runtime dir
         assert len(keepers) == 2 and len(set(keepers)) == 1 and pid_alive(keepers[0]), keepers
+        assert (await second.stats())["keepers"] == [{"pid": keepers[0], "kernels": 2}]  # what an operator must not kill
         assert second.stop(signal.SIGTERM) == 0
         assert not second.sandboxes()
         await wait_until(lambda: not any(pid_alive(pid) for pid in keepers), 10, "the keepers to exit")
