@@ -165,7 +165,7 @@ def disconnect_keepers() -> None:
 async def _connect_keeper(root: Path, path: str) -> socket.socket:
     """A connection to the runtime dir's keeper, started first when none listens."""
     try:
-        return await _connect(path)
+        return await connect_unix(path)
     except (FileNotFoundError, ConnectionRefusedError):
         pass  # none yet, or one killed before it could remove its socket
     log = os.open(root / KEEPERS_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -185,10 +185,11 @@ async def _connect_keeper(root: Path, path: str) -> socket.socket:
     report = json.loads(line or b'{"error": "the keeper exited without a report"}')
     if "error" in report:
         raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
-    return await _connect(path)
+    return await connect_unix(path)
 
 
-async def _connect(path: str) -> socket.socket:
+async def connect_unix(path: str) -> socket.socket:
+    """A non-blocking connection to a Unix socket, made without blocking the loop (the keeper's, a fork server's)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.setblocking(False)
     try:

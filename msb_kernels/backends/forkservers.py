@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msb_kernels.backends.adoption import send_request
+from msb_kernels.backends.adoption import connect_unix, send_request
 from msb_kernels.errors import SandboxError
 
 log = logging.getLogger("msb_kernels")
@@ -220,14 +220,7 @@ class ForkServers:
     async def _connect(server: ForkServer) -> socket.socket:
         if server.process.poll() is not None:
             raise ConnectionRefusedError(f"it exited ({server.process.returncode})")
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.setblocking(False)
-        try:
-            await asyncio.get_running_loop().sock_connect(connection, str(server.socket_path))
-        except BaseException:
-            connection.close()
-            raise
-        return connection
+        return await connect_unix(str(server.socket_path))
 
     def stop(self) -> None:
         for server in self._servers.values():

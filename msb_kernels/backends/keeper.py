@@ -52,6 +52,23 @@ def peer_uid(connection: socket.socket) -> int:
     return PEERCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[1]
 
 
+def listen_private(path: str, backlog: int) -> socket.socket:
+    """A Unix socket listening at path, 0600 (only this user connects), in place of one a killed process left."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    except BaseException:
+        listener.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    listener.listen(backlog)
+    return listener
+
+
 def receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
     """One request: a 4-byte length, then a plan as JSON; its descriptors ride on the first bytes. The fork server
     reads its launch plans this way too."""
@@ -100,24 +117,16 @@ class Kept:
                 self.pid = plan.get("sandbox_pid")  # None: a microVM, which no host process of ours stands for
             self.pidfd = os.pidfd_open(self.pid) if self.pid is not None else None
             self.path = plan["socket"]
-            if os.path.lexists(self.path):
-                os.unlink(self.path)
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            old_umask = os.umask(0o177)
-            try:
-                self.listener.bind(self.path)
-            finally:
-                os.umask(old_umask)
-            self.listener.listen(8)
-        except BaseException:
+            self.listener = listen_private(self.path, 8)
+        except BaseException:  # what the plan brought stays the caller's to close (take)
             if self.child is not None:
                 self.child.kill()
                 self.child.wait()
-            self.close()
+            if self.pidfd is not None:
+                os.close(self.pidfd)
             raise
-        finally:
-            if plan.get("child_stderr_fd") is not None:
-                os.close(plan["child_stderr_fd"])
+        if plan.get("child_stderr_fd") is not None:
+            os.close(plan["child_stderr_fd"])  # runsc holds its own copy
         self.owner: socket.socket | None = None
         self.unowned_since = time.monotonic()
         self.killed = False
@@ -127,7 +136,7 @@ class Kept:
             if fd is not None:
                 os.close(fd)
         self.pidfd = self.lifeline = self.stderr = None
-        for held in (self.listener, getattr(self, "owner", None)):
+        for held in (self.listener, self.owner):
             if held is not None:
                 held.close()
 
@@ -271,12 +280,17 @@ class Kept:
 
 
 def take(plan: dict, fds: list[int]) -> Kept:
-    """The sandbox a gateway handed over, its descriptors in PLAN_FDS order."""
-    given = iter(fds)
-    for name in PLAN_FDS:
-        if plan.get(name) is not None:
-            plan[name] = next(given)
-    return Kept(plan)
+    """The sandbox a gateway handed over, its descriptors in PLAN_FDS order; if it cannot be held, they are closed."""
+    try:
+        names = [name for name in PLAN_FDS if plan.get(name) is not None]
+        if len(names) != len(fds):
+            raise ValueError(f"the plan names {len(names)} descriptors and {len(fds)} came with it")
+        plan.update(zip(names, fds, strict=True))
+        return Kept(plan)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 class Keeper:
@@ -284,15 +298,7 @@ class Keeper:
 
     def __init__(self, path: str):
         self.path = path
-        if os.path.lexists(path):
-            os.unlink(path)  # a keeper killed before it could remove it: nothing listens there
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
-        try:
-            self.listener.bind(path)
-        finally:
-            os.umask(old_umask)
-        self.listener.listen(16)
+        self.listener = listen_private(path, 16)
         self.identity = os.stat(path).st_ino
         self.gateways: list[socket.socket] = []
         self.kept: list[Kept] = []
@@ -314,11 +320,6 @@ class Keeper:
             self.kept.append(kept)
         except Exception as exc:
             answer = {"error": f"the keeper cannot hold the sandbox: {exc}"}
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
         try:
             gateway.sendall(json.dumps(answer).encode() + b"\n")
         except OSError:

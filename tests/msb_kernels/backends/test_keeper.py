@@ -7,6 +7,7 @@ The gateway-level behaviour (kill -9, adoption, a busy cell) is in tests/msb_ker
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -115,3 +116,22 @@ async def test_one_keeper_holds_every_sandbox_and_each_ends_on_its_own(runtime_r
         held.wait()
         os.close(lifeline_read)
         os.close(stderr_write)
+
+
+async def test_a_sandbox_the_keeper_cannot_hold_is_refused_and_its_descriptors_closed(runtime_root):
+    """A hand-over that fails (here: the sandbox's socket cannot be bound) is answered with the reason; the keeper
+    closes the descriptors it was given, once, and goes on holding the others."""
+    held = sandbox_dir(runtime_root, "held")
+    keeper_pid, _ = await start_keeper(held, 60)
+    lifeline_read, lifeline_write = os.pipe()
+    try:
+        with pytest.raises(SandboxError, match="the keeper cannot hold the sandbox"):
+            await start_keeper(runtime_root / "missing", 60, sandbox_pid=os.getpid(), lifeline_fd=lifeline_write)
+        os.close(lifeline_write)
+        assert select.select([lifeline_read], [], [], 10)[0] and os.read(lifeline_read, 1) == b"", \
+            "the keeper kept the refused sandbox's lifeline open"
+    finally:
+        os.close(lifeline_read)
+    assert pid_alive(keeper_pid)
+    KeeperLink.own(held, keeper_pid).close()  # the sandbox it holds is still its
+    assert (await start_keeper(sandbox_dir(runtime_root, "next"), 60))[0] == keeper_pid
