@@ -242,7 +242,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         host_file = os.path.realpath(self.parent.connection_file)
         guest_file = self._guest_path(GUEST_CONNECTION_FILE)
         argv = [guest_file if arg in (host_file, self.parent.connection_file) else arg for arg in cmd]
-        argv += self.template_spec.startup_arguments(self._guest_path(self.template_spec.startup_file))
+        argv += self.template_spec.launch_arguments(self._guest_path(self.template_spec.startup_file))
         return argv
 
     def _guest_env(self, env: dict[str, str], argv0: str) -> dict[str, str]:

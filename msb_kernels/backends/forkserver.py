@@ -106,11 +106,11 @@ def tokenize_once() -> None:
 
 
 def kernel_app_class() -> type:
-    """IPKernelApp, except that the command line the provisioner writes for a Python kernel, ``-f <connection file>``
-    and ``--IPKernelApp.exec_files=<startup file>``, is taken without building traitlets' argparse parser for every
-    configurable class: 10 to 13 ms of each start. Any other command line is parsed as usual. The subclass keeps the
-    name, so logs and config sections read as before; tests/msb_kernels/backends/test_forkserver.py checks it against
-    traitlets' own parse of the provisioner's command line."""
+    """IPKernelApp, except that the command line the provisioner writes for a Python kernel (PROVISIONER_SETTINGS) is
+    taken without building traitlets' argparse parser for every configurable class: 10 to 13 ms of each start. Any
+    other command line is parsed as usual. The subclass keeps the name, so logs and config sections read as before;
+    tests/msb_kernels/backends/test_forkserver.py checks it against traitlets' own parse of the provisioner's command
+    line."""
     from ipykernel import kernelapp
     from traitlets.config import Config
 
@@ -120,7 +120,7 @@ def kernel_app_class() -> type:
             if settings is None:
                 return super().parse_command_line(argv)
             self.argv = list(argv)
-            self.cli_config = Config({"IPKernelApp": settings})
+            self.cli_config = Config(settings)
             self.update_config(self.cli_config)
             self.extra_args = []
             return None
@@ -128,27 +128,42 @@ def kernel_app_class() -> type:
     return IPKernelApp
 
 
-EXEC_FILES = "--IPKernelApp.exec_files="
+# The ``--Class.trait=`` arguments the provisioner adds (templates.PythonTemplate.launch_arguments), each with what
+# traitlets makes of its value there: exec_files is a list trait of IPKernelApp, whose classes traitlets knows;
+# HistoryManager is not among them, so its value stays a string that the trait converts when it is read.
+def _deferred(value: str) -> str:
+    from traitlets.config.loader import DeferredConfigString
+
+    return DeferredConfigString(value)
+
+
+PROVISIONER_SETTINGS = {
+    "--IPKernelApp.exec_files=": lambda value: [value],
+    "--HistoryManager.hist_file=": _deferred,
+}
 
 
 def _provisioner_command_line(argv: list[str] | None) -> dict | None:
-    """The IPKernelApp settings of a command line made only of the provisioner's two arguments, each at most once;
-    None for anything else."""
+    """The settings of a command line made only of ``-f <connection file>`` and PROVISIONER_SETTINGS, each at most
+    once, as {section: {trait: value}}; None for anything else."""
     if not argv:
         return None
     settings: dict = {}
     arguments = iter(argv)
     for argument in arguments:
-        if argument == "-f" and "connection_file" not in settings:
+        if argument == "-f" and "connection_file" not in settings.get("IPKernelApp", {}):
             value = next(arguments, None)
             if value is None or value.startswith("-"):
                 return None
-            settings["connection_file"] = value
-        elif argument.startswith(EXEC_FILES) and "exec_files" not in settings:
-            settings["exec_files"] = [argument[len(EXEC_FILES):]]
-        else:
+            settings.setdefault("IPKernelApp", {})["connection_file"] = value
+            continue
+        prefix, _, value = argument.partition("=")
+        convert = PROVISIONER_SETTINGS.get(prefix + "=")
+        section, _, trait = prefix[2:].partition(".")
+        if convert is None or trait in settings.get(section, {}):
             return None
-    return settings if "connection_file" in settings else None
+        settings.setdefault(section, {})[trait] = convert(value)
+    return settings if "connection_file" in settings.get("IPKernelApp", {}) else None
 
 
 def serve(listener: socket.socket) -> None:

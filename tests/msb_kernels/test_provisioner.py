@@ -39,10 +39,23 @@ async def test_completion_inspection_history_and_is_complete(shared_kernel):
     assert reply["content"]["found"] and "len" in reply["content"]["data"]["text/plain"]
     reply = await kc.history(hist_access_type="tail", n=20, output=False, raw=True, reply=True, timeout=30)
     assert any("sandbox_marker_value = 7" in entry[2] for entry in reply["content"]["history"])
+    reply = await kc.history(hist_access_type="search", pattern="*marker_value =*", output=False, raw=True, reply=True,
+                             timeout=30)
+    assert [entry[2] for entry in reply["content"]["history"]] == ["import os\nsandbox_marker_value = 7"]
+    searched = await execute(kc, "%history -g marker_value =")
+    assert "sandbox_marker_value = 7" in searched.stdout
     reply = await kc.is_complete("for i in range(3):", reply=True, timeout=30)
     assert reply["content"]["status"] == "incomplete"
     reply = await kc.is_complete("x = 1", reply=True, timeout=30)
     assert reply["content"]["status"] == "complete"
+
+
+async def test_ipython_keeps_its_history_in_memory_where_the_sandbox_home_would_lose_it(shared_kernel):
+    _, kc = shared_kernel
+    manager = "get_ipython().history_manager"
+    kept = await execute(kc, f"({manager}.hist_file, {manager}.save_thread, __import__('os').listdir({manager}.shell.profile_dir.location))")
+    assert kept.value[0] == ":memory:" and kept.value[1] is None
+    assert "history.sqlite" not in kept.value[2]
 
 
 async def test_comms_round_trip(shared_kernel):

@@ -176,13 +176,15 @@ async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_
     km, kc = await start_kernel()
     guest_argv = (await execute(kc, "from ipykernel.kernelapp import IPKernelApp; IPKernelApp.instance().argv")).value
     template = TEMPLATES["python"]
-    assert guest_argv == ["-f", "/run/kernel/connection.json", *template.startup_arguments("/run/kernel/msb_startup.py")]
+    assert guest_argv == ["-f", "/run/kernel/connection.json", *template.launch_arguments("/run/kernel/msb_startup.py")]
     assert forkserver._provisioner_command_line(guest_argv) is not None, "the provisioner's command line would be parsed by argparse"
 
     fast = forkserver.kernel_app_class()
     assert fast.__name__ == "IPKernelApp" and issubclass(fast, IPKernelApp)
     assert parsed(fast, guest_argv) == parsed(IPKernelApp, guest_argv)
     for other in (["-f", "/k.json", "--debug"], ["-f", "/k.json", "script.py"], ["--IPKernelApp.exec_files=/s.py"],
-                  ["-f", "/k.json", "--IPKernelApp.exec_files=/a.py", "--IPKernelApp.exec_files=/b.py"]):
+                  ["-f", "/k.json", "--IPKernelApp.exec_files=/a.py", "--IPKernelApp.exec_files=/b.py"],
+                  ["-f", "/k.json", "--HistoryManager.hist_file=:memory:", "--HistoryManager.hist_file=/h.sqlite"],
+                  ["-f", "/k.json", "--HistoryManager.enabled=False"]):
         assert forkserver._provisioner_command_line(other) is None, other
         assert parsed(fast, other) == parsed(IPKernelApp, other)
