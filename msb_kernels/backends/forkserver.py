@@ -7,9 +7,11 @@ the garbage collector (so children leave those pages shared), writes one JSON li
 tell when the environment changed) and serves connections on that socket until its stdin, the owner's
 lifeline, closes.
 
-The server itself never reads a request: it accepts a connection from its own user and forks. The child reads
-the launch plan and the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python nsinit.py`` is on
-the exec path: the launcher. Its init forks the kernel process, which here does not exec: it drops every
+The server itself never accepts a connection or reads a request. It keeps one child forked ahead, waiting in
+accept() on that socket, so that no start waits for a fork of this 50 MiB process (4 to 6 ms here); when that
+child takes a connection from the server's own user, the server forks the next one. The child reads the launch
+plan and the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python nsinit.py`` is on the exec
+path: the launcher. A child still waiting ends with the server; one that has a connection goes on without it. Its init forks the kernel process, which here does not exec: it drops every
 descriptor but 0-2, takes the kernel's environment, reseeds ``random`` (and numpy's global generator if a
 preload imported numpy), and runs ``ipykernel_launcher``'s ``IPKernelApp`` from the imported modules. So no
 plan, key or path of one kernel ever sits in the memory the next one inherits.
@@ -35,6 +37,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,6 +56,9 @@ PRELOADED = (
     "psutil", "jupyter_client.localinterfaces",
 )
 REQUIRED = "ipykernel.kernelapp"
+# How long after a launcher takes a connection the server forks the next: a fork of this process takes a CPU for some
+# 5 ms, which a start under way would otherwise wait for on a small host. A connection that comes sooner gets one at once.
+REFILL_DELAY_SECONDS = 0.3
 RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
@@ -167,30 +173,42 @@ def _provisioner_command_line(argv: list[str] | None) -> dict | None:
 
 
 def serve(listener: socket.socket) -> None:
+    """Keep one launcher forked ahead and waiting for a connection, so no start waits for a fork of this process;
+    return when the owner's lifeline closes."""
+    taken, taken_by_launcher = os.pipe()  # a launcher writes a byte here once it has a connection
     poller = select.poll()
-    poller.register(listener.fileno(), select.POLLIN)
     poller.register(0, select.POLLIN)  # the owner's lifeline: EOF when the gateway (or whoever started us) is gone
+    poller.register(taken, select.POLLIN)
+    poller.register(listener.fileno(), select.POLLIN)  # watched only while no launcher waits
+    waiting: int | None = None  # the pidfd of the launcher waiting for a connection
+    refill_at = 0.0
     while True:
-        for fd, _ in poller.poll(1000):
+        if waiting is None and time.monotonic() >= refill_at:
+            waiting = _fork_launcher(listener, taken_by_launcher)
+            if waiting is not None:
+                poller.register(waiting, select.POLLIN)  # readable once it has exited
+                poller.modify(listener.fileno(), 0)
+        timeout = 1000 if waiting is not None else max(0, (refill_at - time.monotonic()) * 1000)
+        for fd, _ in poller.poll(timeout):
             if fd == 0:
                 if not os.read(0, 64):
-                    return
-                continue
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                continue
-            if keeper.peer_uid(connection) != os.geteuid():
-                connection.close()
-                continue
-            try:
-                child = os.fork()
-            except OSError:
-                connection.close()
-                continue
-            if child == 0:
-                _launcher(listener, connection)
-            connection.close()
+                    return  # the waiting launcher ends with this process (die_with_parent); those under way go on
+            elif fd == taken:
+                os.read(taken, 64)
+                if waiting is not None:
+                    poller.unregister(waiting)
+                    os.close(waiting)
+                    waiting = None
+                    refill_at = time.monotonic() + REFILL_DELAY_SECONDS
+                    poller.modify(listener.fileno(), select.POLLIN)
+            elif fd == listener.fileno():
+                refill_at = 0.0  # a connection and no launcher for it: fork one now
+            elif fd == waiting:  # it died while waiting (killed, or it could not start)
+                poller.unregister(waiting)
+                os.close(waiting)
+                waiting = None
+                refill_at = time.monotonic() + 0.1  # not a busy loop should every fork fail
+                poller.modify(listener.fileno(), select.POLLIN)
         while True:  # the launchers exit once the host holds a pidfd for their init
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -200,16 +218,55 @@ def serve(listener: socket.socket) -> None:
                 break
 
 
-def _launcher(listener: socket.socket, connection: socket.socket) -> None:
-    """The forked child: read the launch plan, build the sandbox with nsinit, report init's pid, and wait for the host
-    to close (it holds init's pidfd then)."""
+def _fork_launcher(listener: socket.socket, taken: int) -> int | None:
+    """Fork a launcher that waits for the next connection; its pidfd, or None when no fork could be made."""
+    server = os.getpid()
+    try:
+        child = os.fork()
+    except OSError:
+        return None
+    if child == 0:
+        try:
+            _wait_for_connection(listener, taken, server)
+        finally:
+            os._exit(1)
+    try:
+        return os.pidfd_open(child)
+    except OSError:
+        return None  # reaped already: it could not start
+
+
+def _wait_for_connection(listener: socket.socket, taken: int, server: int) -> None:
+    """The forked launcher, before any request: ready the process, then take one connection from the server's own
+    user and tell the server, which forks the next launcher."""
+    nsinit.die_with_parent(signal.SIGKILL)  # a waiting launcher holds no sandbox: it ends with the server
+    if os.getppid() != server:
+        return
+    nsinit.close_descriptors_but([listener.fileno(), taken])  # not the server's lifeline, pipe or pidfds
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    os.setsid()
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except ConnectionAbortedError:
+            continue
+        if keeper.peer_uid(connection) == os.geteuid():
+            break
+        connection.close()
+    os.write(taken, b".")
+    os.close(taken)
+    os.close(listener.detach())
+    nsinit.die_with_parent(0)  # from here on the sandbox outlives the server
+    _launcher(connection)
+
+
+def _launcher(connection: socket.socket) -> None:
+    """The launcher with a connection: read the launch plan, build the sandbox with nsinit, report init's pid, and wait
+    for the host to close (it holds init's pidfd then)."""
     report: dict
     try:
-        os.close(listener.detach())
-        null = os.open("/dev/null", os.O_RDWR)
-        os.dup2(null, 0)  # not the server's lifeline
-        os.close(null)
-        os.setsid()
         plan, fds = keeper.receive_request(connection)
         if not fds:
             raise ValueError("the request carries no descriptors")

@@ -60,6 +60,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NAME = 15
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -473,6 +474,11 @@ def drop_capabilities() -> None:
     them; the relay and a forked kernel never exec."""
     header = struct.pack("=Ii", LINUX_CAPABILITY_VERSION_3, 0)
     _check(_libc.capset(header, bytes(24)), "capset")
+
+
+def die_with_parent(signum: int) -> None:
+    """Have the kernel send signum to this process when its parent ends (0: nothing)."""
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0), "prctl(pdeathsig)")
 
 
 def close_descriptors_but(kept: list[int]) -> None:

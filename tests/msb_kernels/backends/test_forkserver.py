@@ -55,6 +55,23 @@ def kernel_host_pid(km) -> int:
     return int(children[-1])
 
 
+def children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+async def waiting_launcher(server_pid: int, other_than: int | None = None) -> int:
+    """The launcher the server keeps forked ahead: once a start's launcher has exited, its only child."""
+    for _ in range(200):
+        waiting = children(server_pid)
+        if len(waiting) == 1 and waiting[0] != other_than:
+            return waiting[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the fork server {server_pid} has children {children(server_pid)}, not one waiting launcher")
+
+
 def anonymous(targets) -> set[str]:
     """Pipes and sockets, by inode: what could only be shared by inheritance, not opened again by a path."""
     return {t for t in targets if t.startswith(("pipe:[", "socket:["))}
@@ -85,8 +102,8 @@ async def test_a_forked_kernel_holds_nothing_of_the_server_or_a_sibling(start_ke
         sessions.append(reply["header"]["session"])
     assert sessions[0] != sessions[1]
 
-    # Neither the server nor a sibling can be named, signalled, traced or read from inside.
-    targets = [server["pid"], kernel_host_pid(km_b), km_b.provisioner.sandbox.init_pid]
+    # Neither the server, the launcher it keeps forked ahead, nor a sibling can be named, signalled, traced or read.
+    targets = [server["pid"], await waiting_launcher(server["pid"]), kernel_host_pid(km_b), km_b.provisioner.sandbox.init_pid]
     attempts = (await execute(kc_a, (
         "import ctypes, os\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -115,16 +132,40 @@ async def test_a_killed_fork_server_is_replaced_and_its_kernels_live_on(start_ke
     km_a, kc_a = await start_kernel()
     await execute(kc_a, "kept = 41")
     (server,) = fork_servers(km_a)
+    waiting = await waiting_launcher(server["pid"])
     os.kill(server["pid"], signal.SIGKILL)
     while os.path.exists(f"/proc/{server['pid']}") and "Z" not in Path(f"/proc/{server['pid']}/stat").read_text().split(")")[1][:3]:
         await asyncio.sleep(0.05)
     assert (await execute(kc_a, "kept + 1")).value == 42
+    for _ in range(100):  # the launcher it kept waiting holds no sandbox: it ends with the server
+        if not os.path.exists(f"/proc/{waiting}/stat") or ") Z" in Path(f"/proc/{waiting}/stat").read_text():
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the waiting launcher {waiting} outlived its fork server")
     km_b, kc_b = await start_kernel()
     assert km_b.provisioner.sandbox.info()["forked"]
     (fresh,) = fork_servers(km_b)
     assert fresh["pid"] != server["pid"]
     assert (await execute(kc_b, "1 + 1")).value == 2
     assert (await execute(kc_a, "kept")).value == 41
+
+
+async def test_the_server_keeps_a_launcher_forked_ahead_and_replaces_one_that_dies(start_kernel):
+    """No start waits for a fork of the server: a launcher forked ahead takes the connection, and the server forks
+    the next one after it; one killed while it waits is replaced, and the next start is served as usual."""
+    km_a, _ = await start_kernel()
+    (server,) = fork_servers(km_a)
+    first = await waiting_launcher(server["pid"])
+    km_b, kc_b = await start_kernel()
+    after_start = await waiting_launcher(server["pid"], other_than=first)  # the start took the one that waited
+    assert not os.path.exists(f"/proc/{first}/stat") or ") Z" in Path(f"/proc/{first}/stat").read_text()
+    os.kill(after_start, signal.SIGKILL)
+    await waiting_launcher(server["pid"], other_than=after_start)
+    km_c, kc_c = await start_kernel()
+    assert km_c.provisioner.sandbox.info()["forked"] and fork_servers(km_c)[0]["pid"] == server["pid"]
+    assert fork_servers(km_c)[0]["kernels_forked"] == server["kernels_forked"] + 2
+    assert [(await execute(kc, "1 + 1")).value for kc in (kc_b, kc_c)] == [2, 2]
 
 
 async def test_a_package_installed_in_the_kernels_environment_gets_a_fresh_fork_server(start_kernel):
