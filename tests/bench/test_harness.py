@@ -75,3 +75,15 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     assert [t["met"] for t in report.targets(figures) if "within +4 ms" in t["target"]] == [True]
     assert (out / "bench.md").read_text().startswith("| figure |")
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_starts_interleaves_kernelspecs_and_variants_of_one_by_their_settings():
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "starts.py"), "-n", "1", "msb-python-small",
+                          "MSB_FORK_KERNELS=false:msb-python-small"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("msb-python-small: p50 ") and "(n=1, forked)" in lines[0], lines
+    assert lines[1].startswith("MSB_FORK_KERNELS=false:msb-python-small: p50 ") and "(n=1, exec'd)" in lines[1], lines
+    refused = subprocess.run([sys.executable, str(REPO / "bench" / "starts.py"), "FORK=false:msb-python-small", "nothing"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "is not MSB_NAME=VALUE" in refused.stderr and "Traceback" not in refused.stderr
