@@ -89,6 +89,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
     hierarchy, note = cgroups.detect()
     print(f"limits: {note}")
+    speed_note = cgroups.start_speed_note(hierarchy)
+    if speed_note is not None:
+        print(f"  start time: {speed_note}")
     print(f"namespace network: {network.describe(settings.allow_network)}")
     _print_disk_report(settings)
     for template in TEMPLATES.values():

@@ -52,6 +52,27 @@ def detect() -> tuple[CgroupHierarchy | None, str]:
     return None, "no cgroup memory, cpu and pids controllers are mounted"
 
 
+RCU_EXPEDITED = Path("/sys/kernel/rcu_expedited")
+
+
+def start_speed_note(hierarchy: CgroupHierarchy | None) -> str | None:
+    """A host setting that slows every sandbox start, and how to change it; None when there is none. Called by doctor."""
+    if hierarchy is None:
+        return None
+    try:
+        expedited = RCU_EXPEDITED.read_text().strip()
+    except OSError:
+        return None
+    if expedited != "0":
+        return None
+    # Moving a process into a cgroup takes the kernel's cgroup_threadgroup_rwsem for writing, which waits out an RCU
+    # grace period unless another move has just done so: the first join of each start pays it.
+    return ("each kernel start waits out an RCU grace period while its sandbox joins its cgroups (6 to 8 ms of a start "
+            "on a 2-CPU VM). `echo 1 > /sys/kernel/rcu_expedited` (or the boot option rcupdate.rcu_expedited=1) takes "
+            "that off for the whole host: every RCU wait then interrupts all CPUs, which a host that runs kernels can "
+            "usually afford")
+
+
 class SandboxCgroup:
     """The cgroup(s) of one sandbox."""
 
