@@ -8,13 +8,14 @@ tell when the environment changed) and serves connections on that socket until i
 lifeline, closes.
 
 The server itself never accepts a connection or reads a request. It keeps one child forked ahead, waiting in
-accept() on that socket, so that no start waits for a fork of this 50 MiB process (4 to 6 ms here); when that
-child takes a connection from the server's own user, the server forks the next one. The child reads the launch
-plan and the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python nsinit.py`` is on the exec
-path: the launcher. A child still waiting ends with the server; one that has a connection goes on without it. Its init forks the kernel process, which here does not exec: it drops every
-descriptor but 0-2, takes the kernel's environment, reseeds ``random`` (and numpy's global generator if a
-preload imported numpy), and runs ``ipykernel_launcher``'s ``IPKernelApp`` from the imported modules. So no
-plan, key or path of one kernel ever sits in the memory the next one inherits.
+accept() on that socket, so that no start waits for a fork of this 50 MiB process (5 to 9 ms of a start here);
+when that child takes a connection from the server's own user, the server forks the next one. A child still
+waiting ends with the server; one that has a connection goes on without it. That child reads the launch plan and
+the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python nsinit.py`` is on the exec path: the
+launcher. Its init forks the kernel process, which here does not exec: it drops every descriptor but 0-2, takes
+the kernel's environment, reseeds ``random`` (and numpy's global generator if a preload imported numpy), and
+runs ``ipykernel_launcher``'s ``IPKernelApp`` from the imported modules. So no plan, key or path of one kernel
+ever sits in the memory the next one inherits.
 
 What forked kernels do share with the server and with each other: the address-space layout of everything
 imported before the fork, and the string hash seed (PYTHONHASHSEED), both chosen when the server started. Code
