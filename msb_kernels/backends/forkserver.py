@@ -183,6 +183,14 @@ def serve(listener: socket.socket) -> None:
     poller.register(listener.fileno(), select.POLLIN)  # watched only while no launcher waits
     waiting: int | None = None  # the pidfd of the launcher waiting for a connection
     refill_at = 0.0
+
+    def none_waiting(delay: float) -> float:
+        """Stop watching the waiting launcher (it took a connection, or it died): when to fork the next one."""
+        poller.unregister(waiting)
+        os.close(waiting)
+        poller.modify(listener.fileno(), select.POLLIN)
+        return time.monotonic() + delay
+
     while True:
         if waiting is None and time.monotonic() >= refill_at:
             waiting = _fork_launcher(listener, taken_by_launcher)
@@ -197,19 +205,11 @@ def serve(listener: socket.socket) -> None:
             elif fd == taken:
                 os.read(taken, 64)
                 if waiting is not None:
-                    poller.unregister(waiting)
-                    os.close(waiting)
-                    waiting = None
-                    refill_at = time.monotonic() + REFILL_DELAY_SECONDS
-                    poller.modify(listener.fileno(), select.POLLIN)
+                    refill_at, waiting = none_waiting(REFILL_DELAY_SECONDS), None
             elif fd == listener.fileno():
                 refill_at = 0.0  # a connection and no launcher for it: fork one now
             elif fd == waiting:  # it died while waiting (killed, or it could not start)
-                poller.unregister(waiting)
-                os.close(waiting)
-                waiting = None
-                refill_at = time.monotonic() + 0.1  # not a busy loop should every fork fail
-                poller.modify(listener.fileno(), select.POLLIN)
+                refill_at, waiting = none_waiting(0.1), None  # not a busy loop should every fork fail
         while True:  # the launchers exit once the host holds a pidfd for their init
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
