@@ -7,7 +7,9 @@ tool's outputSchema; nothing reaches the client as a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from mcp.server import MCPServer
@@ -60,12 +62,32 @@ class BridgeServer(MCPServer):
             return error_result(InvalidRequest(message))
 
 
+@contextlib.contextmanager
+def root_logging_left_alone() -> Iterator[None]:
+    """Undo what ``MCPServer()`` does to the root logger: ``logging.basicConfig(level=INFO)`` with a rich handler.
+
+    Logging is the application's to configure. A process that builds the server and also makes
+    HTTP calls (the bench, an embedding app) would otherwise format a record for every request it
+    sends, on the path being timed.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def build_server(sessions: KernelSessions, settings: MsbSettings | None = None, options: BridgeOptions | None = None,
                  *, name: str = "msb-kernels") -> MCPServer:
     """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown)."""
     settings = settings or load_settings()
     options = options or BridgeOptions.from_settings(settings)
-    server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
+    with root_logging_left_alone():
+        server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
     server.bridge = Bridge(sessions, settings, options)  # type: ignore[attr-defined]
     for entry in TOOLS:
         server.add_tool(entry.function, description=entry.describe(options), annotations=entry.annotations)
