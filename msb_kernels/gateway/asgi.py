@@ -3,7 +3,8 @@
 ``AsgiHandler`` turns one tornado request into one ASGI ``http`` call: the request body is
 received at once, response bodies are written and flushed as they come (so server-sent
 event streams reach the client while they run), and a client that goes away gets
-``http.disconnect``. ``AsgiLifespan`` runs the app's lifespan protocol, which Starlette
+``http.disconnect``. The app authenticates every request itself (McpHttpApp checks the
+server's token), so jupyter_server's identity lookup is left out. ``AsgiLifespan`` runs the app's lifespan protocol, which Starlette
 apps (and MCP's session manager) need before their first request.
 
 The app is mounted under a prefix such as ``/mcp``: the ASGI scope gets ``root_path`` set
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated
@@ -67,7 +69,13 @@ class AsgiLifespan:
 
 
 class AsgiHandler(APIHandler):
-    """One tornado handler in front of an ASGI app; authenticated by jupyter_server's token."""
+    """One tornado handler in front of an ASGI app that checks the server's token on every request itself.
+
+    jupyter_server's identity lookup is skipped: it only repeated the app's check, and it answered
+    the token with a login cookie that HTTP clients then sent back on every call, to be verified
+    again. CORS headers stay jupyter_server's (its allow_origin settings), and a request the app
+    accepts still counts as API activity, as an authenticated one would.
+    """
 
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
 
@@ -76,6 +84,10 @@ class AsgiHandler(APIHandler):
         self.root_path = root_path.rstrip("/")
         self._disconnected = asyncio.Event()
         self._started = False
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        self.current_user = self._jupyter_current_user = None
+        self.set_cors_headers()
 
     def check_origin(self, origin_to_satisfy_tornado: str = "") -> bool:
         return True  # the ASGI app checks Origin itself (MCP's allowed_origins)
@@ -86,32 +98,32 @@ class AsgiHandler(APIHandler):
     def on_connection_close(self) -> None:
         self._disconnected.set()
 
-    @web.authenticated
+    @allow_unauthenticated
     async def get(self, *args: Any) -> None:
         await self._serve()
 
-    @web.authenticated
+    @allow_unauthenticated
     async def head(self, *args: Any) -> None:
         await self._serve()
 
-    @web.authenticated
+    @allow_unauthenticated
     async def post(self, *args: Any) -> None:
         await self._serve()
 
-    @web.authenticated
+    @allow_unauthenticated
     async def delete(self, *args: Any) -> None:
         await self._serve()
 
-    @web.authenticated
+    @allow_unauthenticated
     async def patch(self, *args: Any) -> None:
         await self._serve()
 
-    @web.authenticated
+    @allow_unauthenticated
     async def put(self, *args: Any) -> None:
         await self._serve()
 
     @allow_unauthenticated
-    async def options(self, *args: Any) -> None:  # CORS preflight carries no credentials
+    async def options(self, *args: Any) -> None:
         await self._serve()
 
     def _scope(self) -> dict:
@@ -153,6 +165,8 @@ class AsgiHandler(APIHandler):
             if message["type"] == "http.response.start":
                 self._started = True
                 self.set_status(message["status"])
+                if message["status"] < 400:  # the app took the token: activity, for ServerApp.shutdown_no_activity_timeout
+                    self.settings["api_last_activity"] = datetime.now(timezone.utc)
                 self.clear_header("Content-Type")
                 for raw_name, raw_value in message.get("headers", []):
                     name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")

@@ -6,6 +6,8 @@ the first test; the rest talk to the gateway's REST API directly.
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
 import os
 import signal
@@ -358,13 +360,35 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
                              "clientInfo": {"name": "gateway-test", "version": "0"}}}
     refused = await gateway.request("POST", "/mcp", initialize, token=None,
                                     headers={k: v for k, v in headers.items() if k != "Authorization"})
-    assert refused.code in (401, 403)
+    assert refused.code == 401 and b"Authorization: Bearer" in refused.body, (refused.code, refused.body)
     response = await gateway.request("POST", "/mcp", initialize, token=None, headers=headers)
     assert response.code == 200, response.body
+    # /mcp checks the bearer token itself on every call: no jupyter_server login cookie to send back
+    assert not any(k.lower() == "set-cookie" for k in response.headers), response.headers
     assert _jsonrpc(response)["result"]["serverInfo"]["name"]
     session = {k: v for k, v in response.headers.items() if k.lower() == "mcp-session-id"}
     headers.update(session)
     await gateway.request("POST", "/mcp", {"jsonrpc": "2.0", "method": "notifications/initialized"}, token=None, headers=headers)
+
+    # A browser's jupyter_server login cookie, without the bearer token, does not drive /mcp.
+    status = await gateway.request("GET", "/api/status")
+    cookie = status.headers.get("Set-Cookie", "").split(";")[0]
+    assert cookie.startswith("username-"), status.headers
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_flavors", "arguments": {}}}
+    by_cookie = await gateway.request("POST", "/mcp", call, token=None,
+                                      headers={**{k: v for k, v in headers.items() if k != "Authorization"}, "Cookie": cookie})
+    assert by_cookie.code == 401, (by_cookie.code, by_cookie.body)
+
+    # An accepted call is API activity (ServerApp.shutdown_no_activity_timeout reads it); a refused one is not.
+    def last_activity(reply) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(json.loads(reply.body)["last_activity"].replace("Z", "+00:00"))
+
+    before = last_activity(await gateway.request("GET", "/api/status"))
+    await asyncio.sleep(0.05)
+    assert (await gateway.request("POST", "/mcp", call, token=None, headers={**headers, "Authorization": "Bearer wrong"})).code == 401
+    assert last_activity(await gateway.request("GET", "/api/status")) == before
+    assert (await gateway.request("POST", "/mcp", call, token=None, headers=headers)).code == 200
+    assert last_activity(await gateway.request("GET", "/api/status")) > before
 
     # a kernel started over the Jupyter API is an MCP session too: one process, one set of kernels
     kernel_id = await gateway.start_kernel()
