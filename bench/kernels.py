@@ -31,6 +31,27 @@ async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any
     return elapsed, km, kc
 
 
+class KernelDied(RuntimeError):
+    """The kernel process exited before its first kernel_info reply."""
+
+
+async def start_kernel_again_if_it_dies(name: str, timeout: float = 120, attempts: int = 3) -> tuple[int, Any, Any]:
+    """start_kernel, started again (up to ``attempts`` in all) when the kernel dies before it answers; returns
+    (starts it took, manager, client).
+
+    jupyter_client picks a kernel's TCP ports by binding and releasing them, and another process can take one
+    before the kernel binds it ("Address already in use"); in a burst of bare kernels that happens now and then.
+    A user would start such a kernel again, so the burst does, and its time includes the failed start."""
+    for attempt in range(1, attempts + 1):
+        try:
+            _, km, kc = await start_kernel(name, timeout)
+            return attempt, km, kc
+        except KernelDied:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def first_kernel_info_reply(km: Any, kc: Any, started: float, timeout: float) -> float:
     """Seconds from started to the first kernel_info reply. The request goes again at a growing interval, as
     wait_for_ready sends it again, since a kernel's ports can be lost to a race; a kernel that died raises."""
@@ -46,7 +67,7 @@ async def first_kernel_info_reply(km: Any, kc: Any, started: float, timeout: flo
         except queue.Empty:
             pass
         if not await km.is_alive():
-            raise RuntimeError(f"kernel {km.kernel_id} died before it answered kernel_info")
+            raise KernelDied(f"kernel {km.kernel_id} died before it answered kernel_info")
         interval = min(interval * 2, 1.0)
     raise TimeoutError(f"kernel {km.kernel_id} did not answer kernel_info within {timeout:.0f} s")
 

@@ -137,7 +137,9 @@ def table(results: dict) -> str:
                         f"| {g['keeper_uss_mib']:.1f} MiB; {g['keeper_per_session_mib'] * 1024:.0f} KiB | - | - |")
     if b := f.get("burst"):  # absent from results written before this figure existed
         def ready(run: dict) -> str:
-            return f"first {run['first_s']:.1f} / median {run['median_s']:.1f} / last {run['last_s']:.1f} s"
+            again = run.get("started_again", 0)  # a kernel that died before it answered (a TCP port taken), started again
+            return (f"first {run['first_s']:.1f} / median {run['median_s']:.1f} / last {run['last_s']:.1f} s"
+                    + (f" ({again} started again after dying at start)" if again else ""))
 
         rows.append(f"| {b['kernels']} kernels asked for at once, ready at ({b['turns']} start at a time) | {ready(b['msb'])} | "
                     f"{ready(b['bare'])} | {b['msb']['median_s'] / b['bare']['median_s']:.2f}x median |")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -87,3 +90,36 @@ def test_starts_interleaves_kernelspecs_and_variants_of_one_by_their_settings():
     refused = subprocess.run([sys.executable, str(REPO / "bench" / "starts.py"), "FORK=false:msb-python-small", "nothing"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "is not MSB_NAME=VALUE" in refused.stderr and "Traceback" not in refused.stderr
+
+
+DIES_AT_FIRST_START = """
+import os, sys
+marker, connection_file = sys.argv[1], sys.argv[2]
+if marker == "always" or not os.path.exists(marker):
+    if marker != "always":
+        open(marker, "w").close()
+    sys.exit(1)  # as a kernel whose TCP port another process took exits
+os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file])
+"""
+
+
+async def test_a_kernel_that_dies_at_its_start_is_started_again_and_counted(tmp_path, monkeypatch):
+    from bench.kernels import KernelDied, start_kernel_again_if_it_dies, stop_kernel
+
+    script = tmp_path / "dies_at_first_start.py"
+    script.write_text(DIES_AT_FIRST_START)
+    for name, marker in (("dies-once", str(tmp_path / "died-once")), ("dies-always", "always")):
+        spec = tmp_path / "kernels" / name
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, str(script), marker, "{connection_file}"],
+                                                      "display_name": name, "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", f"{tmp_path}:{os.environ.get('JUPYTER_PATH', '')}".rstrip(":"))
+
+    starts, km, kc = await start_kernel_again_if_it_dies("dies-once", timeout=60)
+    try:
+        assert starts == 2
+        assert (await kc.kernel_info(reply=True, timeout=30))["content"]["status"] == "ok"
+    finally:
+        await stop_kernel(km, kc)
+    with pytest.raises(KernelDied):
+        await start_kernel_again_if_it_dies("dies-always", timeout=60, attempts=2)
