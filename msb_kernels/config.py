@@ -95,6 +95,9 @@ class MsbSettings(Configurable):
     cull_interval_seconds = Int(60, help="How often the gateway looks for idle kernels.").tag(config=True)
     cull_connected = Bool(False, help="Cull idle kernels that still have a client connected (jupyter_server's default: no).").tag(config=True)
     cull_busy = Bool(False, help="Cull kernels that are busy (jupyter_server's default: no).").tag(config=True)
+    offline_buffer_mib = Int(16, help="MiB of a kernel's messages the gateway keeps for a notebook client whose WebSocket "
+                                      "closed, to replay when it reconnects (jupyter_server keeps them without a bound). Past it "
+                                      "they are dropped and the client reconnects without them. 0: nothing is kept.").tag(config=True)
     keep_kernels = Bool(False, help="A clean stop of msb-kernels serve leaves its kernels running, for the next one on the same "
                                     "runtime dir to adopt (`serve --keep-kernels`); without it a clean stop stops them all.").tag(config=True)
     adopt_grace_seconds = Int(300, help="Seconds the gateway's kernels outlive it (a keep stop, a crash, a kill -9) for the next "
@@ -279,6 +282,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "node_image": _check_image,
     "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
     "adopt_grace_seconds": lambda v: "is negative" if v < 0 else None,
+    "offline_buffer_mib": lambda v: "is negative" if v < 0 else None,
 }
 
 _ACCEPTED: dict[str, str] = {
@@ -290,6 +294,7 @@ _ACCEPTED: dict[str, str] = {
     "cull_interval_seconds": "use a whole number of seconds >= 1",
     "cull_connected": "use true or false",
     "cull_busy": "use true or false",
+    "offline_buffer_mib": "use a whole number of MiB >= 0 (0 keeps nothing for a closed WebSocket)",
     "pool_size": "use TEMPLATE-FLAVOR=COUNT pairs such as python-small=1,node-small=0 (0 everywhere turns the pool off)",
     "pool_counts_as_sessions": "use true or false",
     "mcp_running_after_seconds": "use a number of seconds > 0",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import time
@@ -31,7 +32,7 @@ from jupyter_client.session import Session
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from jupyter_server.utils import ensure_async
 from tornado import web
-from tornado.ioloop import PeriodicCallback
+from tornado.ioloop import IOLoop, PeriodicCallback
 from traitlets import default
 
 from msb_kernels import registry
@@ -477,6 +478,49 @@ class MsbKernelManager(AsyncMappingKernelManager):
             if self._recorded.get(kernel_id) != (last.timestamp() if last else None) \
                     or not (state_dir / ADOPTION_RECORD).exists():
                 self.record_for_adoption(kernel_id)
+
+    def start_buffering(self, kernel_id: str, session_key: str, channels: dict) -> None:
+        """jupyter_server's buffer for a notebook client whose WebSocket closed, held to MSB_OFFLINE_BUFFER_MIB.
+
+        Called by jupyter_server's WebSocket connection when a client that named a session goes
+        away. Its buffer has no bound: while an assistant keeps running code on a kernel its
+        notebook user left, every output would stay in the gateway's memory. Past the bound the
+        buffer is dropped, and the client reconnects without a replay, as if it had none.
+        """
+        limit = self.msb_settings.offline_buffer_mib * 1024 * 1024
+        if limit == 0:
+            for stream in channels.values():
+                stream.close()
+            return
+        super().start_buffering(kernel_id, session_key, channels)
+        held = getattr(self, "_kernel_buffers", {}).get(kernel_id)
+        if not held or held.get("channels") is not channels:
+            return  # jupyter_server's own buffer_offline_messages=False: nothing is kept
+        size = 0
+
+        def keep(channel: str, frames: list) -> None:
+            nonlocal size
+            if held.get("dropped"):
+                return
+            size += sum(len(frame) for frame in frames)
+            if size <= limit:
+                held["buffer"].append((channel, frames))
+                return
+            held["dropped"] = True
+            self.log.warning("kernel %s: dropped the %d messages kept for a closed WebSocket (session %s): they passed "
+                             "MSB_OFFLINE_BUFFER_MIB=%d; the client reconnects without them", kernel_id, len(held["buffer"]),
+                             session_key, self.msb_settings.offline_buffer_mib)
+            held["buffer"].clear()
+            # Closed from the loop, not from inside this stream's own callback; a client that reconnected
+            # since then has buffering of its own, which must stay.
+            IOLoop.current().add_callback(self._stop_dropped_buffering, kernel_id, held)
+
+        for channel, stream in channels.items():
+            stream.on_recv(functools.partial(keep, channel))
+
+    def _stop_dropped_buffering(self, kernel_id: str, held: dict) -> None:
+        if getattr(self, "_kernel_buffers", {}).get(kernel_id) is held:
+            self.stop_buffering(kernel_id)
 
     def start_watching_activity(self, kernel_id: str) -> None:
         """jupyter_server's activity watch, plus, for kept kernels, the execution each is running, recorded as it

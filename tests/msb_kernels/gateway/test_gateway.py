@@ -7,6 +7,7 @@ the first test; the rest talk to the gateway's REST API directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -349,6 +350,56 @@ def _jsonrpc(response) -> dict:
         data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
         return json.loads(data[-1])
     return json.loads(text)
+
+
+async def _stdout_replayed(socket: KernelSocket, seconds: float = 3.0) -> str:
+    """The stream text a reconnected client gets within ``seconds`` (the replay comes first)."""
+    text = []
+    with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+        while True:
+            message = await socket.receive(seconds)
+            if message["msg_type"] == "stream":
+                text.append(message["content"]["text"])
+    return "".join(text)
+
+
+async def test_a_closed_websockets_messages_are_replayed_at_its_return_and_dropped_past_their_bound(gateway_factory) -> None:
+    # When a kernel's last WebSocket closes, jupyter_server keeps the kernel's messages for its reconnection,
+    # without a bound. An assistant working over /mcp on a kernel its notebook user left would fill the
+    # gateway's memory with its outputs. MSB_OFFLINE_BUFFER_MIB bounds it.
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    gateway = await gateway_factory(extra_env={"MSB_OFFLINE_BUFFER_MIB": "1"})
+    kernel_id = await gateway.start_kernel()
+    away = uuid.uuid4().hex
+    user = await KernelSocket.open(gateway, kernel_id, session_id=away)
+    assert (await user.execute("1+1")).result == "2"
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http, \
+            Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as assistant:
+        async def run(code: str) -> str:
+            result = await assistant.call_tool("execute_code", {"code": code, "session_id": kernel_id})
+            assert not result.is_error, result.content[0].text
+            return result.structured_content["stdout"]
+
+        user.close()
+        await wait_until(lambda: gateway.log().count("Starting buffering") == 1, 30, "the gateway to keep the closed socket's messages")
+        assert await run("print('while you were away')") == "while you were away\n"
+        user = await KernelSocket.open(gateway, kernel_id, session_id=away)
+        assert "while you were away" in await _stdout_replayed(user)  # a short absence loses nothing
+
+        user.close()
+        await wait_until(lambda: gateway.log().count("Starting buffering") == 2, 30, "the gateway to keep the closed socket's messages")
+        # 2 MiB of output, past the 1 MiB bound (the tool's result keeps MSB_MCP_MAX_OUTPUT_CHARS of it)
+        assert (await run("for _ in range(20): print('x' * 100_000)")).startswith("x" * 100_000)
+        await wait_until(lambda: "MSB_OFFLINE_BUFFER_MIB=1" in gateway.log(), 30, "the gateway to drop what it kept")
+        user = await KernelSocket.open(gateway, kernel_id, session_id=away)
+        assert "x" * 1000 not in await _stdout_replayed(user)
+        # Both go on as before, in the same kernel.
+        assert (await user.execute("1+1")).result == "2"
+        assert await run("print(len('y' * 7))") == "7\n"
+    user.close()
 
 
 async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> None:
