@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,59 @@ async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
     # the host's files and terminals are not served: they would bypass every sandbox
     for path in ("/api/contents", "/api/terminals", "/files/etc/passwd", "/api/nbconvert"):
         assert (await gateway.request("GET", path)).code == 404, path
+
+
+LATE_STATUS = """
+import threading
+from jupyter_client.session import Session
+kernel = get_ipython().kernel
+
+def late_status(state, key=None):
+    session = kernel.session if key is None else Session(key=key, username="forger")
+    parent = {"header": {"msg_id": "late-" + state, "msg_type": "execute_request", "session": "late", "username": "late",
+                         "date": "2026-01-01T00:00:00Z", "version": "5.3"}}
+    session.send(kernel.iopub_socket, "status", {"execution_state": state}, parent=parent)
+
+threading.Timer(0.3, late_status, ("busy", b"not-the-kernels-key")).start()
+threading.Timer(3.0, late_status, ("busy",)).start()
+threading.Timer(4.5, late_status, ("idle",)).start()
+"""
+
+
+async def test_activity_and_execution_state_follow_only_the_kernels_signed_messages(gateway: Gateway) -> None:
+    """The gateway's activity watch, which culling reads: busy while a cell runs, idle after, last_activity moving. A
+    status on iopub without the kernel's signature changes nothing and is reported; the kernel's own, as late, counts."""
+    kernel_id = await gateway.start_kernel()
+    ws = await KernelSocket.open(gateway, kernel_id)
+
+    async def state() -> tuple[str, str]:
+        model = (await gateway.request("GET", f"/api/kernels/{kernel_id}")).json
+        return model["execution_state"], model["last_activity"]
+
+    def state_is(expected: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return (await state())[0] == expected
+        return check
+
+    try:
+        await ws.execute("1")
+        execution_state, first_activity = await state()
+        assert execution_state == "idle"
+        ws.send("execute_request", jupyter_ws.execute_content("import time\ntime.sleep(2)"))
+        await wait_until(state_is("busy"), 10, "execution_state busy while a cell runs")
+        await wait_until(state_is("idle"), 10, "execution_state idle after the cell")
+        assert (await state())[1] > first_activity  # ISO dates of one format: their order is their strings'
+
+        # A forged status 0.3 s after the cell, then the kernel's own at 3 and 4.5 s. (The forged one also ends this
+        # WebSocket's iopub: jupyter_server closes a kernel's stream at a message it cannot verify.)
+        await ws.execute(LATE_STATUS)
+        await wait_until(lambda: "its signature is not the kernel's" in gateway.log(), 5, "the forged status reported")
+        assert (await state())[0] == "idle"
+        await wait_until(state_is("busy"), 10, "the kernel's own late status taken")
+        await wait_until(state_is("idle"), 10, "the kernel's own late idle status taken")
+    finally:
+        ws.close()
+        assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
 
 
 @pytest.mark.slow
