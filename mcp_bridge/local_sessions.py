@@ -95,15 +95,18 @@ class ManagedConnection(KernelConnection):
         except Exception:
             self.kc.stop_channels()
             raise
-        self.tasks = [asyncio.create_task(self._pump(self.kc.get_iopub_msg, "iopub")),
-                      asyncio.create_task(self._pump(self.kc.get_shell_msg, "shell"))]
+        self.tasks = [asyncio.create_task(self._pump("iopub")), asyncio.create_task(self._pump("shell"))]
 
-    async def _pump(self, get: Callable, channel: str) -> None:
+    async def _pump(self, channel: str) -> None:
+        """Hand each message of a channel to its listener as it comes.
+
+        One receive per message, deserialized by the client's Session as jupyter_client's get_msg does; get_msg
+        also polls the socket, with a timeout, before each receive."""
+        socket = getattr(self.kc, f"{channel}_channel").socket
+        session = self.kc.session
         while not self.closed:
             try:
-                message = await get(timeout=1)
-            except (queue.Empty, asyncio.TimeoutError, TimeoutError):
-                continue
+                frames = await socket.recv_multipart()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -111,6 +114,10 @@ class ManagedConnection(KernelConnection):
                     return
                 await asyncio.sleep(0.2)
                 continue
+            try:
+                message = session.deserialize(session.feed_identities(frames)[1])
+            except Exception:
+                continue  # a message the kernel did not sign, or not a message at all: nobody's reply
             self.dispatch(channel, message)
 
     async def execute(self, code: str, listener: Listener, *, silent: bool, store_history: bool) -> str:
