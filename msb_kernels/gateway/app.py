@@ -139,10 +139,14 @@ class MsbGatewayApp(ServerApp):
             self.config.IdentityProvider.token = self.msb_settings.token
         kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions
         super().initialize(argv, **kwargs)
-        # Sandbox and pool messages go to this server's log, in its format and at its --log-level.
+        # Sandbox and pool messages go to this server's log, in its format and at its --log-level. traitlets leaves
+        # the server's logger (and jupyter_server, tornado's) at DEBUG and filters in the handlers, so each debug
+        # line (one per request) was built only to be dropped: the loggers take the handlers' lowest level.
+        level = min((handler.level or logging.DEBUG for handler in self.log.handlers), default=logging.DEBUG)
         msb_log = logging.getLogger("msb_kernels")
         msb_log.handlers, msb_log.propagate = list(self.log.handlers), False
-        msb_log.setLevel(self.log.level)
+        for logger in (self.log, logging.getLogger("tornado"), msb_log):
+            logger.setLevel(level)
         if not self.identity_provider.token:
             raise ConfigError("the token is empty, which would let anyone run code here; "
                               "set MSB_TOKEN to a secret, or leave it unset to have one generated")

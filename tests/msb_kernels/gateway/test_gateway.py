@@ -375,6 +375,15 @@ async def test_without_a_grace_period_kill_9_ends_the_kernels_and_the_restart_le
     assert (await again.stats())["active_sessions"] == 0
 
 
+async def test_debug_lines_are_written_at_the_debug_log_level_only(gateway: Gateway, gateway_factory) -> None:
+    """--log-level DEBUG shows jupyter_server's debug lines (a request's, here); the default level builds none."""
+    debug = await gateway_factory(args=["--log-level", "DEBUG"])
+    for server in (gateway, debug):
+        assert (await server.request("GET", "/api/kernelspecs")).code == 200
+    await wait_until(lambda: "200 GET /api/kernelspecs" in debug.log(), 5, "the request's debug line")
+    assert "200 GET /api/kernelspecs" not in gateway.log()
+
+
 async def test_a_second_gateway_on_the_same_runtime_dir_is_refused(gateway_factory) -> None:
     """It stops at once, saying whose dir it is and what to do, and the first one's kernel is unharmed."""
     first = await gateway_factory()
