@@ -92,6 +92,19 @@ def test_starts_interleaves_kernelspecs_and_variants_of_one_by_their_settings():
     assert refused.returncode != 0 and "is not MSB_NAME=VALUE" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_side_by_side_calls_two_checkouts_in_turn_and_refuses_what_is_not_one(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "side_by_side.py"), str(REPO), str(REPO), "-n", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.splitlines()[-4:]
+    assert lines[0].startswith(f"A {REPO}: p50 ") and "gateway CPU" in lines[0], lines
+    assert lines[1].startswith(f"B {REPO}: p50 ") and lines[2].startswith("direct client, bare kernel: p50 "), lines
+    assert lines[3].startswith("B - A: p50 ") and lines[3].endswith("(n=2)"), lines
+    refused = subprocess.run([sys.executable, str(REPO / "bench" / "side_by_side.py"), str(tmp_path), str(REPO)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "is not a checkout of msb-kernels" in refused.stderr and "Traceback" not in refused.stderr
+
+
 DIES_AT_FIRST_START = """
 import os, sys
 marker, connection_file = sys.argv[1], sys.argv[2]
