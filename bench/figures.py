@@ -16,6 +16,7 @@ from bench.kernels import (
     descendants,
     drain_iopub,
     execute_rtt,
+    execute_to_idle,
     first_stdout,
     kernel_memory,
     kernel_rss,
@@ -263,7 +264,7 @@ class Bench:
                 settings = load_settings()
                 sessions = ManagedKernelSessions(start_timeout=120)
                 server = build_server(sessions, settings, BridgeOptions.from_settings(settings))
-                mcp: dict[str, list[float]] = {"memory": [], "http": [], "bare_direct": []}
+                mcp: dict[str, list[float]] = {"memory": [], "http": [], "bare_direct": [], "bare_to_idle": []}
                 async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http, \
                         Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as over_http, \
                         Client(server) as in_memory:
@@ -286,13 +287,13 @@ class Bench:
                     log(f"MCP execute_code('1+1') on an existing session: {n} each in memory and over HTTP (/mcp)")
                     for i in range(n):
                         order = [("memory", lambda: timed(in_memory, memory_args)), ("http", lambda: timed(over_http, http_args)),
-                                 ("bare_direct", lambda: execute_rtt(bare_kc))]
+                                 ("bare_direct", lambda: execute_rtt(bare_kc)), ("bare_to_idle", lambda: execute_to_idle(bare_kc))]
                         for key, run in (order if i % 2 == 0 else order[::-1]):
                             mcp[key].append(await run())
                         if i % 100 == 99:
                             await drain_iopub(bare_kc)
                 self.figures["execute_mcp"] = {"memory": summary(mcp["memory"]), "http": summary(mcp["http"]),
-                                               "bare": summary(mcp["bare_direct"])}
+                                               "bare": summary(mcp["bare_direct"]), "bare_to_idle": summary(mcp["bare_to_idle"])}
             finally:
                 for ws_ in (gw_ws, plain_ws, gw_quick, plain_quick):
                     ws_.close()

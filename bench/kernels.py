@@ -99,6 +99,29 @@ async def execute_rtt(kc: Any, code: str = "1+1") -> float:
     return elapsed
 
 
+async def execute_to_idle(kc: Any, code: str = "1+1") -> float:
+    """A direct client doing what execute_code does: the reply, the result (on iopub) and the idle status that says
+    the output is complete. execute_rtt stops at the reply, before the result has been read."""
+    await drain_iopub(kc)
+    started = time.perf_counter()
+    msg_id = kc.execute(code)
+    replied = idle = False
+    result = None
+    while not replied:
+        reply = await kc.get_shell_msg(timeout=60)
+        replied = reply["parent_header"].get("msg_id") == msg_id
+    while not idle:
+        message = await kc.get_iopub_msg(timeout=60)
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "execute_result":
+            result = message["content"]["data"].get("text/plain")
+        idle = message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
+    elapsed = time.perf_counter() - started
+    assert reply["content"]["status"] == "ok" and result is not None, (reply["content"], result)
+    return elapsed
+
+
 async def first_stdout(kc: Any) -> float:
     """execute print('x') -> the first stdout stream message on iopub."""
     await drain_iopub(kc)
