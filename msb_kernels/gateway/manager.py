@@ -541,13 +541,15 @@ class MsbKernelManager(AsyncMappingKernelManager):
             self._record_callback = PeriodicCallback(self._refresh_records, RECORD_INTERVAL * 1000)
             self._record_callback.start()
         busy = None
-        if self._kept(kernel_id) is not None:
+        kept = self._kept(kernel_id)
+        if kept is not None:
             if kernel_id not in self._busy_files:  # a restart watches again, with the same file
-                self._busy_files[kernel_id] = BusyFile(self._kept(kernel_id)[1] / BUSY_RECORD)
+                self._busy_files[kernel_id] = BusyFile(kept[1] / BUSY_RECORD)
             busy = self._busy_files[kernel_id]
-        unread = []
+        reported = False
 
         def record_activity(msg_list: list[bytes]) -> None:
+            nonlocal reported
             _, frames = session.feed_identities(msg_list)
             try:
                 signature, header_frame, parent_frame, _, content_frame = frames[:5]
@@ -557,10 +559,10 @@ class MsbKernelManager(AsyncMappingKernelManager):
                 parent = json.loads(parent_frame) or {}  # dates stay strings: nothing here reads them
                 state = json.loads(content_frame)["execution_state"] if msg_type == "status" else None
             except (ValueError, KeyError, TypeError) as error:
-                if not unread:  # once per kernel: its iopub is the kernel's to flood
+                if not reported:  # once per kernel: its iopub is the kernel's to flood
                     self.log.warning("kernel %s: ignored an iopub message the activity watch cannot read (%s)", kernel_id,
                                      error if isinstance(error, ValueError) else f"no {error}")
-                unread.append(True)
+                    reported = True
                 return
             if msg_type == "iopub_welcome":
                 return  # ipykernel greeting a new subscriber (this watch, at adoption): not the kernel at work
