@@ -74,10 +74,13 @@ class Server:
         self.log_file.close()
 
 
-def start_gateway(base: Path, port: int | None = None, token: str | None = None, log: str = "gateway.log") -> Server:
-    """port and token: a gateway that takes over from another on the same runtime dir."""
+def start_gateway(base: Path, port: int | None = None, token: str | None = None, log: str = "gateway.log",
+                  runtime: str = "gw", code: Path | None = None) -> Server:
+    """port and token: a gateway that takes over from another on the same runtime dir. runtime: its runtime dir under
+    base (two gateways at once need two). code: a checkout whose msb_kernels and mcp_bridge it imports instead."""
     port, token = port or free_port(), token or secrets.token_hex(16)
-    env = {**os.environ, "MSB_RUNTIME_DIR": str(base / "gw"), "MSB_TOKEN": token, "MSB_POOL_SIZE": "0"}
+    env = {**os.environ, "MSB_RUNTIME_DIR": str(base / runtime), "MSB_TOKEN": token, "MSB_POOL_SIZE": "0",
+           **({"PYTHONPATH": str(code)} if code is not None else {})}
     return Server([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port)], env, port, token,
                   "/api/msb/health", base / log)
 

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import random
-import secrets
 import sys
 import tempfile
 import time
@@ -25,9 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script, sys.path starts at bench/
     sys.path.insert(0, str(REPO))
 
-from bench.environment import VENV_BIN, isolate  # noqa: E402
+from bench.environment import isolate  # noqa: E402
 from bench.kernels import execute_rtt, start_kernel, stop_kernel  # noqa: E402
-from bench.servers import Server, free_port  # noqa: E402
+from bench.servers import start_gateway  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 
 MSB, BARE = "msb-python-small", "python3"
@@ -53,12 +52,7 @@ async def measure(trees: dict[str, Path], calls: int) -> dict[str, dict]:
 
     base = Path(tempfile.mkdtemp(prefix="msb-side-"))
     isolate(base, 10)
-    servers: dict[str, Server] = {}
-    for key, tree in trees.items():
-        port, token = free_port(), secrets.token_hex(16)
-        env = {**os.environ, "MSB_RUNTIME_DIR": str(base / f"gw{key}"), "MSB_TOKEN": token, "PYTHONPATH": str(tree)}
-        servers[key] = Server([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port)], env, port, token,
-                              "/api/msb/health", base / f"gateway-{key}.log")
+    servers = {key: start_gateway(base, log=f"gateway-{key}.log", runtime=f"gw{key}", code=tree) for key, tree in trees.items()}
     try:
         await asyncio.gather(*(server.wait_up() for server in servers.values()))
         kernels = {key: (await server.request("POST", "/api/kernels", {"name": MSB}))["id"] for key, server in servers.items()}
