@@ -124,7 +124,7 @@ class PythonTemplate(Template):
         return ["python3", *host_argv[1:]]
 
     def startup_code(self, out_of_memory_message: str) -> str:
-        return kernel_code.PYTHON_MEMORY_HINT.format(message=out_of_memory_message)
+        return kernel_code.PYTHON_MEMORY_HINT.format(message=out_of_memory_message) + "\n\n" + kernel_code.PYTHON_QUICK_FLUSH
 
     def launch_arguments(self, startup_path: str) -> list[str]:
         # IPython's history database would live in the sandbox's home, which goes with the sandbox (a restart gets a

@@ -58,6 +58,39 @@ async def test_ipython_keeps_its_history_in_memory_where_the_sandbox_home_would_
     assert "history.sqlite" not in kept.value[2]
 
 
+# Counts what sys.stdout and sys.stderr hand to ipykernel's IOPub thread: with nothing buffered, a flush hands
+# nothing (ipykernel's own flush hands two callbacks per stream and waits); with text buffered, it sends it.
+COUNT_FLUSH_HANDOFFS = """\
+import sys
+handed = []
+pub_thread = sys.stdout.pub_thread
+real_schedule = pub_thread.schedule
+pub_thread.schedule = lambda callback: (handed.append(callback), real_schedule(callback))[1]
+try:
+    sys.stdout.flush(); sys.stderr.flush()
+    when_empty = len(handed)
+    sys.stdout.write("buffered "); sys.stdout.flush()
+    when_written = len(handed) - when_empty
+finally:
+    del pub_thread.schedule
+(getattr(type(sys.stdout).flush, "msb_quick_flush", False), when_empty, when_written)
+"""
+
+
+async def test_a_flush_with_nothing_to_send_costs_no_round_trip_and_output_keeps_its_cell(shared_kernel):
+    _, kc = shared_kernel
+    counted = await execute(kc, COUNT_FLUSH_HANDOFFS)
+    installed, when_empty, when_written = counted.value
+    assert installed and when_empty == 0 and when_written >= 2, counted.value
+    assert counted.stdout == "buffered "
+    # Every cell's output arrives before its idle status (execute collects until idle), from the cell and from
+    # a thread it waits for, flushed by the kernel at the end of the request and not by the code.
+    for i in range(40):
+        cell = await execute(kc, f"import threading\nprint('cell {i}', end='')\n"
+                                 f"t = threading.Thread(target=print, args=(' thread {i}',)); t.start(); t.join()")
+        assert cell.stdout == f"cell {i} thread {i}\n", (i, cell.stdout)
+
+
 async def test_comms_round_trip(shared_kernel):
     _, kc = shared_kernel
     await execute(kc, (
