@@ -19,6 +19,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_bridge import jupyter_ws
+from mcp_bridge.http import asgi_app
 from mcp_bridge.local_sessions import ManagedKernelSessions, standalone_kernel_manager
 from mcp_bridge.server import build_server
 from msb_kernels.backends import cgroups, get_backend
@@ -125,7 +126,14 @@ def http_client(headers: dict | None = None) -> httpx2.AsyncClient:
 
 
 async def test_http_runs_tools_with_a_bearer_token(http_server):
-    async with http_client({"Authorization": f"Bearer {TOKEN}"}) as http:
+    answered_as = []  # each tool call's response Content-Type
+
+    async def record(response: httpx2.Response) -> None:
+        if response.request.method == "POST" and b'"tools/call"' in response.request.content:
+            answered_as.append(response.headers.get("content-type", "").split(";")[0])
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(120),
+                                  event_hooks={"response": [record]}) as http:
         async with Client(streamable_http_client(http_server + "/", http_client=http)) as client:
             progress = []
 
@@ -139,10 +147,48 @@ async def test_http_runs_tools_with_a_bearer_token(http_server):
             assert any(m and m.startswith("http tick") for m in progress), progress
             again = await client.call_tool("execute_code", {"code": "over_http", "session_id": session_id})
             assert again.structured_content["results"][0]["data"]["text/plain"] == "'yes'"
+            # A call that asks for progress streams (server-sent events); one that does not is answered as one JSON body.
+            assert answered_as == ["text/event-stream", "application/json"], answered_as
             missing = await client.call_tool("execute_code", {"code": "1", "session_id": "nope"})
             assert result_error(missing)["type"] == "SessionNotFound"
             stopped = await client.call_tool("stop_session", {"session_id": session_id})
             assert stopped.structured_content["success"] is True
+
+
+async def test_a_call_that_asks_for_no_progress_is_served_without_watching_for_notifications():
+    """2026-era calls: one with a progress token goes to the manager that streams, one without to the one that
+    answers as plain JSON, in the request itself (the SDK answers JSON for both when nothing streamed, so only
+    the manager that served a call tells them apart)."""
+    app = asgi_app(ManagedKernelSessions(start_timeout=60), TOKEN, ["test"], [], load_settings(), TEST_OPTIONS)
+    served: list[str] = []
+    for name in ("manager", "unstreamed"):
+        manager = getattr(app, name)
+
+        async def recorded(scope, receive, send, handle=manager.handle_request, name=name):
+            served.append(name)
+            await handle(scope, receive, send)
+
+        manager.handle_request = recorded
+    await app.start()
+    try:
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test",
+                                      headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
+                Client(streamable_http_client("http://test/", http_client=http)) as client:
+            progress = []
+
+            async def on_progress(value, total, message):
+                progress.append(message)
+
+            served.clear()
+            first = await client.call_tool("execute_code", {"code": "import time\nfor i in range(2):\n    print('tick', i, flush=True)\n    time.sleep(0.4)"},
+                                           progress_callback=on_progress)
+            assert not first.is_error and served[0] == "manager", (served, first.content[0].text)
+            assert any(m and m.startswith("tick") for m in progress), progress
+            served.clear()
+            second = await client.call_tool("execute_code", {"code": "6 * 7", "session_id": first.structured_content["session_id"]})
+            assert second.structured_content["results"][0]["data"]["text/plain"] == "42" and served == ["unstreamed"], served
+    finally:
+        await app.close()
 
 
 async def test_http_refuses_missing_token_wrong_host_and_foreign_origin(http_server):
