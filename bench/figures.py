@@ -236,6 +236,8 @@ class Bench:
             plain_quick = await KernelSocket.open(plain, plain_kernel, quickack=True)
             # A direct bare client as well, so every WebSocket sample has a direct bare sample beside it.
             _, bare_km, bare_kc = await start_kernel(BARE)
+            # And a direct client of a sandboxed kernel: MCP over HTTP against it is what the path alone adds.
+            _, msb_km, msb_kc = await start_kernel(MSB)
             try:
                 for _ in range(20):
                     await gw_ws.execute()
@@ -264,7 +266,7 @@ class Bench:
                 settings = load_settings()
                 sessions = ManagedKernelSessions(start_timeout=120)
                 server = build_server(sessions, settings, BridgeOptions.from_settings(settings))
-                mcp: dict[str, list[float]] = {"memory": [], "http": [], "bare_direct": [], "bare_to_idle": []}
+                mcp: dict[str, list[float]] = {"memory": [], "http": [], "bare_direct": [], "bare_to_idle": [], "msb_to_idle": []}
                 async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http, \
                         Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as over_http, \
                         Client(server) as in_memory:
@@ -287,17 +289,20 @@ class Bench:
                     log(f"MCP execute_code('1+1') on an existing session: {n} each in memory and over HTTP (/mcp)")
                     for i in range(n):
                         order = [("memory", lambda: timed(in_memory, memory_args)), ("http", lambda: timed(over_http, http_args)),
-                                 ("bare_direct", lambda: execute_rtt(bare_kc)), ("bare_to_idle", lambda: execute_to_idle(bare_kc))]
+                                 ("bare_direct", lambda: execute_rtt(bare_kc)), ("bare_to_idle", lambda: execute_to_idle(bare_kc)),
+                                 ("msb_to_idle", lambda: execute_to_idle(msb_kc))]
                         for key, run in (order if i % 2 == 0 else order[::-1]):
                             mcp[key].append(await run())
                         if i % 100 == 99:
                             await drain_iopub(bare_kc)
                 self.figures["execute_mcp"] = {"memory": summary(mcp["memory"]), "http": summary(mcp["http"]),
-                                               "bare": summary(mcp["bare_direct"]), "bare_to_idle": summary(mcp["bare_to_idle"])}
+                                               "bare": summary(mcp["bare_direct"]), "bare_to_idle": summary(mcp["bare_to_idle"]),
+                                               "msb_to_idle": summary(mcp["msb_to_idle"])}
             finally:
                 for ws_ in (gw_ws, plain_ws, gw_quick, plain_quick):
                     ws_.close()
                 await stop_kernel(bare_km, bare_kc)
+                await stop_kernel(msb_km, msb_kc)
         finally:
             if sessions is not None:
                 await sessions.close()

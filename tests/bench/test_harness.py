@@ -38,7 +38,7 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
         assert figures["mcp_new_session"][key]["n"] == 1
     assert figures["mcp_new_session"]["pool"]["handed_out_by_pool"] == 1
     for section, keys in (("execute_direct", ("msb", "bare", "msb_exec")), ("first_stdout", ("msb", "bare")),
-                          ("execute_websocket", ("msb", "bare_ws", "bare")), ("execute_mcp", ("memory", "http", "bare", "bare_to_idle"))):
+                          ("execute_websocket", ("msb", "bare_ws", "bare")), ("execute_mcp", ("memory", "http", "bare", "bare_to_idle", "msb_to_idle"))):
         for key in keys:
             assert {"n", "p50_ms", "p95_ms"} <= set(figures[section][key]), (section, key)
     side = figures["side_by_side"]  # every backend that runs here, and the namespace sandbox over tcp
@@ -48,6 +48,7 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     table = (out / "bench.md").read_text()
     assert all(f"execute 1+1, direct, {key} (side by side)" in table for key in expected - {"bare"}), table
     assert "vs a direct client that waits for the result and idle (diagnostic)" in table, table
+    assert "vs a direct client of a sandboxed kernel, to idle: the HTTP path alone (diagnostic)" in table, table
     assert figures["throughput"]["msb"]["executions"] > 0 and figures["throughput"]["bare"]["executions"] > 0
     assert figures["idle_memory"]["msb"]["rss_mib_median"] > 0 and figures["idle_memory"]["bare"]["rss_mib_median"] > 0
     assert 0 < figures["idle_memory"]["msb"]["pss_mib_median"] < figures["idle_memory"]["msb"]["rss_mib_median"]
