@@ -85,15 +85,15 @@ class McpHttpApp:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self._expected):
+        headers = dict(scope.get("headers") or [])
+        if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
             await _json(send, 401, {"error": {"type": "Unauthorized", "message": "a valid `Authorization: Bearer <token>` header is required"}},
                         [(b"www-authenticate", b'Bearer realm="msb-kernels"')])
             return
         await self.start()
         manager = self.manager
-        if scope["method"] == "POST" and _single_exchange(scope):
-            body, receive = await _read_body(receive, self.manager.max_request_body_size, scope)
+        if scope["method"] == "POST" and _single_exchange(headers):
+            body, receive = await _read_body(receive, headers, self.manager.max_request_body_size)
             if body is not None and not _asks_for_progress(body):
                 manager = self.unstreamed
         await manager.handle_request(scope, receive, send)
@@ -110,16 +110,16 @@ class McpHttpApp:
                 return
 
 
-def _single_exchange(scope: Scope) -> bool:
+def _single_exchange(headers: dict[bytes, bytes]) -> bool:
     """A request of the 2026 protocol (or a version the SDK will refuse): the SDK's own test for its era."""
-    version = dict(scope.get("headers") or []).get(MCP_PROTOCOL_VERSION_HEADER.lower().encode())
+    version = headers.get(MCP_PROTOCOL_VERSION_HEADER.lower().encode())
     return version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
 
 
-async def _read_body(receive: Receive, limit: int, scope: Scope) -> tuple[bytes | None, Receive]:
+async def _read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> tuple[bytes | None, Receive]:
     """The request's body and a receive that hands it on; None (nothing read) without a Content-Length within ``limit``,
     which the SDK then enforces itself."""
-    length = dict(scope.get("headers") or []).get(b"content-length", b"")
+    length = headers.get(b"content-length", b"")
     if not length.isdigit() or int(length) > limit:
         return None, receive
     chunks, more = [], True
@@ -144,7 +144,7 @@ def _asks_for_progress(body: bytes) -> bool:
     """Whether a JSON-RPC request carries a progress token: then its output may stream, as notifications."""
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # the SDK answers such a body with its parse error
         return False
     params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None

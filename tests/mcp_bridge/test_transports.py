@@ -209,6 +209,10 @@ async def test_http_refuses_missing_token_wrong_host_and_foreign_origin(http_ser
         local_origin = await http.post(http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}",
                                                                                "Origin": f"http://localhost:{port}"})
         assert local_origin.status_code not in (401, 403, 421)
+        # A 2026-era body nested past Python's recursion limit gets the SDK's parse error, not a crash.
+        nested = await http.post(http_server + "/", content=b"[" * 100_000, headers={
+            **headers, "Authorization": f"Bearer {TOKEN}", "MCP-Protocol-Version": "2026-07-28"})
+        assert nested.status_code == 400 and nested.json()["error"]["code"] == -32700, nested.text
 
 
 # -- sharing kernels with Jupyter clients --------------------------------------------------------------
