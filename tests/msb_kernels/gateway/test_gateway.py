@@ -524,6 +524,29 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
         assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
 
 
+async def test_mcp_over_the_gateway_streams_progress_to_the_official_client(gateway: Gateway) -> None:
+    """The official Python client (2026-era requests) over /mcp: a call with a progress callback gets its output as
+    it runs, and a plain call on the same session is answered too (as JSON, by the manager that awaits it)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    progress: list[str] = []
+
+    async def on_progress(value, total, message):
+        progress.append(message)
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=httpx2.Timeout(120)) as http, \
+            Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as client:
+        ticking = await client.call_tool("execute_code", {"code": "import time\nfor i in range(3):\n    print('gateway tick', i, flush=True)\n    time.sleep(0.4)"},
+                                         progress_callback=on_progress)
+        assert ticking.structured_content["status"] == "ok", ticking.content[0].text
+        assert any(m and m.startswith("gateway tick") for m in progress), progress
+        plain = await client.call_tool("execute_code", {"code": "6 * 7", "session_id": ticking.structured_content["session_id"]})
+        assert plain.structured_content["results"][0]["data"]["text/plain"] == "42", plain.content[0].text
+        await client.call_tool("stop_session", {"session_id": ticking.structured_content["session_id"]})
+
+
 async def test_a_new_session_is_served_from_the_warm_pool(gateway_factory) -> None:
     gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "1"})
     async def pool_ready() -> dict | None:
