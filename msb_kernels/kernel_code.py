@@ -26,7 +26,7 @@ del _msb_install_memory_hint
 # Python startup: sys.stdout.flush() and sys.stderr.flush() return at once when nothing is waiting to be sent.
 # ipykernel's OutStream.flush always hands two callbacks to its IOPub thread and waits for the second, and
 # every execute request flushes both streams three times, so a cell that printed nothing paid twelve thread
-# wake-ups: 1.05 ms of a `1+1` to its idle status on a 2-core VM (bench/run.py's execute figures). With an empty
+# wake-ups: 1.05 ms of a `1+1` to its idle status on a 2-core VM (a plain ipykernel with and without, interleaved). With an empty
 # buffer and no flush pending, everything written before has already been handed to the IOPub thread, which
 # sends in order, so the idle status still follows every stream message. A forked child keeps the full
 # flush, and so does an OutStream without these fields (an ipykernel other than 6.29 to 7.x).
