@@ -94,6 +94,13 @@ def test_starts_interleaves_kernelspecs_and_variants_of_one_by_their_settings():
     assert refused.returncode != 0 and "is not MSB_NAME=VALUE" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_quick_flush_times_a_plain_kernel_beside_one_running_the_quick_flush():
+    # The script refuses to report unless the quick flush is installed in the one kernel and not in the other.
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "quick_flush.py"), "-n", "1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "ipykernel: 1+1 to its reply" in run.stdout and "quick flush - ipykernel: reply" in run.stdout, run.stdout
+
+
 def test_side_by_side_calls_two_checkouts_in_turn_and_refuses_what_is_not_one(tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "bench" / "side_by_side.py"), str(REPO), str(REPO), "-n", "2"],
                          capture_output=True, text=True, timeout=300)
