@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
-async def start_kernel(name: str, timeout: float = 120) -> tuple[float, Any, Any]:
+async def start_kernel(name: str, timeout: float = 120, extra_arguments: list[str] | None = None) -> tuple[float, Any, Any]:
     """create -> first kernel_info reply; returns (seconds, manager, client), the client ready for iopub too.
+    extra_arguments: added to the kernelspec's command line (jupyter_client's own parameter).
 
     Timed to the reply itself: jupyter_client's wait_for_ready then waits 0.2 s or more for iopub, for every kernel alike."""
     from jupyter_client.manager import AsyncKernelManager
 
     started = time.perf_counter()
     km = AsyncKernelManager(kernel_name=name)
-    await km.start_kernel()
+    await km.start_kernel(extra_arguments=extra_arguments or [])
     kc = km.client()
     kc.start_channels()
     try:

@@ -19,22 +19,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: the harness imports itself as the package bench
     sys.path.insert(0, str(REPO))
 
-from bench.kernels import execute_rtt, execute_to_idle, stop_kernel  # noqa: E402
+from bench.kernels import execute_rtt, execute_to_idle, start_kernel, stop_kernel  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from msb_kernels.kernel_code import PYTHON_QUICK_FLUSH  # noqa: E402
 
 INSTALLED = "import sys; print(getattr(type(sys.stdout).flush, 'msb_quick_flush', False))"
-
-
-async def start(extra: list[str]) -> tuple:
-    from jupyter_client.manager import AsyncKernelManager
-
-    km = AsyncKernelManager(kernel_name="python3")
-    await km.start_kernel(extra_arguments=extra)
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=60)
-    return km, kc
 
 
 async def installed(kc) -> bool:
@@ -46,7 +35,8 @@ async def installed(kc) -> bool:
 
 
 async def measure(rounds: int) -> dict[str, dict[str, float]]:
-    kernels = {"ipykernel": await start([]), "quick flush": await start([f"--IPKernelApp.exec_lines={PYTHON_QUICK_FLUSH}"])}
+    kernels = {key: (await start_kernel("python3", extra_arguments=extra))[1:]
+               for key, extra in (("ipykernel", []), ("quick flush", [f"--IPKernelApp.exec_lines={PYTHON_QUICK_FLUSH}"]))}
     try:
         if not await installed(kernels["quick flush"][1]) or await installed(kernels["ipykernel"][1]):
             raise SystemExit("bench/quick_flush.py: the quick flush is not where it should be (is ipykernel's OutStream a "

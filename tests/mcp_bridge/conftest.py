@@ -42,6 +42,20 @@ def result_error(result) -> dict:
     return error
 
 
+# A cell that prints a tick every 0.4 s, so its output comes as progress while it runs.
+TICKS = "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.4)\n"
+
+
+async def call_with_progress(client: Any, arguments: dict) -> tuple[Any, list[str]]:
+    """execute_code with a progress callback (so the call carries a progress token): its result and progress messages."""
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    return await client.call_tool("execute_code", arguments, progress_callback=on_progress), progress
+
+
 async def wait_until_running(client: Any, session_id: str, timeout: float, what: str) -> None:
     """Wait until get_sessions reports the session busy: an execution holds it (an event, not a sleep)."""
 

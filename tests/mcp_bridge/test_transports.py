@@ -27,7 +27,9 @@ from msb_kernels.config import load_settings
 from tests.kernel_helpers import execute
 from tests.mcp_bridge.conftest import (
     TEST_OPTIONS,
+    TICKS,
     VENV_BIN,
+    call_with_progress,
     child_env,
     free_port,
     gateway_process,
@@ -135,16 +137,10 @@ async def test_http_runs_tools_with_a_bearer_token(http_server):
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(120),
                                   event_hooks={"response": [record]}) as http:
         async with Client(streamable_http_client(http_server + "/", http_client=http)) as client:
-            progress = []
-
-            async def on_progress(value, total, message):
-                progress.append(message)
-
-            first = await client.call_tool("execute_code", {"code": "import time\nover_http = 'yes'\nfor i in range(3):\n    print('http tick', i, flush=True)\n    time.sleep(0.4)"},
-                                           progress_callback=on_progress)
+            first, progress = await call_with_progress(client, {"code": "over_http = 'yes'\n" + TICKS})
             assert not first.is_error, first.content[0].text
             session_id = first.structured_content["session_id"]
-            assert any(m and m.startswith("http tick") for m in progress), progress
+            assert any(m.startswith("tick") for m in progress), progress
             again = await client.call_tool("execute_code", {"code": "over_http", "session_id": session_id})
             assert again.structured_content["results"][0]["data"]["text/plain"] == "'yes'"
             # A call that asks for progress streams (server-sent events); one that does not is answered as one JSON body.
@@ -174,16 +170,10 @@ async def test_a_call_that_asks_for_no_progress_is_served_without_watching_for_n
         async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test",
                                       headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
                 Client(streamable_http_client("http://test/", http_client=http)) as client:
-            progress = []
-
-            async def on_progress(value, total, message):
-                progress.append(message)
-
             served.clear()
-            first = await client.call_tool("execute_code", {"code": "import time\nfor i in range(2):\n    print('tick', i, flush=True)\n    time.sleep(0.4)"},
-                                           progress_callback=on_progress)
+            first, progress = await call_with_progress(client, {"code": TICKS})
             assert not first.is_error and served[0] == "manager", (served, first.content[0].text)
-            assert any(m and m.startswith("tick") for m in progress), progress
+            assert any(m.startswith("tick") for m in progress), progress
             served.clear()
             second = await client.call_tool("execute_code", {"code": "6 * 7", "session_id": first.structured_content["session_id"]})
             assert second.structured_content["results"][0]["data"]["text/plain"] == "42" and served == ["unstreamed"], served

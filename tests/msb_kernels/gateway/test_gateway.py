@@ -18,13 +18,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from tornado.httpclient import HTTPClientError
 
 from mcp_bridge import jupyter_ws
 from msb_kernels.backends import cgroups
 from msb_kernels.templates import TEMPLATES
 from tests.conftest import TEST_BASE, VENV_BIN
+from tests.mcp_bridge.conftest import TICKS, call_with_progress
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, free_port, init_pids, launch_jupyter_server, pid_alive, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -438,10 +442,6 @@ async def test_a_closed_websockets_messages_are_replayed_at_its_return_and_dropp
     # When a kernel's last WebSocket closes, jupyter_server keeps the kernel's messages for its reconnection,
     # without a bound. An assistant working over /mcp on a kernel its notebook user left would fill the
     # gateway's memory with its outputs. MSB_OFFLINE_BUFFER_MIB bounds it.
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
     gateway = await gateway_factory(extra_env={"MSB_OFFLINE_BUFFER_MIB": "1"})
     kernel_id = await gateway.start_kernel()
     away = uuid.uuid4().hex
@@ -527,21 +527,11 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
 async def test_mcp_over_the_gateway_streams_progress_to_the_official_client(gateway: Gateway) -> None:
     """The official Python client (2026-era requests) over /mcp: a call with a progress callback gets its output as
     it runs, and a plain call on the same session is answered too (as JSON, by the manager that awaits it)."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    progress: list[str] = []
-
-    async def on_progress(value, total, message):
-        progress.append(message)
-
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=httpx2.Timeout(120)) as http, \
             Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as client:
-        ticking = await client.call_tool("execute_code", {"code": "import time\nfor i in range(3):\n    print('gateway tick', i, flush=True)\n    time.sleep(0.4)"},
-                                         progress_callback=on_progress)
+        ticking, progress = await call_with_progress(client, {"code": TICKS})
         assert ticking.structured_content["status"] == "ok", ticking.content[0].text
-        assert any(m and m.startswith("gateway tick") for m in progress), progress
+        assert any(m.startswith("tick") for m in progress), progress
         plain = await client.call_tool("execute_code", {"code": "6 * 7", "session_id": ticking.structured_content["session_id"]})
         assert plain.structured_content["results"][0]["data"]["text/plain"] == "42", plain.content[0].text
         await client.call_tool("stop_session", {"session_id": ticking.structured_content["session_id"]})
