@@ -124,6 +124,12 @@ class Sandbox(abc.ABC):
         gateway when jupyter_client restarts a dead kernel."""
         return None
 
+    def stderr_tail(self) -> list[str]:
+        """The kernel's last lines on stderr, where the host reads them; [] where it cannot.
+
+        Called by the start probe (msb_kernels.probe) and cleanup's log line, to say why a kernel died at once."""
+        return []
+
     def info(self) -> dict:
         """What the provisioner's get_provisioner_info persists and the gateway's stats report."""
         return {"sandbox_id": self.sandbox_id, "flavor": self.spec.flavor.name, "template": self.spec.template}

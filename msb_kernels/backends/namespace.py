@@ -30,10 +30,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
-from msb_kernels.backends import adoption, cgroups, network, scratch, uids
+from msb_kernels.backends import adoption, cgroups, hostpaths, network, scratch, uids
 from msb_kernels.backends.adoption import KeeperLink
 from msb_kernels.backends.base import (
     Availability,
@@ -45,6 +44,7 @@ from msb_kernels.backends.forkservers import ForkServers, forkable
 from msb_kernels.backends.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.state import (
     HostCgroupSandbox,
+    KernelStderr,
     adopt_held_sandbox,
     make_io_dir,
     read_states,
@@ -72,62 +72,6 @@ if os.geteuid() != 0:
 if libc.unshare(flags) != 0:
     sys.exit(os.strerror(ctypes.get_errno()))
 """
-
-
-def python_readonly_paths(executable: str = sys.executable) -> list[str]:
-    """The directories an interpreter needs: its venv, and the installation the venv points at."""
-    paths: set[str] = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    prefix = Path(executable).absolute().parent.parent
-    paths.add(str(prefix))
-    config = prefix / "pyvenv.cfg"
-    if config.is_file():
-        for line in config.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home":
-                paths.add(str(Path(value.strip()).parent))
-    paths.add(str(Path(os.path.realpath(executable)).parent.parent))
-    return sorted(p for p in paths if not p.startswith("/usr/") and p != "/usr")
-
-
-class KernelStderr:
-    """A sandbox's stderr, read by the host: each line goes to the debug log, never to the server's own
-    output, where a kernel's tracebacks (a shutdown while busy, user code writing to fd 2) would read
-    as the server's. The last lines are kept for whoever looks into a failure."""
-
-    KEPT_LINES = 20
-
-    def __init__(self, sandbox_id: str, fd: int):
-        self.sandbox_id = sandbox_id
-        self.fd = fd
-        self.tail: deque[str] = deque(maxlen=self.KEPT_LINES)
-        self._partial = b""
-        os.set_blocking(fd, False)
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(fd, self._read)
-
-    def _read(self) -> None:
-        try:
-            data = os.read(self.fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close()
-            return
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        self._partial = self._partial[-4096:]
-        for line in lines:
-            text = line.decode(errors="replace").rstrip()
-            self.tail.append(text)
-            log.debug("kernel %s stderr: %s", self.sandbox_id, text)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(Exception):  # a loop already closed has no reader left to remove
-                self._loop.remove_reader(self.fd)
-            os.close(self.fd)
-            self.fd = -1
 
 
 class NamespaceSandbox(HostCgroupSandbox):
@@ -340,7 +284,7 @@ class NamespaceBackend(SandboxBackend):
             "root_dir": str(state_dir / "root"),
             "io_dir": str(spec.io_dir),
             "guest_io_dir": self.guest_io_dir,
-            "readonly_paths": sorted(set(spec.readonly_paths) | set(python_readonly_paths())),
+            "readonly_paths": hostpaths.binds_for({*spec.readonly_paths, *hostpaths.interpreter_paths()}),
             "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
             "scratch_mount": str(state_dir / "scratch"),
             "scratch_image": str(image) if image else None,

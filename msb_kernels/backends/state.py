@@ -4,12 +4,14 @@ host process holds it. The sweeps read it after a crash or a kill -9, when no li
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -139,6 +141,54 @@ def exit_status_reason(code: int) -> str:
     return f"the kernel exited with status {code}"
 
 
+class KernelStderr:
+    """A sandbox's stderr, read by the host: each line goes to the debug log, never to the server's own
+    output, where a kernel's tracebacks (a shutdown while busy, user code writing to fd 2) would read
+    as the server's. The last lines are kept for whoever looks into a failure."""
+
+    KEPT_LINES = 20
+
+    def __init__(self, sandbox_id: str, fd: int):
+        self.sandbox_id = sandbox_id
+        self.fd = fd
+        self.tail: deque[str] = deque(maxlen=self.KEPT_LINES)
+        self._partial = b""
+        os.set_blocking(fd, False)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        self._partial = self._partial[-4096:]
+        for line in lines:
+            text = line.decode(errors="replace").rstrip()
+            self.tail.append(text)
+            log.debug("kernel %s stderr: %s", self.sandbox_id, text)
+
+    def last_lines(self) -> list[str]:
+        """The kept lines, with what the kernel wrote last and the loop has not read yet (a kernel that died at once)."""
+        if self.fd >= 0:
+            self._read()
+        partial = self._partial.decode(errors="replace").rstrip()
+        return [*self.tail, *([partial] if partial else [])]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(Exception):  # a loop already closed has no reader left to remove
+                self._loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
 class HostCgroupSandbox(Sandbox):
     """What the namespace and gVisor sandboxes share: a host cgroup (or none) for limits and memory, and
     why the kernel ended, latched at cleanup, because the cgroup that counted an OOM kill goes then and
@@ -148,6 +198,7 @@ class HostCgroupSandbox(Sandbox):
         super().__init__(spec)
         self.cgroup = cgroup
         self.stopped_by_owner = False  # kill() or terminate(): a shutdown, not a death worth a reason
+        self.stderr: KernelStderr | None = None  # set by the backend where the host reads the kernel's stderr
         self._final_exit_reason: str | None = None
         self._cleaned_up = False
 
@@ -173,4 +224,8 @@ class HostCgroupSandbox(Sandbox):
         reason = self._final_exit_reason = self.exit_reason()
         self._cleaned_up = True
         if reason:
-            log.warning("kernel %s: %s", self.sandbox_id, reason)
+            tail = self.stderr_tail()[-5:]
+            log.warning("kernel %s: %s%s", self.sandbox_id, reason, "; its last stderr lines: " + " | ".join(tail) if tail else "")
+
+    def stderr_tail(self) -> list[str]:
+        return self.stderr.last_lines() if self.stderr is not None else []

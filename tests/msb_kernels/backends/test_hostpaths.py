@@ -1,0 +1,138 @@
+"""Kernels from wherever a user put their venv: a home directory, /tmp, a symlink; on every backend here.
+
+The sandboxes mount their own /tmp and /home, so an interpreter there must be bound on top of those
+mounts, read-only at the same path, and nothing else of the host's beside it may show. CI's own
+checkout path is not special: these tests place one venv (a hard-linked copy of the suite's) in each
+spot and run `msb-kernels demo` and a probe notebook from it, as a user of that venv would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from msb_kernels.backends import backend_classes, hostpaths
+
+SECRET = "host-secret-beside-the-venv"
+PROBE_CELL = """
+import json, os, sys
+parent = os.path.dirname(sys.prefix)
+try:
+    secret = open(os.path.join(parent, "secret.txt")).read()
+except OSError as exc:
+    secret = type(exc).__name__
+print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "beside": sorted(os.listdir(parent)), "secret": secret,
+                  "uid": os.getuid(), "backend": os.environ.get("MSB_SANDBOX")}))
+"""
+
+
+def test_binds_skip_what_a_system_dir_or_a_parent_already_shows(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    binds = hostpaths.binds_for([str(venv / "lib"), str(venv), "/usr/lib", "/usr", str(tmp_path / "missing"), "relative/path"])
+    assert binds == [str(venv)]
+
+
+def test_a_venvs_paths_include_the_installation_it_points_at(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    paths = hostpaths.interpreter_paths(str(venv / "bin" / "python"))
+    assert str(venv) in paths
+    base = os.path.realpath(sys.base_prefix)
+    assert any(base == p or base.startswith(p + "/") for p in paths), (paths, base)
+    assert hostpaths.interpreter_paths("no-such-interpreter-anywhere") == []
+
+
+def _backends_here() -> list:
+    params = []
+    for name in ("namespace", "gvisor", "microsandbox"):
+        cls = backend_classes().get(name)
+        availability = cls.availability() if cls else None
+        reason = None if availability is not None and availability.ok else \
+            f"{name} backend cannot run on this host: {availability.reason if availability else 'not installed'}"
+        params.append(pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=reason or "")))
+    return params
+
+
+def _place(source: Path, destination: Path) -> None:
+    """A copy of a venv at destination: its files hard-linked (a copy where they cannot be), so it costs a second."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    linked = subprocess.run(["cp", "-al", str(source), str(destination)], capture_output=True, text=True)
+    if linked.returncode != 0:
+        shutil.rmtree(destination, ignore_errors=True)
+        shutil.copytree(source, destination, symlinks=True)
+    (destination.parent / "secret.txt").write_text(SECRET)
+
+
+@pytest.fixture(scope="module")
+def user_venvs():
+    """The suite's venv in three places users keep theirs: under /tmp, in a home directory, and a symlink to it."""
+    source = Path(sys.prefix)
+    token = uuid.uuid4().hex[:8]
+    tmp_base = Path(tempfile.mkdtemp(prefix="msbt-place-", dir="/tmp"))
+    home = Path(f"/home/msbt-{token}")
+    try:
+        _place(source, tmp_base / "project" / ".venv")
+        _place(source, home / "msb" / ".venv")
+        (home / "linked").mkdir()
+        (home / "linked" / ".venv").symlink_to(tmp_base / "project" / ".venv")
+        (home / "linked" / "secret.txt").write_text(SECRET)
+    except OSError as exc:
+        shutil.rmtree(tmp_base, ignore_errors=True)
+        pytest.skip(f"cannot place a venv under /tmp and /home here: {exc}")
+    yield {"tmp": tmp_base / "project" / ".venv", "home": home / "msb" / ".venv", "symlink": home / "linked" / ".venv"}
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(tmp_base, ignore_errors=True)
+
+
+def _run(venv: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
+    """msb-kernels from that venv, as its user runs it: its own kernelspecs (installed into it), nothing of the suite's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "PYTHONPATH")}
+    env.update(MSB_BACKEND=backend, MSB_RUNTIME_DIR=tempfile.mkdtemp(prefix="msbt-rt-", dir="/tmp"),
+               PATH=f"{venv}/bin:/usr/local/bin:/usr/bin:/bin")
+    try:
+        subprocess.run([str(venv / "bin" / "python"), "-m", "msb_kernels.cli", "install"], env=env, capture_output=True, timeout=120, check=True)
+        return subprocess.run([str(venv / "bin" / "python"), "-m", "msb_kernels.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=240, cwd=venv.parent)
+    finally:
+        shutil.rmtree(env["MSB_RUNTIME_DIR"], ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("place", ["tmp", "home", "symlink"])
+@pytest.mark.parametrize("backend", _backends_here())
+def test_a_kernel_starts_from_a_venv_where_users_keep_it_and_sees_nothing_beside_it(backend, place, user_venvs, tmp_path):
+    venv = user_venvs[place]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PROBE_CELL), nbformat.v4.new_code_cell("x = 41\nx + 1")])
+    nbformat.write(notebook, tmp_path / "probe.ipynb")
+    os.chmod(tmp_path, 0o755)
+    result = _run(venv, backend, "run", str(tmp_path / "probe.ipynb"), "--timeout", "120")
+    assert result.returncode == 0, f"{backend} from {venv}: {result.stdout[-1500:]}\n{result.stderr[-3000:]}"
+    line = next(text for text in result.stdout.splitlines() if text.startswith("{"))
+    seen = json.loads(line)
+    assert seen["prefix"] == str(venv) and seen["executable"] == str(venv / "bin" / "python"), seen
+    assert seen["backend"] == backend and seen["uid"] == 1000, seen
+    assert seen["secret"] in ("FileNotFoundError", "PermissionError"), seen  # the host's files beside the venv stay out
+    assert seen["beside"] == [".venv"], seen
+    assert "\n42" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("place", ["tmp", "home"])
+def test_the_demo_runs_from_a_venv_in_tmp_and_in_a_home_directory_with_auto(place, user_venvs):
+    """What a new user runs first, with MSB_BACKEND=auto: on a runsc host that is gVisor."""
+    result = _run(user_venvs[place], "auto", "demo")
+    assert result.returncode == 0, f"{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
+    assert "state survives between cells: 42" in result.stdout and "done in" in result.stdout
+    assert "Traceback" not in result.stderr and "failed its start probe" not in result.stderr, result.stderr[-2000:]
+
+
