@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import logging
 import os
 import sys
@@ -37,7 +38,7 @@ def _print_outputs(notebook) -> None:
 def run_notebook(path: Path, kernel: str, timeout: int) -> int:
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
 
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(notebook, kernel_name=kernel, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
@@ -48,6 +49,13 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
     except CellExecutionError as exc:
         _print_outputs(notebook)
         print(f"a cell failed: {str(exc).splitlines()[-1] if str(exc) else exc}", file=sys.stderr)
+        return 1
+    except (RuntimeError, TimeoutError, DeadKernelError) as exc:  # the kernel did not start, or died under a cell
+        # nbclient left its exit hook armed on a kernel it has already cleaned up; it would print a traceback at exit.
+        atexit.unregister(client._cleanup_kernel)
+        _print_outputs(notebook)
+        print(f"msb-kernels: the {kernel} kernel stopped before the notebook ran: {exc}; the warnings above give its last "
+              "words, and `msb-kernels doctor` checks every backend with a real start", file=sys.stderr)
         return 1
     _print_outputs(notebook)
     print(f"done in {time.monotonic() - started:.1f} s")
@@ -68,7 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    cmd_install(argparse.Namespace(prefix=None, user=False))
+    from msb_kernels.kernelspecs import install
+
+    for line in install(load_settings(), node=False):  # the demo is a Python notebook: no npm run at each demo
+        print(line)
     return run_notebook(DEFAULT_NOTEBOOK, "msb-python-small", 120)
 
 
@@ -80,11 +91,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"settings: backend={settings.backend} default_flavor={settings.default_flavor} "
           f"max_sessions={settings.max_sessions} session_timeout={settings.session_timeout_seconds}s "
           f"shared_volume={settings.shared_volume or 'none'} runtime_dir={settings.runtime_root()}")
-    for name, cls in backend_classes().items():
-        availability = cls.availability()
-        print(f"backend {name}: {'ok' if availability.ok else 'unavailable'} - {availability.reason}")
-        for warning in availability.warnings:
-            print(f"  warning: {warning}")
+    failed = _print_backends(settings)
     for name, why in unloadable_backends.items():
         print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
     hierarchy, note = cgroups.detect()
@@ -98,8 +105,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         reason = template.unavailable_reason()
         print(f"template {template.name}: {'ok' if reason is None else reason}")
     _print_microsandbox_report(settings)
-    chosen, why = choose_backend(settings.backend)
+    try:
+        chosen, why = choose_backend(settings.backend, skip=failed if settings.backend == "auto" else None)
+    except MsbError as exc:
+        print(exc.report("msb-kernels doctor"))
+        return 1
     print(f"-> {why}")
+    if chosen in failed:
+        print(f"-> but MSB_BACKEND={chosen} cannot start a kernel here (above); unset MSB_BACKEND to let auto pick one that can")
+        return 1
     try:
         transport = backend_classes()[chosen].transport_for(settings.transport)
     except MsbError as exc:
@@ -107,6 +121,48 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 1
     print(f"-> kernels reached over {transport} (MSB_TRANSPORT={settings.transport})")
     return 0
+
+
+def _print_backends(settings) -> dict[str, str]:
+    """Each backend's look at the host, then, where that says ok, a real start of a small kernel from the installed
+    kernelspec's interpreter (msb_kernels.probe). Returns the backends that failed their start, with why."""
+    from msb_kernels import probe
+    from msb_kernels.backends import backend_classes
+    from msb_kernels.templates import TEMPLATES
+
+    argv = _installed_argv("msb-python-small") or TEMPLATES["python"].argv()
+    failed: dict[str, str] = {}
+    for name, cls in backend_classes().items():
+        availability = cls.availability()
+        if not availability.ok:
+            print(f"backend {name}: unavailable - {availability.reason}")
+            continue
+        try:
+            result = asyncio.run(probe.probe(name, argv, "python", settings))
+        except MsbError as exc:  # a setting this backend cannot honour; the verdict at the end says so
+            print(f"backend {name}: ok - {availability.reason}")
+            print(f"  start: not tried: {exc.message}")
+            continue
+        print(f"backend {name}: {'ok' if result.ok else 'failed'} - {availability.reason}")
+        print(f"  start: {result.summary()}")
+        for line in ([] if result.ok else result.stderr_tail[-8:]):
+            print(f"  kernel stderr: {line}")
+        for warning in availability.warnings:
+            print(f"  warning: {warning}")
+        if not result.ok:
+            failed[name] = result.summary()
+    return failed
+
+
+def _installed_argv(kernel_name: str) -> list[str] | None:
+    """The argv of the installed kernelspec, as a client would start it; None when it is not installed."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        return KernelSpecManager().get_kernel_spec(kernel_name).argv
+    except NoSuchKernel:
+        print(f"kernelspec {kernel_name}: not installed (run `msb-kernels install`); probing with this interpreter instead")
+        return None
 
 
 def _print_disk_report(settings) -> None:

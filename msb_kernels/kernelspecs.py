@@ -79,15 +79,15 @@ def _write_logos(template: Template, directory: Path) -> None:
         shutil.copy(logo, directory)
 
 
-def install(settings: MsbSettings, prefix: str | None = None, user: bool = False) -> list[str]:
-    """Write every kernelspec this host can run; return lines that say what happened."""
+def install(settings: MsbSettings, prefix: str | None = None, user: bool = False, node: bool = True) -> list[str]:
+    """Write every kernelspec this host can run (the Python ones only, without node); return lines that say what happened."""
     manager = KernelSpecManager()
     report = []
-    node_note = install_tslab()
     templates = ["python"]
-    if TEMPLATES["node"].unavailable_reason() is None:
-        templates.append("node")
-    report.append(node_note)
+    if node:
+        report.append(install_tslab())
+        if TEMPLATES["node"].unavailable_reason() is None:
+            templates.append("node")
     for template_name in templates:
         template = TEMPLATES[template_name]
         for flavor in FLAVORS.values():

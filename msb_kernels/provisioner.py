@@ -27,12 +27,14 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Unicode
 
-from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
+from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend, hostpaths
 from msb_kernels.backends.base import SharedVolume
+from msb_kernels.backends.state import remove_state_dir
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.registry import adoptions, claim_session, live_sandboxes, pooled_kernel_ids, session_kernel_ids
+from msb_kernels.probe import backend_for_start
+from msb_kernels.registry import adoptions, claim_session, live_sandboxes, pooled_kernel_ids, probe_kernel_ids, session_kernel_ids
 from msb_kernels.templates import Template, get_template
 
 log = logging.getLogger("msb_kernels")
@@ -136,10 +138,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         reason = self.template_spec.unavailable_reason()
         if reason and not adopting:
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
-        self.backend: SandboxBackend = get_backend(self.settings)
+        if adopting:
+            self.backend: SandboxBackend = get_backend(self.settings)
+        else:  # under MSB_BACKEND=auto, a backend whose start probe passed for this interpreter
+            self.backend = await backend_for_start(self.settings, km.kernel_spec.argv, self.template_spec.name)
         if adopting:
             session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
-        elif self.kernel_id not in pooled_kernel_ids:
+        elif self.kernel_id not in pooled_kernel_ids and self.kernel_id not in probe_kernel_ids:
             claim_session(self.kernel_id, self.settings.max_sessions)
         try:
             await self._sweep_once()
@@ -147,9 +152,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             session_kernel_ids.discard(self.kernel_id)
             raise
 
-        self.io_dir = self.backend.io_dir_for(self.kernel_id)
-        km.transport = self.backend.transport
         try:
+            self.io_dir = self.backend.io_dir_for(self.kernel_id)
+            km.transport = self.backend.transport
             extra_arguments = kwargs.pop("extra_arguments", [])
             if adopting:
                 km.load_connection_info(adopting["connection"])  # the running kernel's ports and keys
@@ -166,7 +171,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 self._write_guest_files()
             cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
         except BaseException:
-            self._forget_failed_start()
+            self._forget_failed_start(remove_dir=not adopting)
             raise
         return await super().pre_launch(cmd=cmd, **kwargs)
 
@@ -279,7 +284,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             argv=argv,
             env=self._guest_env(kwargs.get("env") or {}, argv[0]),
             io_dir=self.io_dir,
-            readonly_paths=self.template_spec.readonly_paths(),
+            readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
             shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
             max_processes=self.settings.max_processes,
             allow_network=self.settings.allow_network,
@@ -296,22 +301,30 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             live_sandboxes[self.kernel_id] = self.sandbox
             log.info("kernel %s adopted, still running in its %s sandbox (%s)", self.kernel_id, self.backend.name, self.flavor_spec.name)
             return self.connection_info
-        async with start_turn(self.settings):
-            try:
+        try:
+            async with start_turn(self.settings):  # a start cancelled while it waits here held a session all the same
                 self.sandbox = await self.backend.create(spec)
-            except BaseException:
-                self._forget_failed_start()
-                raise
-            live_sandboxes[self.kernel_id] = self.sandbox
-            await self._until_listening(self.sandbox)
+                live_sandboxes[self.kernel_id] = self.sandbox
+                await self._until_listening(self.sandbox)
+        except BaseException:
+            if self.sandbox is not None:  # cancelled while the kernel imported: nobody would ever stop this sandbox
+                await asyncio.shield(self.cleanup(restart=False))
+            else:
+                self._forget_failed_start(remove_dir=True)
+            raise
         log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
                  self.flavor_spec.name, self.flavor_spec.cpus, self.flavor_spec.memory_mib)
         return self.connection_info
 
-    def _forget_failed_start(self) -> None:
-        """Give back the ports and the session a start held: jupyter_client does not clean up after a failed start."""
+    def _forget_failed_start(self, remove_dir: bool = False) -> None:
+        """Give back the ports and the session a start held: jupyter_client does not clean up after a failed start.
+
+        remove_dir: no sandbox runs for this kernel, so its directory (connection file and key included) goes
+        too; a later restart's pre_launch writes it anew. Never for a failed adoption, whose sandbox still runs."""
         self.backend.release_ports(self.kernel_id)
         session_kernel_ids.discard(self.kernel_id)
+        if remove_dir and getattr(self, "io_dir", None) is not None:
+            remove_state_dir(self.io_dir.parent, keep_io_dir=False)
 
     def _adopt_grace(self) -> float:
         """Seconds the sandbox outlives this process: a gateway's kernels (MSB_ADOPT_GRACE_SECONDS), so that the next

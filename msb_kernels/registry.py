@@ -16,6 +16,8 @@ pooled_kernel_ids: set[str] = set()
 # The kernels MSB_MAX_SESSIONS counts: claimed by claim_session before a start or a handout from the
 # pool, released when the kernel stops for good.
 session_kernel_ids: set[str] = set()
+# Kernels of the start probe (msb_kernels.probe): a check of a backend, never a session.
+probe_kernel_ids: set[str] = set()
 # Kernels the gateway is adopting from the one before it, with their adoption records: their provisioner
 # takes over the running sandbox instead of creating one.
 adoptions: dict[str, dict] = {}

@@ -44,8 +44,10 @@ def backend_classes() -> dict[str, type[SandboxBackend]]:
 unloadable_backends: dict[str, str] = {}
 
 
-def choose_backend(requested: str) -> tuple[str, str]:
-    """The backend to use for MSB_BACKEND=requested, and why. Raises BackendUnavailable."""
+def choose_backend(requested: str, skip: dict[str, str] | None = None) -> tuple[str, str]:
+    """The backend to use for MSB_BACKEND=requested, and why. Raises BackendUnavailable.
+
+    auto passes over the backends in skip (name -> why: their start probe failed in this process)."""
     classes = backend_classes()
     if requested != "auto":
         if requested not in classes:
@@ -60,6 +62,9 @@ def choose_backend(requested: str) -> tuple[str, str]:
         return requested, f"MSB_BACKEND={requested}: {availability.reason}"
     reasons = [f"{name}: {why}" for name, why in unloadable_backends.items()]
     for name, cls in classes.items():
+        if skip and name in skip:
+            reasons.append(f"{name}: {skip[name]}")
+            continue
         availability = cls.availability()
         if availability.ok:
             because = f" ({'; '.join(reasons)})" if reasons else ""
@@ -68,9 +73,11 @@ def choose_backend(requested: str) -> tuple[str, str]:
     raise BackendUnavailable("no sandbox backend works on this host: " + "; ".join(reasons), ["run `msb-kernels doctor`"])
 
 
-def get_backend(settings: MsbSettings) -> SandboxBackend:
-    """One backend instance per (choice, runtime dir, transport) in this process; logs the choice once."""
-    name, why = choose_backend(settings.backend)
+def get_backend(settings: MsbSettings, name: str | None = None) -> SandboxBackend:
+    """One backend instance per (choice, runtime dir, transport) in this process; logs the choice once.
+
+    name: the backend MSB_BACKEND=auto settled on after its start probe (msb_kernels.probe)."""
+    name, why = (name, f"picked {name}: it passed its start probe") if name else choose_backend(settings.backend)
     key = (name, str(settings.runtime_root()), backend_classes()[name].transport_for(settings.transport))
     if key not in _instances:
         log.info("msb-kernels backend: %s", why)

@@ -33,6 +33,7 @@ Plus MSB_SESSION_TIMEOUT_SECONDS (idle time before a kernel is culled; a kernels
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 import os
@@ -234,6 +235,8 @@ class MsbGatewayApp(ServerApp):
         return f"  stop with Ctrl-C or SIGTERM: every sandbox is stopped{survives}"
 
     async def _post_start(self) -> None:
+        if self.msb_settings.backend == "auto":  # the start probe now, in the background, so no session waits for it
+            self._probe_task = asyncio.ensure_future(self._probe_backend())
         self.kernel_manager.pool.fill()  # MSB_POOL_SIZE kernels start now, so the first sessions need not wait
         if self.mcp_lifespan is not None:
             try:
@@ -241,6 +244,20 @@ class MsbGatewayApp(ServerApp):
             except Exception as exc:
                 self.log.error("MCP bridge failed to start: %s", exc)
         await super()._post_start()
+
+    async def _probe_backend(self) -> None:
+        """MSB_BACKEND=auto: which backend a kernel from the default kernelspec's interpreter starts in (msb_kernels.probe)."""
+        from msb_kernels.choice import KernelChoice
+        from msb_kernels.probe import backend_for_start
+
+        name = KernelChoice.of("python", self.msb_settings.default_flavor).kernel_name
+        try:
+            argv = self.kernel_spec_manager.get_kernel_spec(name).argv
+            backend = await backend_for_start(self.msb_settings, argv, "python")
+        except Exception as exc:  # logged, not raised: each start reports the same refusal to its client
+            self.log.error("msb-kernels: no backend can start a kernel here: %s", getattr(exc, "message", exc))
+            return
+        self.log.info("msb-kernels: kernels start in the %s backend (it passed its start probe)", backend.name)
 
     async def _cleanup(self) -> None:
         if getattr(self, "mcp_lifespan", None) is not None:

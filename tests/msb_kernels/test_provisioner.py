@@ -223,3 +223,29 @@ async def test_the_newest_client_of_a_zmq_identity_gets_the_replies(start_kernel
     finally:
         for shell in sockets:
             shell.close(linger=0)
+
+
+async def test_a_start_cancelled_while_waiting_for_its_turn_gives_back_its_session_and_directory(monkeypatch, runtime_root):
+    """A caller's timeout (MCP's start timeout, a client gone) cancels a start that waits for its turn: it held a session
+    claim and a directory with the kernel's key, which nothing would ever give back, so MSB_MAX_SESSIONS refused later starts."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    from msb_kernels.config import load_settings
+    from msb_kernels.provisioner import start_turn
+
+    monkeypatch.setenv("MSB_CONCURRENT_STARTS", "1")
+    kernel_id = str(uuid.uuid4())
+    km = AsyncKernelManager(kernel_name="msb-python-small")
+    async with start_turn(load_settings()):  # every turn is taken: the start waits at it
+        start = asyncio.ensure_future(km.start_kernel(kernel_id=kernel_id, env=dict(os.environ)))
+        for _ in range(500):
+            if kernel_id in session_kernel_ids and (runtime_root / kernel_id).exists():
+                break
+            await asyncio.sleep(0.01)
+        assert kernel_id in session_kernel_ids, "the start never claimed its session"
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+    assert kernel_id not in session_kernel_ids, "a cancelled start kept its session"
+    assert not (runtime_root / kernel_id).exists(), "a cancelled start left its directory (and the kernel's key) behind"
+    assert kernel_id not in live_sandboxes

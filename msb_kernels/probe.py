@@ -1,0 +1,161 @@
+"""The start probe: a backend is usable only once a real kernel has started in it and answered ``1+1``.
+
+A look at the host (runsc installed, namespaces allowed) cannot see every way a start fails: a
+sandbox that cannot show the kernel's interpreter, a runtime too old for the host's kernel. So
+``MSB_BACKEND=auto`` starts one small kernel in the backend it would pick, from the interpreter
+the kernelspec names, before the first real start of that interpreter in this process. A backend
+whose probe fails is never picked in this process; auto falls back to the next and logs why, once.
+
+Results are kept per (backend, interpreter) for the process's life: a gateway pays once, at start
+(its warm pool's first start, or its own warm-up), never per kernel. `msb-kernels doctor` runs the
+same probe on every backend the host allows, and prints what it found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+
+from msb_kernels import registry
+from msb_kernels.backends import SandboxBackend, choose_backend, get_backend
+from msb_kernels.config import MsbSettings
+from msb_kernels.errors import ConfigError
+from msb_kernels.templates import TEMPLATES
+
+log = logging.getLogger("msb_kernels")
+
+PROBE_TIMEOUT_SECONDS = 90.0  # a first gVisor start on a busy host takes seconds; a dead one answers at once
+PROBE_CODE = {"python": "1+1", "node": "1+1"}
+
+
+@dataclass(frozen=True)
+class StartProbe:
+    """What one probe start found."""
+
+    backend: str
+    interpreter: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+    stderr_tail: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for doctor and the log."""
+        if self.ok:
+            return f"a kernel from {self.interpreter} started and answered 1+1 in {self.seconds:.2f} s"
+        return f"a kernel from {self.interpreter} could not start: {self.error}"
+
+
+_results: dict[tuple[str, str], StartProbe] = {}
+_running: dict[tuple[str, str], asyncio.Task] = {}
+
+
+def failed_backends(interpreter: str) -> dict[str, str]:
+    """Backends whose probe failed in this process for this interpreter, with why."""
+    return {name: result.summary() for (name, path), result in _results.items() if path == interpreter and not result.ok}
+
+
+async def probe(backend: str, argv: list[str], template: str = "python", settings: MsbSettings | None = None) -> StartProbe:
+    """The probe of backend for the interpreter argv[0], run once per process (concurrent callers share it)."""
+    key = (backend, argv[0])
+    if key in _results:
+        return _results[key]
+    task = _running.get(key)
+    if task is None:
+        task = _running[key] = asyncio.ensure_future(_start_once(backend, argv, template, settings))
+    try:
+        result = await asyncio.shield(task)
+    finally:
+        if task.done():
+            _running.pop(key, None)
+    _results[key] = result
+    if not result.ok:
+        tail = " | ".join(result.stderr_tail[-5:])
+        log.warning("msb-kernels: the %s backend failed its start probe: %s%s", backend, result.summary(),
+                    f"; the kernel's last stderr lines: {tail}" if tail else "")
+    return result
+
+
+async def backend_for_start(settings: MsbSettings, argv: list[str], template: str) -> SandboxBackend:
+    """The backend a kernel from argv[0] starts in: MSB_BACKEND as set, or for auto the first whose probe passed.
+
+    Called by the provisioner's pre_launch. Raises BackendUnavailable when every backend failed."""
+    if settings.backend != "auto":
+        return get_backend(settings)
+    while True:
+        failed = failed_backends(argv[0])
+        name, _ = choose_backend("auto", skip=failed)
+        if (await probe(name, argv, template, settings)).ok:
+            return get_backend(settings, name)
+
+
+async def _start_once(backend: str, argv: list[str], template: str, settings: MsbSettings | None) -> StartProbe:
+    """One small kernel of template from argv, in backend, through jupyter_client as every client starts one."""
+    from msb_kernels.choice import KernelChoice
+    from msb_kernels.flavors import FLAVORS
+    from msb_kernels.kernelspecs import kernelspec
+
+    started = time.monotonic()
+    choice = KernelChoice(TEMPLATES[template], FLAVORS["small"])
+    config = Config({"MsbSettings": {"backend": backend}})
+    if settings is not None and settings.runtime_dir:
+        config.MsbSettings.runtime_dir = settings.runtime_dir
+    kernel_id = str(uuid.uuid4())
+    with tempfile.TemporaryDirectory(prefix="msb-probe-") as specs:
+        spec = kernelspec(choice.template, choice.flavor, settings or MsbSettings(config=config))
+        spec["argv"] = list(argv)
+        (Path(specs) / choice.kernel_name).mkdir()
+        (Path(specs) / choice.kernel_name / "kernel.json").write_text(json.dumps(spec))
+        km = AsyncKernelManager(kernel_name=choice.kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]),
+                                config=config)
+        registry.probe_kernel_ids.add(kernel_id)
+        client = None
+        error: str | None = None
+        tail: list[str] = []
+        try:
+            await km.start_kernel(kernel_id=kernel_id)
+            client = km.client()
+            client.start_channels()
+            await client.wait_for_ready(timeout=PROBE_TIMEOUT_SECONDS)
+            reply = await client.execute_interactive(PROBE_CODE.get(template, "1+1"), timeout=PROBE_TIMEOUT_SECONDS, store_history=False,
+                                                     output_hook=lambda message: None)
+            if reply["content"].get("status") != "ok":
+                error = f"1+1 failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}"
+        except ConfigError:
+            raise  # a setting this backend cannot honour (MSB_TRANSPORT=tcp on gVisor): the user's to fix, not a finding
+        except (asyncio.TimeoutError, TimeoutError):
+            error = f"no answer within {PROBE_TIMEOUT_SECONDS:.0f} s"
+        except Exception as exc:  # whatever the start raised is the finding
+            error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        finally:
+            sandbox = getattr(km.provisioner, "sandbox", None)
+            if sandbox is not None:
+                if error is not None:
+                    await asyncio.sleep(0.05)  # the kernel's last words, still in the pipe
+                tail = sandbox.stderr_tail()
+                exit_reason = sandbox.exit_reason() if await sandbox.poll() is not None else None
+                if error is not None and exit_reason:
+                    error = f"{error} ({exit_reason})"
+            if client is not None:
+                client.stop_channels()
+            with contextlib.suppress(Exception):
+                await km.shutdown_kernel(now=True)
+            registry.probe_kernel_ids.discard(kernel_id)
+    return StartProbe(backend, argv[0], error is None, time.monotonic() - started, error, tail)
+
+
+def forget() -> None:
+    """Drop every kept result (tests; a host whose backend was repaired)."""
+    _results.clear()
+
