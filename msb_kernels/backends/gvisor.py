@@ -34,14 +34,14 @@ import sys
 import time
 from pathlib import Path
 
-from msb_kernels.backends import adoption, cgroups
+from msb_kernels.backends import adoption, cgroups, hostpaths
 from msb_kernels.backends.adoption import KeeperLink
 from msb_kernels.backends.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
-from msb_kernels.backends.namespace import KernelStderr, python_readonly_paths
 from msb_kernels.backends.nsinit import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.backends.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.state import (
     HostCgroupSandbox,
+    KernelStderr,
     adopt_held_sandbox,
     make_io_dir,
     read_states,
@@ -51,6 +51,7 @@ from msb_kernels.backends.state import (
 )
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.flavors import Flavor
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -59,22 +60,54 @@ SENTRY_MEMORY_MIB = 384  # the Sentry, the gofer and their page tables, beside t
 # An idle ipykernel reserves about 750 MiB of address space it never touches (thread stacks, malloc
 # arenas), so RLIMIT_AS is the flavor plus this: an allocation past the flavor is still a MemoryError.
 ADDRESS_SPACE_HEADROOM_MIB = 768
+# Under ptrace a forked guest process costs about 30 MiB of the sandbox's host memory even when it only
+# sleeps (29 to 31 MiB each for 10 to 80 children of an idle kernel, read from the cgroup): gVisor copies
+# written pages in large units. So the process limit inside is sized to the flavor's memory, to refuse a
+# fork (EAGAIN, the kernel alive) well before the host's OOM kill would end the whole sandbox.
+GUEST_PROCESS_MIB = 32
+KERNEL_RESERVE_MIB = 256  # the kernel's own memory before it forks, left out of the room for processes
+PROCESS_ROOM_SHARE = 0.8  # of the host memory limit: the process limit bites while a fifth is still free
 HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
 SENTRY_THREADS = 512
 USER_PACKAGES = f"{SANDBOX_HOME}/.local/site-packages"
 INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), or see https://gvisor.dev/docs/user_guide/install/"
 
-# pid 1 inside: starts the kernel in its own process group, then becomes the namespace sandbox's
-# reaper, which passes signals on (an interrupt is a SIGINT to pid 1 from `runsc kill`), reaps the
-# orphans of shell escapes and exits as the kernel did.
+# pid 1 inside: starts the kernel in its own process group as the sandbox user, then becomes the
+# namespace sandbox's reaper, which passes signals on (an interrupt is a SIGINT to pid 1 from `runsc
+# kill`), reaps the orphans of shell escapes and exits as the kernel did. gVisor, unlike Linux, lets a
+# process signal its namespace's init when their users match, so init is not the kernel's user: it
+# starts as gVisor's root with INIT_CAPABILITIES, and keeps only CAP_KILL (to pass signals on) for
+# the reaper. The kernel gives up every capability, its bounding set too.
 GUEST_INIT = r"""
-import os, sys
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PR_CAPBSET_DROP, CAP_KILL = 24, 5
+status = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
 kernel = os.fork()
 if kernel == 0:
     os.setpgid(0, 0)
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(1000, 1000, 1000)
+    os.setresuid(1000, 1000, 1000)
     os.execv(sys.argv[3], sys.argv[3:])
-os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[1], str(kernel), "-1", sys.argv[2]])
+for cap in range(64):
+    if cap != CAP_KILL:
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+os.set_inheritable(status, True)
+os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[1], str(kernel), "-1", str(status)])
 """
+# What pid 1 holds until it has started the kernel: enough to change users, to open its status file in the
+# kernel user's io dir and to trim its own bounding set; CAP_KILL is all it keeps.
+INIT_CAPABILITIES = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_OVERRIDE", "CAP_KILL"]
+
+
+def process_limit(flavor: Flavor, max_processes: int) -> int:
+    """RLIMIT_NPROC inside the sandbox: MSB_MAX_PROCESSES, or fewer where the flavor's memory holds fewer guest
+    processes (small 27, medium 52, large 104: the kernel's own threads count too)."""
+    room = (flavor.memory_mib + SENTRY_MEMORY_MIB) * PROCESS_ROOM_SHARE - KERNEL_RESERVE_MIB
+    return max(16, min(max_processes, int(room // GUEST_PROCESS_MIB)))
 
 
 @functools.cache
@@ -248,10 +281,9 @@ class GVisorBackend(SandboxBackend):
             if destination == SANDBOX_HOME:
                 options += ["uid=1000", "gid=1000"]
             mounts.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
-        covered = ("/usr/", "/tmp/", "/home/", "/run/", "/etc/")
-        for path in sorted(set(spec.readonly_paths) | set(python_readonly_paths())):  # the kernel's and pid 1's interpreter
-            if os.path.exists(path) and not path.startswith(covered):
-                bind(path, path, readonly=True)
+        # After the tmpfs mounts, so an interpreter under /tmp or /home shows on top of them: the kernel's and pid 1's.
+        for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.interpreter_paths()}):
+            bind(path, path, readonly=True)
         bind(str(spec.io_dir), self.guest_io_dir, readonly=False)
         if spec.shared_volume:
             bind(str(spec.shared_volume.host_path), spec.shared_volume.guest_path, readonly=False)
@@ -260,17 +292,19 @@ class GVisorBackend(SandboxBackend):
         env = dict(spec.env)
         if template.user_packages:
             env.update(PIP_TARGET=USER_PACKAGES, PYTHONPATH=USER_PACKAGES, PIP_DISABLE_PIP_VERSION_CHECK="1")
-        rlimits = [{"type": "RLIMIT_NPROC", "hard": spec.max_processes, "soft": spec.max_processes},
+        processes = process_limit(spec.flavor, spec.max_processes)
+        rlimits = [{"type": "RLIMIT_NPROC", "hard": processes, "soft": processes},
                    {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
         if template.data_limit_caps_memory:
             address_space = flavor.memory_bytes + ADDRESS_SPACE_HEADROOM_MIB * 1024 * 1024
             rlimits.append({"type": "RLIMIT_AS", "hard": address_space, "soft": address_space})
         config = {
             "ociVersion": "1.0.2",
-            "process": {"terminal": False, "user": {"uid": 1000, "gid": 1000}, "cwd": SANDBOX_HOME,
+            "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "cwd": SANDBOX_HOME,
                         "args": [sys.executable, "-I", "-S", "-c", GUEST_INIT, REAPER, f"{self.guest_io_dir}/exit_status", *spec.argv],
                         "env": [f"{k}={v}" for k, v in env.items()], "noNewPrivileges": True, "rlimits": rlimits,
-                        "capabilities": {key: [] for key in ("bounding", "effective", "inheritable", "permitted", "ambient")}},
+                        "capabilities": {"bounding": INIT_CAPABILITIES, "effective": INIT_CAPABILITIES, "permitted": INIT_CAPABILITIES,
+                                         "inheritable": [], "ambient": []}},
             "root": {"path": "rootfs", "readonly": True},
             "hostname": "sandbox",
             "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *mounts],

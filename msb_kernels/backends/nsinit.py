@@ -127,8 +127,8 @@ while True:
             break
         if pid == kernel:
             code = os.waitstatus_to_exitcode(status)
-            try:
-                with open(status_path, "w") as f:
+            try:  # a path, or a file descriptor opened before init gave up the right to open it
+                with open(int(status_path) if status_path.isdigit() else status_path, "w") as f:
                     f.write(str(code))
             except OSError:
                 pass

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from tests.conftest import REPO, VENV_BIN
-from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, write_attempts
+from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, interrupt_busy_loop, write_attempts
 from tests.msb_kernels.backends.test_namespace import FORK_BOMB, SPINNERS
 from tests.skips import needs_cgroups, needs_runsc
 
@@ -71,7 +71,9 @@ async def test_memory_past_the_flavor_is_a_memory_error_with_advice_and_the_kern
 @needs_cgroups
 async def test_fork_bomb_is_refused_inside_gvisor_and_never_crashes_the_sandbox(start_kernel, monkeypatch):
     """The same bomb as the namespace test's, at a lower MSB_MAX_PROCESSES: forks under ptrace are slow."""
+    from msb_kernels.backends.gvisor import process_limit
     from msb_kernels.config import load_settings
+    from msb_kernels.flavors import FLAVORS
 
     monkeypatch.setenv("MSB_MAX_PROCESSES", "48")
     km, kc = await start_kernel()
@@ -81,7 +83,7 @@ async def test_fork_bomb_is_refused_inside_gvisor_and_never_crashes_the_sandbox(
     assert await km.is_alive() and (await execute(kc, "'alive'")).result == "'alive'"
     spawned = await execute(bystander, "import subprocess; subprocess.run(['true']).returncode", timeout=60)
     assert spawned.result == "0"
-    limit = load_settings().max_processes
+    limit = process_limit(FLAVORS["small"], load_settings().max_processes)  # 48, or fewer where the flavor's memory holds fewer
     assert (await execute(kc, "import resource; resource.getrlimit(resource.RLIMIT_NPROC)[0]")).value == limit
 
 
@@ -164,3 +166,83 @@ async def test_jupyter_server_and_the_mcp_inspector_share_a_gvisor_kernel_throug
             lab.stop()
     finally:
         gateway.stop()
+
+
+# The loop a user tried (issue 30): 2,000 forks, each child sleeping 20 s. Under ptrace each child costs the
+# sandbox about 30 MiB of host memory, so without a process limit sized to the flavor the host's OOM kill ended
+# the whole sandbox before RLIMIT_NPROC refused a fork.
+SLEEPING_CHILDREN = """
+import os, time
+children, refused = 0, 0
+for _ in range(2000):
+    try:
+        pid = os.fork()
+    except OSError:
+        refused += 1
+        continue
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    children += 1
+children, refused
+"""
+
+
+@needs_cgroups
+@pytest.mark.parametrize("flavor", ["small", "medium", "large"])
+async def test_forks_of_sleeping_children_are_refused_before_memory_runs_out_and_the_kernel_keeps_its_state(start_kernel, flavor):
+    from msb_kernels.backends.gvisor import process_limit
+    from msb_kernels.flavors import FLAVORS
+
+    km, kc = await start_kernel(f"msb-python-{flavor}")
+    await execute(kc, "kept = 'my state'")
+    cgroup = km.provisioner.sandbox.cgroup
+    result = await execute(kc, SLEEPING_CHILDREN, timeout=240)
+    assert result.status == "ok", result.error
+    children, refused = result.value
+    assert refused > 0 and 0 < children < process_limit(FLAVORS[flavor], 256), (children, refused)
+    assert cgroup.oom_kills() == 0, "the host's OOM killer acted inside the sandbox"
+    assert await km.is_alive() and (await execute(kc, "kept")).result == "'my state'"
+    print(f"{flavor}: {children} children, {refused} forks refused, {cgroup.memory_bytes() >> 20} MiB in use after the loop")
+
+
+async def test_the_same_fork_loop_through_the_gateway_leaves_the_kernel_alive_with_its_variables():
+    from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway
+
+    gateway = await launch_gateway({"MSB_BACKEND": "gvisor", "MSB_POOL_SIZE": "0"})
+    try:
+        kernel_id = await gateway.start_kernel()
+        notebook = await KernelSocket.open(gateway, kernel_id)
+        await notebook.execute("kept = 'my state'")
+        loop = await notebook.execute(SLEEPING_CHILDREN, timeout=240)
+        assert loop.error is None, loop.error
+        assert (await notebook.execute("kept")).result == "'my state'"
+        (kernel,) = [k for k in (await gateway.stats())["kernels"] if k["id"] == kernel_id]
+        assert kernel["backend"] == "gvisor", kernel
+        notebook.connection.close()
+    finally:
+        gateway.stop()
+
+
+async def test_the_kernels_user_cannot_kill_the_sandboxes_init(start_kernel):
+    """On Linux a PID namespace's init ignores SIGKILL from inside; gVisor delivers it when the users match, which
+    ended the sandbox. Init is gVisor's root holding only CAP_KILL; the kernel runs with no capability at all."""
+    km, kc = await start_kernel()
+    await execute(kc, "kept = 'my state'")
+    seen = (await execute(kc, """
+status = lambda pid: dict(l.split(":", 1) for l in open(f"/proc/{pid}/status").read().splitlines() if ":" in l)
+import os, signal
+outcomes = []
+for signum in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
+    try:
+        os.kill(1, signum)
+        outcomes.append("delivered")
+    except OSError as exc:
+        outcomes.append(type(exc).__name__)
+init, me = status(1), status("self")
+(outcomes, init["Uid"].split()[0], init["CapEff"].strip(), me["CapEff"].strip(), me["CapBnd"].strip(), me["CapPrm"].strip())
+""")).value
+    assert seen == (["PermissionError"] * 3, "0", "0000000000000020", "0" * 16, "0" * 16, "0" * 16), seen
+    assert await km.is_alive() and (await execute(kc, "kept")).result == "'my state'"
+    # init still passes the host's signals on: an interrupt stops a busy cell
+    assert (await interrupt_busy_loop(km, kc))["content"]["ename"] == "KeyboardInterrupt"
