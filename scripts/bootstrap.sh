@@ -24,10 +24,8 @@ if [ "$extras" = "test" ]; then
     command -v runsc >/dev/null || missing+=(runsc)  # the gVisor backend (tests/msb_kernels/backends/test_gvisor.py)
     command -v chromium >/dev/null || missing+=(chromium)  # JupyterLab in a browser (test_jupyterlab_browser.py)
     command -v chromedriver >/dev/null || missing+=(chromium-driver)
-    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        { apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-            || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; }; } >/dev/null 2>&1 \
-            || echo "could not install ${missing[*]} with apt-get: the tests that need them will skip" >&2
+    if [ ${#missing[@]} -gt 0 ]; then
+        bash scripts/apt-install "${missing[@]}" || echo "the tests that need ${missing[*]} will skip" >&2
     fi
     # The MCP Inspector CLI: a TypeScript-SDK client for tests/mcp_bridge/test_inspector.py (which skips without it).
     inspector=.venv/share/msb-kernels/inspector
