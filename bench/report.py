@@ -258,3 +258,14 @@ def write(results: dict, out: Path) -> str:
     (out / "bench.md").write_text(text)
     chart(results, out / "bench.png")
     return text
+
+
+def write_results_file(results: dict, path: Path, command: str) -> None:
+    """bench/RESULTS.md: the table and the targets of a full run, with the command and the machine that gave them."""
+    machine = results.get("machine", {})
+    lines = ["# Latest benchmark results", "",
+             f"Written by `{command}` ({results.get('runtime_seconds', 0) / 60:.1f} minutes) on {machine.get('cpus', '?')} CPUs "
+             f"({machine.get('cpu_model', '?')}); the method and how to read the figures are in [README.md](README.md).", "",
+             table(results).strip(), "", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {'met' if t['met'] else 'missed'} |" for t in results.get("targets", [])]
+    path.write_text("\n".join(lines) + "\n")

@@ -4,7 +4,8 @@
     .venv/bin/python bench/run.py --quick    # a short smoke run with small counts
     .venv/bin/python bench/run.py --backend gvisor   # every figure with gVisor sandboxes
 
-Writes bench/results/bench.json, bench/results/bench.md and bench/results/bench.png.
+Writes bench/results/bench.json, bench/results/bench.md and bench/results/bench.png, and after a full run
+bench/RESULTS.md, the record kept in git.
 The baseline is the kernelspec "python3" (ipykernel's own, no sandbox); the sandboxed
 kernel is "msb-python-small". Absolute times drift on shared machines, so compare the
 ratios and deltas, which come from samples taken side by side (interleaved) in the run.
@@ -30,6 +31,7 @@ from bench.environment import isolate, raise_host_limits  # noqa: E402
 from bench.figures import Bench  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
+RESULTS_FILE = REPO / "bench" / "RESULTS.md"  # kept in git: the figures the README quotes come from here
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +90,8 @@ async def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
     table = report.write(results, args.out)
+    if not args.quick and args.out == RESULTS:  # the committed record of the latest full run
+        report.write_results_file(results, RESULTS_FILE, " ".join(["bench/run.py", *sys.argv[1:]]))
     mach = results["machine"]
     print(f"\n{results['mode']} run, {results['runtime_seconds']:.0f} s; {mach['cpus']} CPUs ({mach['cpu_model']}), "
           f"{mach['memory_mib']} MiB, Python {mach['python']}, Linux {mach['linux']}\n")

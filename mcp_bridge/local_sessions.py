@@ -215,12 +215,8 @@ class ManagedKernelSessions(KernelSessions):
         except NoSuchKernel:
             raise SandboxError(f"the kernelspec {name} is not installed", suggestions=["run `msb-kernels install`"]) from None
         except MsbError:
-            raise
+            raise  # a refusal with its advice (the gateway's kernel manager raises these too)
         except Exception as exc:
-            from msb_kernels.gateway.manager import MsbHTTPError
-
-            if isinstance(exc, MsbHTTPError):  # the gateway's own kernel manager: its refusal, with its advice
-                raise exc.error from None
             raise SandboxError(f"could not start a {choice.template.name} kernel ({choice.flavor.name}): {exc}") from None
         return await self._connect_new(session_id)
 

@@ -84,7 +84,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from msb_kernels.backends import backend_classes, cgroups, choose_backend, network, unloadable_backends
+    from msb_kernels.backends import backend_classes, choose_backend, unloadable_backends
+    from msb_kernels.backends.core import cgroups
+    from msb_kernels.flavors import FLAVORS
     from msb_kernels.templates import TEMPLATES
 
     settings = load_settings()
@@ -99,12 +101,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     speed_note = cgroups.start_speed_note(hierarchy)
     if speed_note is not None:
         print(f"  start time: {speed_note}")
-    print(f"namespace network: {network.describe(settings.allow_network)}")
-    _print_disk_report(settings)
+    for flavor in FLAVORS.values():
+        print(f"flavor {flavor.name}: {flavor.cpus} CPU, {flavor.memory_mib} MiB memory, {flavor.disk_mib} MiB disk, "
+              f"{flavor.shm_mib} MiB /dev/shm")
     for template in TEMPLATES.values():
         reason = template.unavailable_reason()
         print(f"template {template.name}: {'ok' if reason is None else reason}")
-    _print_microsandbox_report(settings)
+    for cls in backend_classes().values():  # what each backend needs of this host, in its own words
+        for line in cls.doctor_lines(settings):
+            print(line)
     try:
         chosen, why = choose_backend(settings.backend, skip=failed if settings.backend == "auto" else None)
     except MsbError as exc:
@@ -165,51 +170,9 @@ def _installed_argv(kernel_name: str) -> list[str] | None:
         return None
 
 
-def _print_disk_report(settings) -> None:
-    """Each flavor's disk, and whether the namespace backend can give it as disk or only as RAM."""
-    import shutil
-
-    from msb_kernels.backends import scratch
-    from msb_kernels.flavors import FLAVORS
-
-    for flavor in FLAVORS.values():
-        print(f"flavor {flavor.name}: {flavor.cpus} CPU, {flavor.memory_mib} MiB memory, {flavor.disk_mib} MiB disk, "
-              f"{flavor.shm_mib} MiB /dev/shm")
-    reason = scratch.unavailable_reason()
-    if reason is not None:
-        print(f"disk (namespace backend): {scratch.memory_scratch_note(reason)}")
-        return
-    root = settings.scratch_root()
-    existing = next(p for p in (root, *root.parents) if p.exists())
-    free_mib = shutil.disk_usage(existing).free // 2**20
-    print(f"disk (namespace backend): {scratch.disk_note(root)}; {free_mib} MiB free there now")
-
-
-def _print_microsandbox_report(settings) -> None:
-    """What the microVM backend needs: msb doctor's verdict and hints, its images, ports and network."""
-    try:
-        from msb_kernels.backends import microsandbox as msb_backend
-    except ImportError:
-        return
-    ok, reason, hints = msb_backend.run_doctor()
-    print(f"msb doctor: {'ok' if ok else 'failed'} - {reason}")
-    for hint in hints:
-        print(f"  hint: {hint}")
-    try:
-        from msb_kernels.images import image_present
-        from msb_kernels.templates import TEMPLATES
-
-        for template in TEMPLATES:
-            image = msb_backend.image_for(settings, template)
-            print(f"microVM image {template}: {image} {'present' if image_present(image) else f'missing (msb-kernels image build {template})'}")
-    except MsbError as exc:
-        print(f"microVM images: cannot list them: {exc.message}")
-    print(f"microVM ports: {settings.port_range} (5 per kernel); outbound network: {'public internet' if settings.allow_network else 'denied'}")
-
-
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from msb_kernels import images
-    from msb_kernels.backends.microsandbox import image_for
+    from msb_kernels.backends.microsandbox import images
+    from msb_kernels.backends.microsandbox.vm import image_for
 
     settings = load_settings()
     tag = args.tag or image_for(settings, args.template)

@@ -26,18 +26,22 @@ from msb_kernels.flavors import FLAVORS, get_flavor
 BACKEND_ENTRY_POINTS = "msb_kernels.backends"  # name = module:SandboxBackend subclass
 # The backends this package ships, also when it runs from a source tree that was never
 # installed (no entry points then); other packages add theirs as entry points.
-BUILTIN_BACKENDS = {"namespace": "msb_kernels.backends.namespace:NamespaceBackend",
+# The built-in backends' entry points (pyproject.toml), registered here too, as jupyter_client registers its
+# LocalProvisioner: a checkout used without `pip install` (or an install whose metadata is stale) still has them.
+BUILTIN_BACKENDS = {"namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
                     "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
-                    "microsandbox": "msb_kernels.backends.microsandbox:MicrosandboxBackend"}
+                    "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend"}
 
 
 @functools.cache
 def backend_locations() -> dict[str, str]:
-    """Every backend by name, as "module:class" (nothing imported here): the built-in ones and the entry points.
+    """Every backend by name, as "module:class" (nothing imported here): the ``msb_kernels.backends`` entry points,
+    the built-in ones among them.
 
     Read once per process: scanning the installed distributions costs milliseconds, and every
     load_settings (each kernel start) checks MSB_BACKEND against these names."""
-    return {**BUILTIN_BACKENDS, **{entry_point.name: entry_point.value for entry_point in entry_points(group=BACKEND_ENTRY_POINTS)}}
+    found = {entry_point.name: entry_point.value for entry_point in entry_points(group=BACKEND_ENTRY_POINTS)}
+    return {**BUILTIN_BACKENDS, **found}
 
 
 def backend_names() -> tuple[str, ...]:

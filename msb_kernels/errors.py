@@ -40,6 +40,10 @@ class InvalidRequest(MsbError):
     error_type = "InvalidRequest"
 
 
+class NoSuchKernelspec(InvalidRequest):
+    """A start named a kernelspec that does not exist, or does not run in a sandbox (the gateway answers 404)."""
+
+
 class SessionNotFound(MsbError):
     error_type = "SessionNotFound"
     default_suggestions = ("omit session_id to get a new session", "list live sessions with get_sessions")
@@ -48,6 +52,10 @@ class SessionNotFound(MsbError):
 class ResourceLimitExceeded(MsbError):
     error_type = "ResourceLimitExceeded"
     default_suggestions = ("stop a session you no longer need", "pick a smaller flavor")
+
+    def __init__(self, message: str, suggestions: list[str] | None = None, limit: str | None = None):
+        super().__init__(message, suggestions)
+        self.limit = limit  # which limit: max_sessions, capacity_memory, capacity_cpus
 
 
 class SandboxError(MsbError):

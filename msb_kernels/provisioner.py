@@ -27,9 +27,10 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Unicode
 
-from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend, hostpaths
-from msb_kernels.backends.base import SharedVolume
-from msb_kernels.backends.state import remove_state_dir
+from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
+from msb_kernels.backends.core import hostpaths
+from msb_kernels.backends.core.base import SharedVolume
+from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor

@@ -6,7 +6,7 @@ for a session; the session limit (MSB_MAX_SESSIONS) and the gateway read it.
 
 from __future__ import annotations
 
-from msb_kernels.backends.base import Sandbox
+from msb_kernels.backends.core.base import Sandbox
 from msb_kernels.errors import ResourceLimitExceeded
 
 # Sandboxes this process runs, by kernel id (sessions and waiting pooled kernels).

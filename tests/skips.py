@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from msb_kernels.backends import cgroups
+from msb_kernels.backends.core import cgroups
 from msb_kernels.backends.gvisor import GVisorBackend
 from msb_kernels.templates import TEMPLATES
 

@@ -1,9 +1,10 @@
-"""Backends and the factory that picks one.
+"""The backend registry, and the factory that picks one.
 
-``namespace`` (namespace.py) runs everywhere Linux namespaces work; ``gvisor``
-(gvisor.py) puts gVisor's application kernel between the code and the host where runsc is
-installed; ``microsandbox`` (microsandbox.py) boots a microVM per kernel where the host can. ``auto`` takes the
-first that can run here in ``auto_order`` (the microVM first), and says why.
+Every backend is an entry point in the ``msb_kernels.backends`` group, the built-in ones included
+(pyproject.toml): ``namespace`` (namespace/) runs everywhere Linux namespaces work; ``gvisor`` (gvisor.py)
+puts gVisor's application kernel between the code and the host where runsc is installed; ``microsandbox``
+(microsandbox/) boots a microVM per kernel where the host can. ``auto`` takes the first that can run here in
+``auto_order`` (the microVM first), and says why; msb_kernels.probe makes sure a kernel starts in it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import functools
 import importlib
 import logging
 
-from msb_kernels.backends.base import Availability, Sandbox, SandboxBackend, SandboxSpec
+from msb_kernels.backends.core.base import Availability, Sandbox, SandboxBackend, SandboxSpec
 from msb_kernels.config import MsbSettings, backend_locations
 from msb_kernels.errors import BackendUnavailable
 

@@ -34,12 +34,12 @@ import sys
 import time
 from pathlib import Path
 
-from msb_kernels.backends import adoption, cgroups, hostpaths
-from msb_kernels.backends.adoption import KeeperLink
-from msb_kernels.backends.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
-from msb_kernels.backends.nsinit import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
-from msb_kernels.backends.processes import PidfdProcess, process_start_time
-from msb_kernels.backends.state import (
+from msb_kernels.backends.core import adoption, cgroups, hostpaths
+from msb_kernels.backends.core.adoption import KeeperLink
+from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.core.guest import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
+from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
+from msb_kernels.backends.core.state import (
     HostCgroupSandbox,
     KernelStderr,
     adopt_held_sandbox,

@@ -55,7 +55,8 @@ from msb_kernels.gateway.handlers import (
     gateway_handlers,
     use_json_not_found,
 )
-from msb_kernels.gateway.manager import MsbKernelManager, MsbKernelSpecManager
+from msb_kernels.gateway.kernelspecs import MsbKernelSpecManager
+from msb_kernels.gateway.manager import MsbKernelManager
 
 # The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
 # variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.

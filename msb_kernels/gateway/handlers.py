@@ -30,19 +30,31 @@ from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
 
 from msb_kernels import __version__
-from msb_kernels.gateway.manager import MsbHTTPError, open_websockets, start_env
+from msb_kernels.gateway.adoption import open_websockets
+from msb_kernels.gateway.errors import MsbHTTPError, msb_error_in
+from msb_kernels.gateway.records import start_env
 
 
 class MsbErrorsMixin:
-    """JSON error bodies with the MsbError's type, suggestions and limit; never a traceback."""
+    """Where an MsbError from below (the kernel manager, the provisioner) becomes its HTTP answer: a JSON body with
+    its type, suggestions and limit (errors.py); never a traceback."""
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        error = msb_error_in(value)
+        if error is None:
+            super().log_exception(typ, value, tb)  # type: ignore[misc]
+            return
+        answer = MsbHTTPError(error)
+        self.log.warning("%s %s: %d %s", self.request.method, self.request.uri, answer.status_code, error.message)  # type: ignore[attr-defined]
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = (kwargs.get("exc_info") or (None, None, None))[1]
-        found = exc if isinstance(exc, MsbHTTPError) else getattr(exc, "__cause__", None)
-        if isinstance(found, MsbHTTPError):
-            self.set_status(found.status_code)
+        error = msb_error_in(exc)
+        if error is not None:
+            answer = MsbHTTPError(error)
+            self.set_status(answer.status_code)
             self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps(found.payload))
+            self.finish(json.dumps(answer.payload))
             return
         super().write_error(status_code, **kwargs)  # type: ignore[misc]
 

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
+from msb_kernels.backends.core.ports import PORTS_PER_KERNEL, PortManager, port_is_free
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError, ResourceLimitExceeded
-from msb_kernels.ports import PORTS_PER_KERNEL, PortManager, port_is_free
 
 
 def free_block(size: int) -> int:
@@ -132,8 +132,8 @@ def microsandbox_start(monkeypatch, tmp_path):
     microsandbox for a VM, which then fails for real (here: the image is not built). Returns the
     backend's port stats as a function."""
     from msb_kernels.backends import get_backend
-    from msb_kernels.backends.base import Availability
-    from msb_kernels.backends.microsandbox import MicrosandboxBackend
+    from msb_kernels.backends.core.base import Availability
+    from msb_kernels.backends.microsandbox.backend import MicrosandboxBackend
     from msb_kernels.config import load_settings
 
     monkeypatch.setattr(MicrosandboxBackend, "_availability", Availability(True, "taken as bootable by this test"))

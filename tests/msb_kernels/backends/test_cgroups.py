@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from msb_kernels.backends import cgroups
+from msb_kernels.backends.core import cgroups
 from tests.conftest import VENV_BIN
 
 

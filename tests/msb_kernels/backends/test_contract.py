@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib
 import json
 import socket
 import uuid
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from msb_kernels.backends import backend_classes
+from msb_kernels.config import backend_locations
 from tests.conftest import REPO, KernelFactory
 from tests.kernel_helpers import (
     HostListener,
@@ -31,13 +33,25 @@ from tests.kernel_helpers import (
 
 pytestmark = pytest.mark.asyncio
 
-# test id -> (MSB_BACKEND, MSB_TRANSPORT): each backend on its own transport, and the namespace sandbox on tcp too
-VARIANTS = {
-    "namespace": ("namespace", "ipc"),
-    "namespace-tcp": ("namespace", "tcp"),
-    "gvisor": ("gvisor", "ipc"),
-    "microsandbox": ("microsandbox", "tcp"),
-}
+
+
+def registered_variants() -> dict[str, tuple[str, str]]:
+    """test id -> (MSB_BACKEND, MSB_TRANSPORT): every installed backend (the ``msb_kernels.backends`` entry points) on
+    each transport it offers, its own first; so a new backend is tested by being installed."""
+    variants = {}
+    for location in backend_locations():
+        module, _, attribute = backend_locations()[location].partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError):
+            variants[location] = (location, "auto")  # the variant fixture skips it with the import error
+            continue
+        for index, transport in enumerate(cls.transports):
+            variants[cls.name if index == 0 else f"{cls.name}-{transport}"] = (cls.name, transport)
+    return variants
+
+
+VARIANTS = registered_variants()
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

@@ -211,7 +211,7 @@ async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_
     end with what traitlets' parse gives, and hand any other command line to traitlets."""
     from ipykernel.kernelapp import IPKernelApp
 
-    from msb_kernels.backends import forkserver
+    from msb_kernels.backends.namespace import forkserver_program as forkserver
     from msb_kernels.templates import TEMPLATES
 
     km, kc = await start_kernel()

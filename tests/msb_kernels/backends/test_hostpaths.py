@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from msb_kernels.backends import backend_classes, hostpaths
+from msb_kernels.backends import backend_classes
+from msb_kernels.backends.core import hostpaths
 
 SECRET = "host-secret-beside-the-venv"
 PROBE_CELL = """

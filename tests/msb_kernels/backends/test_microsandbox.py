@@ -21,32 +21,32 @@ from pathlib import Path
 import microsandbox  # a hard dependency: a broken install must fail here, not skip
 import pytest
 
-from msb_kernels import images
 from msb_kernels.backends import choose_backend
-from msb_kernels.backends import microsandbox as backend_module
-from msb_kernels.backends.base import SANDBOX_LABEL, SandboxSpec, SharedVolume
+from msb_kernels.backends.core.base import SANDBOX_LABEL, SandboxSpec, SharedVolume
+from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.gvisor import GVisorBackend
-from msb_kernels.backends.microsandbox import (
+from msb_kernels.backends.microsandbox import backend as backend_module
+from msb_kernels.backends.microsandbox import images
+from msb_kernels.backends.microsandbox.backend import MicrosandboxBackend
+from msb_kernels.backends.microsandbox.host import msb_binary, parse_doctor, run_doctor
+from msb_kernels.backends.microsandbox.vm import (
     GUEST_IO_DIR,
+    IMAGE_CURVE_LABEL,
     LABEL_HOST,
     LABEL_KERNEL,
     LABEL_OWNER_PID,
     LABEL_OWNER_START,
-    MicrosandboxBackend,
     create_kwargs,
     guest_argv,
     guest_env,
-    parse_doctor,
-    run_doctor,
     sandbox_name,
 )
-from msb_kernels.backends.processes import process_start_time
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable
 from msb_kernels.flavors import FLAVORS
 
 CPU_VIRT = any(flag in open("/proc/cpuinfo").read().split() for flag in ("vmx", "svm"))
-MSB = backend_module.msb_binary()
+MSB = msb_binary()
 DOCTOR = subprocess.run([MSB, "doctor"], capture_output=True, text=True, timeout=60)
 CAN_BOOT = MicrosandboxBackend.availability().ok
 
@@ -241,7 +241,7 @@ async def test_offline_build_loads_a_tagged_image_and_cleans_up(tiny_image):
     assert result.tag == tag and result.mode == "offline" and result.curve is True and "loaded with msb load" in result.report()
     assert images.image_present(tag), images.list_images()
     detail = await Image.inspect(tag)
-    assert detail.config.labels[backend_module.IMAGE_CURVE_LABEL] == "true"
+    assert detail.config.labels[IMAGE_CURVE_LABEL] == "true"
     assert detail.config.labels[images.TEMPLATE_LABEL] == "python"
     assert detail.config.working_dir == "/home/sandbox" and "PATH=/usr/local/bin:/usr/bin:/bin" in detail.config.env
     settings = MsbSettings(python_image=tag)
@@ -265,7 +265,7 @@ async def test_online_build_layering_on_a_saved_base(tiny_image, tmp_path):
         from microsandbox import Image
 
         detail = await Image.inspect(tag)
-        assert len(detail.layers) == 2 and detail.config.labels[backend_module.IMAGE_CURVE_LABEL] == "false"
+        assert len(detail.layers) == 2 and detail.config.labels[IMAGE_CURVE_LABEL] == "false"
     finally:
         images.remove_image(tag)
     assert not images.image_present(tag)
@@ -352,7 +352,7 @@ async def test_an_adopted_vm_belongs_to_the_owner_its_state_names_not_its_labels
     from microsandbox import Network
     from microsandbox import Sandbox as VM
 
-    from msb_kernels.backends.state import write_state
+    from msb_kernels.backends.core.state import write_state
 
     tag, _ = tiny_image
     monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))

@@ -143,7 +143,7 @@ async def test_tcp_transport_keeps_the_hosts_sockets_out_of_the_kernels_reach(st
     """MSB_TRANSPORT=tcp: the relay holds sockets of the host's network namespace, which could be reconnected
     anywhere; the kernel's processes can neither read its descriptors, nor trace it, nor copy one out,
     and hold no socket outside the sandbox's namespace. The host ports are free again after shutdown."""
-    from msb_kernels.ports import port_is_free
+    from msb_kernels.backends.core.ports import port_is_free
 
     monkeypatch.setenv("MSB_TRANSPORT", "tcp")
     km, kc = await start_kernel()
@@ -344,7 +344,7 @@ async def test_kill_9_of_the_host_process_leaves_no_sandbox_after_next_start():
 async def test_sweep_stops_a_running_sandbox_whose_owner_died(runtime_root):
     """Without the lifeline (an owner that is gone but whose sandbox still runs), the sweep kills it."""
     from msb_kernels.backends import get_backend
-    from msb_kernels.backends.base import SandboxSpec
+    from msb_kernels.backends.core.base import SandboxSpec
     from msb_kernels.config import load_settings
     from msb_kernels.flavors import FLAVORS
 

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from msb_kernels.backends import network
-from msb_kernels.backends.nsinit import host_ipv4_addresses
+from msb_kernels.backends.namespace import network
+from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
 from msb_kernels.errors import SandboxError
 from tests.kernel_helpers import HostListener, connect_outcomes, execute, live_processes
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from msb_kernels.backends import scratch
+from msb_kernels.backends.namespace import scratch
 from msb_kernels.config import load_settings
 from msb_kernels.errors import SandboxError
 from msb_kernels.flavors import FLAVORS

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from msb_kernels.backends import network
-from msb_kernels.backends.nsinit import host_ipv4_addresses
+from msb_kernels.backends.namespace import network
+from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
 from msb_kernels.flavors import FLAVORS
 from tests.conftest import REPO
 from tests.kernel_helpers import HostListener, live_processes

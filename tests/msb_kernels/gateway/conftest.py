@@ -55,7 +55,7 @@ def free_port() -> int:
 
 def sandbox_records(runtime_dir: Path) -> list:
     """Every namespace and gVisor sandbox under runtime_dir, as the backends see them (live or orphaned)."""
-    from msb_kernels.backends.state import read_states
+    from msb_kernels.backends.core.state import read_states
 
     return read_states(runtime_dir, "namespace") + read_states(runtime_dir, "gvisor")
 

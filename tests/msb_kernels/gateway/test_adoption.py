@@ -16,7 +16,7 @@ from datetime import datetime
 import pytest
 
 from msb_kernels.backends import backend_classes
-from msb_kernels.backends.adoption import ADOPTION_RECORD, KEEPER_SOCKET
+from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET
 from tests.conftest import TEST_BASE, VENV_BIN
 from tests.msb_kernels.gateway.conftest import (
     Gateway,

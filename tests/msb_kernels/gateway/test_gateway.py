@@ -25,7 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tornado.httpclient import HTTPClientError
 
 from mcp_bridge import jupyter_ws
-from msb_kernels.backends import cgroups
+from msb_kernels.backends.core import cgroups
 from msb_kernels.templates import TEMPLATES
 from tests.conftest import TEST_BASE, VENV_BIN
 from tests.mcp_bridge.conftest import TICKS, call_with_progress

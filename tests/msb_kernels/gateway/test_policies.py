@@ -147,7 +147,7 @@ async def test_kernel_websockets_have_nagle_off(gateway: Gateway) -> None:
 async def test_two_gateways_never_share_a_host_uid(gateway_factory) -> None:
     """Two gateways with their own runtime dirs (two teams on one host): their sandboxes run as different
     host uids, so neither team's kernels can signal or trace the other's. A uid is free again once its sandbox is gone."""
-    from msb_kernels.backends import uids
+    from msb_kernels.backends.namespace import uids
 
     first, second = await gateway_factory(), await gateway_factory()
     kernels = [(gateway, await gateway.start_kernel()) for gateway in (first, second)]
@@ -164,7 +164,7 @@ async def test_two_gateways_never_share_a_host_uid(gateway_factory) -> None:
 async def test_by_default_cpus_do_not_limit_how_many_kernels_start(gateway_factory) -> None:
     """Idle kernels use no CPU, and each is held to its flavor's CPUs by its quota: by default the gateway admits
     more small kernels than 4 x the host's cores (the old default stopped at that), and memory is the limit."""
-    from msb_kernels.gateway.manager import host_cpus, host_memory_mib
+    from msb_kernels.gateway.host import host_cpus, host_memory_mib
 
     count = 4 * host_cpus() + 1
     gateway = await gateway_factory(extra_env={"MSB_MAX_SESSIONS": str(count + 1)})

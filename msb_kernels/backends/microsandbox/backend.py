@@ -28,22 +28,18 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from msb_kernels.backends import adoption
-from msb_kernels.backends.adoption import KeeperLink, trusted_json
-from msb_kernels.backends.base import (
+from msb_kernels.backends.core import adoption
+from msb_kernels.backends.core.adoption import KeeperLink, trusted_json
+from msb_kernels.backends.core.base import (
     SANDBOX_LABEL,
     Availability,
     Sandbox,
@@ -51,199 +47,32 @@ from msb_kernels.backends.base import (
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.processes import owner_alive, process_start_time
-from msb_kernels.backends.state import own_kept_sandbox, record_owner, with_keeper, write_state
+from msb_kernels.backends.core.ports import host_ports
+from msb_kernels.backends.core.processes import owner_alive, process_start_time
+from msb_kernels.backends.core.state import own_kept_sandbox, record_owner, with_keeper, write_state
+from msb_kernels.backends.microsandbox.host import run_doctor
+from msb_kernels.backends.microsandbox.images import image_supports_curve
+from msb_kernels.backends.microsandbox.smoke import smoke_boot
+from msb_kernels.backends.microsandbox.vm import (
+    GUEST_HOME,
+    GUEST_IO_DIR,
+    GUEST_USER,
+    create_kwargs,
+    guest_argv,
+    guest_env,
+    image_for,
+    record_from_handle,
+    sandbox_name,
+)
 from msb_kernels.config import MsbSettings, load_settings
-from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.ports import host_ports
+from msb_kernels.errors import BackendUnavailable, MsbError, SandboxError
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
 
-GUEST_IO_DIR = "/run/kernel"
-GUEST_USER = "sandbox"  # the images' unprivileged user (uid 1000, home /home/sandbox)
-GUEST_UID = 1000
-GUEST_HOME = "/home/sandbox"
-GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
 SWEEP_INTERVAL = 600.0  # seconds between orphan sweeps: often enough that a crashed owner's VMs do not linger
-NAME_PREFIX = "msbk-"
-SMOKE_PREFIX = "msbk-smoke-"
-SMOKE_MEMORY_MIB = 256
-
-LABEL_OWNER_PID = "msb-kernels.owner-pid"
-LABEL_OWNER_START = "msb-kernels.owner-start"
-LABEL_HOST = "msb-kernels.host"
-LABEL_KERNEL = "msb-kernels.kernel-id"
-LABEL_FLAVOR = "msb-kernels.flavor"
-LABEL_TEMPLATE = "msb-kernels.template"
-LABEL_CREATED = "msb-kernels.created"
-LOCAL_IMAGE_PREFIX = "msb-kernels/"  # images `msb-kernels image build` tags
-IMAGE_CURVE_LABEL = "org.msb-kernels.curve"  # "true" when the image's kernel speaks CurveZMQ
 
 T = TypeVar("T")
-
-# microsandbox's SDK and its `msb` CLI read MSB_BACKEND, which is also the name of our own setting
-# (auto, namespace, microsandbox), and refuse anything but their own "local" or "cloud". Told
-# explicitly, the SDK no longer reads the variable, and the CLI gets an environment of its own.
-try:
-    import microsandbox as _sdk
-except ImportError:  # not on this platform; availability() says so
-    pass
-else:
-    _sdk.set_default_backend(_sdk.BackendKind.LOCAL)
-
-
-def msb_cli_environment() -> dict[str, str]:
-    """The environment for running the `msb` CLI: ours, with MSB_BACKEND meaning what msb expects."""
-    return {**os.environ, "MSB_BACKEND": "local", "NO_COLOR": "1"}
-
-
-# -- msb doctor ----------------------------------------------------------------
-
-
-def msb_binary() -> str | None:
-    """The `msb` runtime CLI: the one beside this Python, else on PATH, else the wheel's bundled binary."""
-    beside = Path(sys.executable).parent / "msb"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("msb")
-    if found:
-        return found
-    try:
-        from microsandbox._runtime import msb_path
-    except ImportError:
-        return None
-    bundled = msb_path()
-    return str(bundled) if bundled.is_file() else None
-
-
-def parse_doctor(returncode: int, output: str) -> tuple[bool, str, list[str]]:
-    """`msb doctor`'s verdict from its exit status and text (it has no JSON): ok, reason, hints.
-
-    Its text is check lines (✓/✗), then `warn:` and `error:` lines, each followed by `→` hints;
-    the reason is the first error (else the failed checks) and the hints are that error's.
-    """
-    text = re.sub(r"\x1b\[[0-9;]*m", "", output)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if returncode == 0:
-        return True, "msb doctor: all checks passed", []
-    reason, hints, in_error = None, [], False
-    for line in lines:
-        if line.lower().startswith("error:"):
-            if reason is not None:
-                break
-            reason, in_error = line.split(":", 1)[1].strip(), True
-        elif line.lower().startswith("warn:"):
-            in_error = False
-        elif line.startswith(("→", "->")) and in_error:
-            hints.append(line.lstrip("→->").strip())
-    if reason is None:
-        failed = [re.sub(r"\s{2,}", ": ", line.lstrip("✗").strip()) for line in lines if line.startswith("✗")]
-        reason = "; ".join(failed) or (lines[-1] if lines else f"msb doctor exited {returncode}")
-    return False, reason, hints
-
-
-def run_doctor(timeout: float = 30) -> tuple[bool, str, list[str]]:
-    """Run `msb doctor` and say whether microVMs can run here, why not, and the hints it printed."""
-    msb = msb_binary()
-    if msb is None:
-        return False, "the msb runtime is not installed (pip install 'microsandbox>=0.7,<0.8')", []
-    try:
-        result = subprocess.run([msb, "doctor"], capture_output=True, text=True, timeout=timeout, env=msb_cli_environment())
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"msb doctor did not run: {exc}", []
-    return parse_doctor(result.returncode, result.stdout + "\n" + result.stderr)
-
-
-# -- create arguments (a pure function of the spec and the settings) -------------
-
-
-def image_for(settings: MsbSettings, template: str) -> str:
-    return getattr(settings, TEMPLATES[template].image_setting)
-
-
-def network_for(allow_network: bool) -> Any:
-    """Outbound denied unless MSB_ALLOW_NETWORK, and then only to the public internet (not the host or
-    its LAN); inbound allowed, because the kernel's published ports are inbound."""
-    from microsandbox import (
-        Action,
-        DestGroup,
-        Destination,
-        Network,
-        NetworkPolicy,
-        Rule,
-    )
-
-    if allow_network:
-        rules = (*Rule.allow_dns(), Rule.allow(destination=Destination.group(DestGroup.PUBLIC)))
-        return Network(policy=NetworkPolicy(default_egress=Action.DENY, default_ingress=Action.ALLOW, rules=rules))
-    return Network(policy=NetworkPolicy(default_egress=Action.DENY, default_ingress=Action.ALLOW, rules=()))
-
-
-def pull_policy_for(image: str) -> Any:
-    """Never pull our own image names (`msb-kernels image build` makes them; a registry must not supply them)."""
-    from microsandbox import PullPolicy
-
-    return PullPolicy.NEVER if image.startswith(LOCAL_IMAGE_PREFIX) else PullPolicy.IF_MISSING
-
-
-def labels_for(spec: SandboxSpec, hostname: str | None = None) -> dict[str, str]:
-    labels = {
-        SANDBOX_LABEL: "1",
-        LABEL_KERNEL: spec.sandbox_id,
-        LABEL_HOST: hostname or socket.gethostname(),
-        LABEL_FLAVOR: spec.flavor.name,
-        LABEL_TEMPLATE: spec.template,
-        LABEL_CREATED: f"{time.time():.3f}",
-    }
-    if spec.owner_pid is not None:
-        labels[LABEL_OWNER_PID] = str(spec.owner_pid)
-        labels[LABEL_OWNER_START] = str(process_start_time(spec.owner_pid) or "")
-    return labels
-
-
-def guest_argv(spec: SandboxSpec) -> list[str]:
-    """The kernel command in the image: its python3 or tslab, not the host's interpreter paths."""
-    return TEMPLATES[spec.template].guest_argv(list(spec.argv))
-
-
-def guest_env(spec: SandboxSpec) -> dict[str, str]:
-    env = dict(spec.env)
-    env["PATH"] = GUEST_PATH
-    env["HOME"] = GUEST_HOME
-    return env
-
-
-def sandbox_name(sandbox_id: str) -> str:
-    return NAME_PREFIX + sandbox_id
-
-
-def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *, hostname: str | None = None) -> dict[str, Any]:
-    """The keyword arguments for microsandbox.Sandbox.create(sandbox_name(id), **these)."""
-    from microsandbox import PortBinding, Volume
-
-    # Writable: ipykernel rewrites its connection file at start (Debian's 6.17 does, even when nothing changed),
-    # and dies if it cannot. The dir is this kernel's own and the host only ever writes it.
-    volumes = {GUEST_IO_DIR: Volume.bind(str(spec.io_dir), readonly=False, uid=GUEST_UID, gid=GUEST_UID)}
-    if spec.shared_volume is not None:
-        volumes[spec.shared_volume.guest_path] = Volume.bind(str(spec.shared_volume.host_path), readonly=False,
-                                                             uid=GUEST_UID, gid=GUEST_UID)
-    return {
-        "image": image_for(settings, spec.template),
-        "cpus": spec.flavor.cpus,
-        "memory": spec.flavor.memory_mib,
-        "hostname": "sandbox",
-        "ports": [PortBinding.tcp(port, port, bind="127.0.0.1") for port in ports],
-        "volumes": volumes,
-        "network": network_for(spec.allow_network),
-        "labels": labels_for(spec, hostname),
-        "idle_timeout": None,  # off: the VM's idle clock does not see ZMQ traffic; Jupyter culls idle kernels
-        "max_duration": None,
-        "pull_policy": pull_policy_for(image_for(settings, spec.template)),
-        "replace": True,  # a restart reuses the kernel's name
-        "detached": True,  # the VM outlives this handle; labels and sweeps find it if we die
-    }
-
 
 # -- the sandbox -----------------------------------------------------------------
 
@@ -414,6 +243,24 @@ class MicrosandboxBackend(SandboxBackend):
 
     # -- ports, curve, stats -------------------------------------------------------
 
+    @classmethod
+    def doctor_lines(cls, settings: MsbSettings) -> list[str]:
+        """msb doctor's verdict and hints, the kernel images, the ports and the network policy."""
+        from msb_kernels.backends.microsandbox.images import image_present
+
+        ok, reason, hints = run_doctor()
+        lines = [f"msb doctor: {'ok' if ok else 'failed'} - {reason}", *(f"  hint: {hint}" for hint in hints)]
+        try:
+            for template in TEMPLATES:
+                image = image_for(settings, template)
+                lines.append(f"microVM image {template}: {image} "
+                             f"{'present' if image_present(image) else f'missing (msb-kernels image build {template})'}")
+        except MsbError as exc:
+            lines.append(f"microVM images: cannot list them: {exc.message}")
+        lines.append(f"microVM ports: {settings.port_range} (5 per kernel); outbound network: "
+                     f"{'public internet' if settings.allow_network else 'denied'}")
+        return lines
+
     def reserve_ports(self, sandbox_id: str) -> list[int]:
         return self.ports.allocate(sandbox_id)
 
@@ -552,7 +399,7 @@ class MicrosandboxBackend(SandboxBackend):
         while True:
             page = await VM.list_with(labels={SANDBOX_LABEL: "1"}, cursor=cursor)
             for handle in page.sandboxes:
-                records.append(_record_from_handle(handle, self.name))
+                records.append(record_from_handle(handle, self.name))
             cursor = page.next_cursor
             if not cursor:
                 return records
@@ -623,86 +470,3 @@ class MicrosandboxBackend(SandboxBackend):
         if swept:
             log.info("swept %d orphaned microVM sandbox(es): %s", len(swept), ", ".join(swept))
         return swept
-
-
-def _record_from_handle(handle: Any, backend: str) -> SandboxRecord:
-    config = {}
-    with contextlib.suppress(Exception):
-        config = handle.config() or {}
-    labels = dict(config.get("labels") or {})
-    owner_pid = int(labels[LABEL_OWNER_PID]) if labels.get(LABEL_OWNER_PID, "").isdigit() else None
-    owner_start = int(labels[LABEL_OWNER_START]) if labels.get(LABEL_OWNER_START, "").isdigit() else None
-    kernel_id = labels.get(LABEL_KERNEL) or handle.name.removeprefix(NAME_PREFIX)
-    status = str(getattr(handle, "status", ""))
-    details = {"vm": handle.name, "status": status, "labels": labels, "owner_pid": owner_pid, "owner_start": owner_start,
-               "host": labels.get(LABEL_HOST), "flavor": labels.get(LABEL_FLAVOR), "template": labels.get(LABEL_TEMPLATE)}
-    created = handle.created_at or float(labels.get(LABEL_CREATED) or 0)
-    return SandboxRecord(kernel_id, backend, owner_alive(owner_pid, owner_start), status in ("running", "starting", "draining"),
-                         created, details)
-
-
-async def image_supports_curve(image: str) -> bool:
-    try:
-        from microsandbox import Image
-
-        detail = await Image.inspect(image)
-    except Exception:
-        return False
-    labels = (detail.config.labels if detail.config else None) or {}
-    return str(labels.get(IMAGE_CURVE_LABEL, "")).lower() == "true"
-
-
-# -- the smoke boot ----------------------------------------------------------------------
-
-
-async def _smoke(image: str) -> str:
-    from microsandbox import Network, PullPolicy
-    from microsandbox import Sandbox as VM
-
-    name = f"{SMOKE_PREFIX}{uuid.uuid4().hex[:12]}"
-    started = time.monotonic()
-    # Labelled like a kernel owned by this short-lived process, so a sweep removes it if we are killed.
-    labels = {SANDBOX_LABEL: "1", LABEL_KERNEL: name, LABEL_HOST: socket.gethostname(), LABEL_OWNER_PID: str(os.getpid()),
-              LABEL_OWNER_START: str(process_start_time(os.getpid()) or "")}
-    vm = None
-    try:
-        vm = await VM.create(name, image=image, cpus=1, memory=SMOKE_MEMORY_MIB, network=Network.none(), labels=labels,
-                             replace=True, pull_policy=PullPolicy.NEVER)
-        output = await vm.exec("python3", ["-c", "import ipykernel; print('ok')"], timeout=30)
-        if "ok" not in output.stdout_text:
-            raise RuntimeError(f"image {image} has no ipykernel: {output.stderr_text.strip()[-300:]}")
-        return f"smoke boot of {image} in {time.monotonic() - started:.1f} s"
-    finally:
-        if vm is not None:
-            with contextlib.suppress(Exception):
-                await vm.kill(timeout=10)
-        with contextlib.suppress(Exception):
-            await VM.remove(name)
-
-
-def smoke_boot(image: str, timeout: float) -> tuple[bool, str]:
-    """Boot a throwaway microVM from image in a subprocess, under timeout; (ok, what happened)."""
-    try:
-        result = subprocess.run([sys.executable, "-m", "msb_kernels.backends.microsandbox", "smoke", image],
-                                capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return False, f"no microVM booted within {timeout:.0f} s (MSB_BOOT_TIMEOUT_SECONDS)"
-    lines = (result.stdout.strip() or result.stderr.strip() or "no output").splitlines()
-    return result.returncode == 0, lines[-1]
-
-
-def _main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "smoke":
-        try:
-            print(asyncio.run(_smoke(argv[1])))
-        except Exception as exc:
-            message = str(exc).strip().splitlines()
-            print(f"{type(exc).__name__}: {message[0] if message else ''}"[:500])
-            return 1
-        return 0
-    print("usage: python -m msb_kernels.backends.microsandbox smoke IMAGE", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The namespace backend's fork servers: one per Python kernel environment, so a kernel starts without importing.
 
 A kernelspec whose argv is ``<python> [options] -m ipykernel_launcher ...`` gets its kernels from the fork
-server of that interpreter and those options (forkserver.py, which runs there). A server starts with the
+server of that interpreter and those options (forkserver_program.py, which runs there). A server starts with the
 first such kernel, is started again when it has died or when its environment changed (a package installed
 or removed: an import directory's mtime moved), counts toward no session limit, and exits when the process
 that started it does (its stdin is that process's lifeline). Kernels never depend on it: once forked, a
@@ -23,12 +23,12 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msb_kernels.backends.adoption import connect_unix, send_request
+from msb_kernels.backends.core.adoption import connect_unix, send_request
 from msb_kernels.errors import SandboxError
 
 log = logging.getLogger("msb_kernels")
 
-FORK_SERVER = str(Path(__file__).resolve().with_name("forkserver.py"))
+FORK_SERVER = str(Path(__file__).resolve().with_name("forkserver_program.py"))
 LAUNCHER_MODULE = "ipykernel_launcher"
 START_TIMEOUT = 60.0
 REPORT_TIMEOUT = 30.0

@@ -1,6 +1,6 @@
 """A fork server: a Python kernel's imports done once, then a fork per sandboxed kernel.
 
-Runs as ``<kernel's python> [its options] -s forkserver.py <fd>`` (forkservers.py starts it), with a clean
+Runs as ``<kernel's python> [its options] -s forkserver_program.py <fd>`` (forkservers.py starts it), with a clean
 environment, as its own session; fd is the listening Unix socket that the host bound for it. It imports ipykernel and what a started kernel imports, freezes that heap for
 the garbage collector (so children leave those pages shared), writes one JSON line to stdout
 (``{"pid": ..., "watched": {dir: mtime_ns}}``: the import directories as they were before the imports, to
@@ -11,7 +11,7 @@ The server itself never accepts a connection or reads a request. It keeps one ch
 accept() on that socket, so that no start waits for a fork of this 50 MiB process (5 to 9 ms of a start here);
 when that child takes a connection from the server's own user, the server forks the next one. A child still
 waiting ends with the server; one that has a connection goes on without it. That child reads the launch plan and
-the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python nsinit.py`` is on the exec path: the
+the descriptors (SCM_RIGHTS) that go with it, and becomes what ``python init_program.py`` is on the exec path: the
 launcher. Its init forks the kernel process, which here does not exec: it drops every descriptor but 0-2, takes
 the kernel's environment, reseeds ``random`` (and numpy's global generator if a preload imported numpy), and
 runs ``ipykernel_launcher``'s ``IPKernelApp`` from the imported modules. So no plan, key or path of one kernel
@@ -21,7 +21,7 @@ What forked kernels do share with the server and with each other: the address-sp
 imported before the fork, and the string hash seed (PYTHONHASHSEED), both chosen when the server started. Code
 in a sandbox cannot reach the server or another sandbox to use either (README, "Forked kernels").
 
-Only the standard library and the kernel's own packages are used; nsinit.py is loaded by path.
+Only the standard library and the kernel's own packages are used; init_program.py is loaded by path.
 """
 
 from __future__ import annotations
@@ -63,15 +63,15 @@ REFILL_DELAY_SECONDS = 0.3
 RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"msb_{name}", os.path.join(HERE, f"{name}.py"))
+def _load(name: str, directory: str = HERE):
+    spec = importlib.util.spec_from_file_location(f"msb_{name}", os.path.join(directory, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-nsinit = _load("nsinit")
-keeper = _load("keeper")
+nsinit = _load("init_program")
+keeper = _load("keeper_program", os.path.join(os.path.dirname(HERE), "core"))
 KernelApp: type | None = None  # kernel_app_class(), made by preload()
 
 
@@ -264,7 +264,7 @@ def _wait_for_connection(listener: socket.socket, taken: int, server: int) -> No
 
 
 def _launcher(connection: socket.socket) -> None:
-    """The launcher with a connection: read the launch plan, build the sandbox with nsinit, report init's pid, and wait
+    """The launcher with a connection: read the launch plan, build the sandbox with init_program, report init's pid, and wait
     for the host to close (it holds init's pidfd then)."""
     report: dict
     try:
@@ -291,7 +291,7 @@ def _launcher(connection: socket.socket) -> None:
 
 
 def start_forked_kernel(plan: dict, error_pipe: int) -> None:
-    """Init's forked child: become the kernel without an exec (nsinit.exec_kernel's counterpart)."""
+    """Init's forked child: become the kernel without an exec (init_program.exec_kernel's counterpart)."""
     try:
         nsinit.prepare_kernel_process(plan)
         nsinit.drop_capabilities()
@@ -330,7 +330,7 @@ def start_forked_kernel(plan: dict, error_pipe: int) -> None:
 
 
 def reap_here(plan: dict, kernel: int, kept_fds: list[int]) -> None:
-    """Init runs nsinit's REAPER in this process instead of a fresh interpreter: its pages stay shared with the
+    """Init runs core/guest.py's REAPER in this process instead of a fresh interpreter: its pages stay shared with the
     server's, where an exec'd reaper would cost each sandbox some 4 MiB of its own."""
     try:
         nsinit.drop_capabilities()  # what the exec as uid 1000 would have dropped
@@ -339,7 +339,7 @@ def reap_here(plan: dict, kernel: int, kept_fds: list[int]) -> None:
         code = compile(nsinit.REAPER, "<msb-reaper>", "exec")
     except BaseException:
         os._exit(1)  # init gone: the whole sandbox with it, and the host sees it end
-    exec(code, {"__name__": "__msb_reaper__"})  # nsinit's own reaper: the code an exec'd init would run
+    exec(code, {"__name__": "__msb_reaper__"})  # the guest's own reaper: the code an exec'd init would run
     os._exit(0)
 
 

@@ -1,6 +1,6 @@
 """The namespace backend: each kernel in its own Linux namespaces, sized by cgroups.
 
-The host side lives here; what runs inside is nsinit.py. Each sandbox has a
+The host side lives here; what runs inside is init_program.py. Each sandbox has a
 directory under the runtime root:
 
     <runtime root>/<sandbox id>/state.json   who owns it, init's pid, its uid
@@ -15,7 +15,7 @@ The host reaches the kernel over ipc sockets in io/ (the default), or with
 MSB_TRANSPORT=tcp over five host ports: this process binds them on the host's
 127.0.0.1 and holds them for the kernel's life (restarts included), and a relay
 inside the sandbox joins them to the kernel's ports on the sandbox's own 127.0.0.1
-(nsinit._relay). The sandbox still has no route anywhere.
+(init_program._relay). The sandbox still has no route anywhere.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,17 +33,17 @@ import sys
 import time
 from pathlib import Path
 
-from msb_kernels.backends import adoption, cgroups, hostpaths, network, scratch, uids
-from msb_kernels.backends.adoption import KeeperLink
-from msb_kernels.backends.base import (
+from msb_kernels.backends.core import adoption, cgroups, hostpaths
+from msb_kernels.backends.core.adoption import KeeperLink
+from msb_kernels.backends.core.base import (
     Availability,
     SandboxBackend,
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.forkservers import ForkServers, forkable
-from msb_kernels.backends.processes import PidfdProcess, process_start_time
-from msb_kernels.backends.state import (
+from msb_kernels.backends.core.ports import host_ports
+from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
+from msb_kernels.backends.core.state import (
     HostCgroupSandbox,
     KernelStderr,
     adopt_held_sandbox,
@@ -52,16 +53,17 @@ from msb_kernels.backends.state import (
     take_orphans,
     write_state,
 )
+from msb_kernels.backends.namespace import network, scratch, uids
+from msb_kernels.backends.namespace.forkservers import ForkServers, forkable
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.ports import host_ports
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
 
 LAUNCH_TIMEOUT = 30.0
 USER_PACKAGES = "/home/sandbox/.local/site-packages"
-LAUNCHER = str(Path(__file__).resolve().with_name("nsinit.py"))
+LAUNCHER = str(Path(__file__).resolve().with_name("init_program.py"))
 
 _PROBE = """
 import ctypes, os, sys
@@ -219,6 +221,18 @@ class NamespaceBackend(SandboxBackend):
         if no_disk:
             warnings.append(scratch.memory_scratch_note(no_disk))
         return Availability(True, f"Linux namespaces; limits by {note}" if hierarchy else "Linux namespaces; limits by rlimits", warnings)
+
+    @classmethod
+    def doctor_lines(cls, settings: MsbSettings) -> list[str]:
+        """The network helper, and whether each flavor's disk is disk or RAM here."""
+        lines = [f"namespace network: {network.describe(settings.allow_network)}"]
+        reason = scratch.unavailable_reason()
+        if reason is not None:
+            return [*lines, f"disk (namespace backend): {scratch.memory_scratch_note(reason)}"]
+        root = settings.scratch_root()
+        existing = next(p for p in (root, *root.parents) if p.exists())
+        free_mib = shutil.disk_usage(existing).free // 2**20
+        return [*lines, f"disk (namespace backend): {scratch.disk_note(root)}; {free_mib} MiB free there now"]
 
     # -- create ----------------------------------------------------------------
 
@@ -397,7 +411,7 @@ class NamespaceBackend(SandboxBackend):
 
     @staticmethod
     def _passed_fds(plan: dict) -> list[int]:
-        """The descriptors the launcher gets with the plan, in the order forkserver.py takes them."""
+        """The descriptors the launcher gets with the plan, in the order forkserver_program.py takes them."""
         return [fd for fd in (plan["lifeline_fd"], plan["scratch_ready_fd"]) if fd is not None] + plan["listen_fds"]
 
     @staticmethod

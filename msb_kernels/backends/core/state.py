@@ -15,13 +15,13 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msb_kernels.backends.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
-from msb_kernels.backends.base import Sandbox, SandboxRecord, SandboxSpec
-from msb_kernels.backends.processes import PidfdProcess, process_alive, process_start_time
+from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
+from msb_kernels.backends.core.base import Sandbox, SandboxRecord, SandboxSpec
+from msb_kernels.backends.core.processes import PidfdProcess, process_alive, process_start_time
 from msb_kernels.errors import SandboxError
 
 if TYPE_CHECKING:
-    from msb_kernels.backends.cgroups import SandboxCgroup
+    from msb_kernels.backends.core.cgroups import SandboxCgroup
 
 log = logging.getLogger("msb_kernels")
 

@@ -1,6 +1,6 @@
-"""Sandboxes that outlive their gateway: the host side of keeper.py, and the files adoption trusts.
+"""Sandboxes that outlive their gateway: the host side of keeper_program.py, and the files adoption trusts.
 
-A gateway's sandboxes are held by the keeper of its runtime dir (keeper.py, one process for all of
+A gateway's sandboxes are held by the keeper of its runtime dir (keeper_program.py, one process for all of
 them), not by the gateway, so they live on through its stop, crash or kill -9, for
 MSB_ADOPT_GRACE_SECONDS. The next gateway on the same runtime dir adopts them: it reads each one's
 adoption record (``<state dir>/adoption.json``, 0600: the kernel's connection keys, its kernelspec,
@@ -24,10 +24,10 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.backends.keeper import LENGTH, PEERCRED, PLAN_FDS
+from msb_kernels.backends.core.keeper_program import LENGTH, PEERCRED, PLAN_FDS
 from msb_kernels.errors import SandboxError
 
-KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
+KEEPER = str(Path(__file__).resolve().with_name("keeper_program.py"))
 KEEPER_SOCKET = "keeper.sock"
 KEEPERS_SOCKET = "keepers.sock"  # in the runtime dir of a backend: where its gateway hands sandboxes to their keeper
 KEEPERS_LOG = "keepers.log"  # what the keeper says; each sandbox's closing sweep writes to keeper.log in its state dir
@@ -100,7 +100,7 @@ def sweep_command() -> tuple[list[str], dict[str, str]]:
 def keeper_plan(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
                 lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
                 sweep_env: dict[str, str] | None = None) -> dict:
-    """What keeper.py is told: its socket and record, the grace period, what it holds, and the sweep it ends with."""
+    """What keeper_program.py is told: its socket and record, the grace period, what it holds, and the sweep it ends with."""
     sweep_argv, env = sweep_command()
     return {"socket": socket_path(state_dir), "record": str(state_dir / ADOPTION_RECORD), "grace": grace, "sandbox_pid": sandbox_pid,
             "argv": argv, "lifeline_fd": lifeline_fd, "stderr_fd": stderr_fd, "child_stderr_fd": child_stderr_fd,

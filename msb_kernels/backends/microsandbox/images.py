@@ -31,15 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.backends.microsandbox import (
-    GUEST_HOME,
-    GUEST_PATH,
-    GUEST_UID,
-    GUEST_USER,
-    IMAGE_CURVE_LABEL,
-    msb_binary,
-    msb_cli_environment,
-)
+from msb_kernels.backends.microsandbox.host import msb_binary, msb_cli_environment
+from msb_kernels.backends.microsandbox.vm import GUEST_HOME, GUEST_PATH, GUEST_UID, GUEST_USER, IMAGE_CURVE_LABEL
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.templates import TEMPLATES
 
@@ -382,7 +375,7 @@ def build_online(template: str, tag: str, *, base: str | None = None, work_dir: 
     """base image + `pip install` (or npm) in a builder microVM -> one more layer -> msb load -> tag."""
     if template not in ONLINE_BASES:
         raise InvalidRequest(f"image template {template!r} is not one of {', '.join(ONLINE_BASES)}")
-    from msb_kernels.backends.microsandbox import run_doctor
+    from msb_kernels.backends.microsandbox.host import run_doctor
 
     ok, reason, _ = run_doctor()
     if not ok:
@@ -405,3 +398,14 @@ def build_online(template: str, tag: str, *, base: str | None = None, work_dir: 
         return BuildResult(tag, template, "online", time.monotonic() - started, archive.stat().st_size, curve)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def image_supports_curve(image: str) -> bool:
+    try:
+        from microsandbox import Image
+
+        detail = await Image.inspect(image)
+    except Exception:
+        return False
+    labels = (detail.config.labels if detail.config else None) or {}
+    return str(labels.get(IMAGE_CURVE_LABEL, "")).lower() == "true"

@@ -1,7 +1,7 @@
 """The keeper: the host process that holds a gateway's sandboxes for whichever gateway owns each one.
 
 Without it a sandbox ends with the process that started it. A gateway (with MSB_ADOPT_GRACE_SECONDS above 0)
-hands every sandbox it starts to the keeper of its runtime dir: one process, ``python -S -I keeper.py --serve
+hands every sandbox it starts to the keeper of its runtime dir: one process, ``python -S -I keeper_program.py --serve
 <root>/keepers.sock`` (standard library only), in a session of its own so that a Ctrl-C or a kill of the gateway
 does not reach it. For each sandbox it holds what the sandbox cannot live without: the namespace sandbox's
 lifeline, or, for gVisor, it is the parent of ``runsc run``, which dies with it. One process for all of them, so

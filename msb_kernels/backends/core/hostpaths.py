@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from msb_kernels.backends.nsinit import SYSTEM_DIRS
+from msb_kernels.backends.core.guest import SYSTEM_DIRS
 
 # Bound whole (or a symlink into one that is), so nothing under them needs a bind of its own.
 WHOLE_DIRS = tuple(f"/{name}" for name in SYSTEM_DIRS)

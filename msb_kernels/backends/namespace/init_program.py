@@ -1,7 +1,7 @@
 """The namespace sandbox's launcher and init; runs as ``python -S .../nsinit.py`` (a script, for a fast start),
-or in a fork of a fork server (forkserver.py calls launch() with its own kernel start and reaper).
+or in a fork of a fork server (forkserver_program.py calls launch() with its own kernel start and reaper).
 
-The host side (namespace.py) writes one JSON line, the launch plan, to stdin. Then:
+The host side (namespace/backend.py) writes one JSON line, the launch plan, to stdin. Then:
 
 1. The launcher opens the sandbox's cgroups' procs files. With MSB_ALLOW_NETWORK it forks
    the network helper (slirp4netns) while still in the host's network namespace. Then it
@@ -87,59 +87,22 @@ LOOP_CONFIG = struct.Struct("=II52xI176x64x")
 
 PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217, "armv7l": 218, "i686": 217}
 
-SANDBOX_USER = "sandbox"
-SANDBOX_HOME = "/home/sandbox"
-SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-# Only what programs need from /etc; passwd, group, hosts and hostname are generated.
-ETC_ENTRIES = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone", "ssl",
-    "ca-certificates", "ca-certificates.conf", "fonts", "alternatives", "mime.types", "protocols",
-    "services", "os-release", "debian_version", "inputrc", "terminfo", "matplotlibrc", "gai.conf",
-)
+
+def _guest_definitions() -> dict:
+    """core/guest.py, read by path: this script runs with no import path of the package's (see its docstring)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core", "guest.py")
+    definitions: dict = {"__name__": "msb_guest", "__file__": path}
+    with open(path) as source:
+        exec(compile(source.read(), path, "exec"), definitions)  # our own file, beside this one
+    return definitions
+
+
+_GUEST = _guest_definitions()
+SANDBOX_USER, SANDBOX_HOME, SYSTEM_DIRS, ETC_ENTRIES, REAPER = (
+    _GUEST[name] for name in ("SANDBOX_USER", "SANDBOX_HOME", "SYSTEM_DIRS", "ETC_ENTRIES", "REAPER"))
 # /dev/tty is the opening process's own controlling terminal: inside, always one of the sandbox's ptys.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
-# The reaper init becomes once the kernel runs: small, so the sandbox adds little memory.
-REAPER = r"""
-import os, select, signal, sys
-kernel, lifeline, status_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-def forward(signum, frame=None):
-    try:
-        os.killpg(kernel, signum)
-    except OSError:
-        pass
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-    signal.signal(s, forward)
-wake_r, wake_w = os.pipe()
-os.set_blocking(wake_w, False)
-signal.set_wakeup_fd(wake_w)
-signal.signal(signal.SIGCHLD, lambda *a: None)
-poller = select.poll()  # not select(): the lifeline may be numbered past 1024
-for fd in [wake_r] + ([lifeline] if lifeline >= 0 else []):
-    poller.register(fd, select.POLLIN)
-while True:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            os._exit(0)
-        if pid == 0:
-            break
-        if pid == kernel:
-            code = os.waitstatus_to_exitcode(status)
-            try:  # a path, or a file descriptor opened before init gave up the right to open it
-                with open(int(status_path) if status_path.isdigit() else status_path, "w") as f:
-                    f.write(str(code))
-            except OSError:
-                pass
-            os._exit(code if code >= 0 else 128 - code)
-    ready = [fd for fd, _ in poller.poll()]
-    if wake_r in ready:
-        os.read(wake_r, 512)
-    if lifeline in ready and not os.read(lifeline, 64):
-        forward(signal.SIGKILL)
-        os._exit(137)
-"""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 StartKernel = Callable[[dict, int], None]
@@ -493,7 +456,7 @@ def close_descriptors_but(kept: list[int]) -> None:
 
 
 def prepare_kernel_process(plan: dict) -> None:
-    """What every kernel process gets before its code runs, exec'd or forked (forkserver.py)."""
+    """What every kernel process gets before its code runs, exec'd or forked (forkserver_program.py)."""
     os.setpgid(0, 0)
     os.dup2(0, 1)  # /dev/null: kernels print connection banners there; stderr (crashes) reaches the host
     if plan.get("data_limit"):
@@ -685,7 +648,7 @@ def _helper_log_tail(network: dict) -> str:
 def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: BecomeReaper = exec_reaper) -> dict:
     """Build the sandbox the plan describes and start its kernel with start_kernel, in a forked child of init that
     must close the error pipe once the kernel runs (or write why it cannot); then init runs become_reaper. The report
-    for the host: init's pid, or the error. Called by main(), and by forkserver.py in a fork of the server."""
+    for the host: init's pid, or the error. Called by main(), and by forkserver_program.py in a fork of the server."""
     try:
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from msb_kernels.backends.processes import process_alive, process_start_time
+from msb_kernels.backends.core.processes import process_alive, process_start_time
 from msb_kernels.errors import SandboxError
 
 HOST_UIDS_DIR = Path("/run/msb-kernels-uids")  # host-wide on purpose: not under any one runtime dir

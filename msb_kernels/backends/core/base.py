@@ -3,9 +3,8 @@
 A backend turns a SandboxSpec (a kernel command, a flavor, a directory for the
 kernel's connection file and sockets) into a running, sized, isolated Sandbox.
 The provisioner (msb_kernels.provisioner) only talks to these two abstract classes,
-so a new backend is one new module beside namespace.py, gvisor.py and microsandbox.py, named in
-config.BUILTIN_BACKENDS (or, from another package, an entry point in the
-``msb_kernels.backends`` group). Each docstring names its caller.
+so a new backend is one module and an entry point in the ``msb_kernels.backends`` group, as the
+built-in ones are (pyproject.toml). Each docstring names its caller.
 """
 
 from __future__ import annotations
@@ -172,6 +171,13 @@ class SandboxBackend(abc.ABC):
         """Whether this backend can run here; the reason says why not, or what is degraded.
 
         Called by choose_backend (MSB_BACKEND) and `msb-kernels doctor`; must be quick and safe to repeat."""
+
+    @classmethod
+    def doctor_lines(cls, settings: MsbSettings) -> list[str]:
+        """What this backend needs of the host beyond availability (its network, disk, images), one line each.
+
+        Called by `msb-kernels doctor`, after every backend's availability and start probe."""
+        return []
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:

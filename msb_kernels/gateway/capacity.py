@@ -1,0 +1,86 @@
+"""Capacity and limits: the check before every start (MSB_MAX_SESSIONS, and the flavors' memory and CPUs added up
+against MSB_CAPACITY_MEMORY_MIB and MSB_CAPACITY_CPUS), and the flavor a start request gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_client.kernelspec import NoSuchKernel
+
+from msb_kernels.errors import NoSuchKernelspec, ResourceLimitExceeded
+from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
+from msb_kernels.gateway.host import host_memory_mib
+from msb_kernels.registry import check_session_limit
+
+
+class CapacityMixin:
+    """MsbKernelManager's limits. Reads its msb_settings, pool, allocations and kernel_spec_manager."""
+
+    msb_settings: Any
+    pool: Any
+    allocations: dict
+    kernel_spec_manager: Any
+
+    # The capacity is MsbSettings' (MSB_CAPACITY_*, or `serve --capacity-*`). Memory is the real limit:
+    # unset, the flavors add up to at most the host's memory, so no kernel filling its flavor is the reason
+    # another is killed. CPU time is shared (each kernel is held to its flavor's CPUs by its quota, and an
+    # idle one uses none), so unset, CPUs admit any number of kernels.
+    @property
+    def capacity_memory_mib(self) -> int:
+        return self.msb_settings.capacity_memory_mib or host_memory_mib()
+
+    @property
+    def capacity_cpus(self) -> int | None:
+        return self.msb_settings.capacity_cpus
+
+    def counted_flavors(self) -> list[Flavor]:
+        """Every kernel the limits count: sessions, and waiting pooled kernels if MSB_POOL_COUNTS_AS_SESSIONS."""
+        pooled = self.pool.waiting_flavors() if self.pool.counts_as_sessions else []
+        return [a.flavor for a in self.allocations.values()] + pooled
+
+    def allocated(self) -> tuple[int, int]:
+        """Memory (MiB) and CPUs the counted kernels' flavors add up to."""
+        flavors = self.counted_flavors()
+        return sum(f.memory_mib for f in flavors), sum(f.cpus for f in flavors)
+
+    def check_limits(self, flavor: Flavor) -> None:
+        """Raise ResourceLimitExceeded (the handlers answer 429) when one more kernel of this flavor would pass a limit."""
+        try:
+            check_session_limit(len(self.counted_flavors()), self.msb_settings.max_sessions,
+                                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"])
+        except ResourceLimitExceeded as exc:
+            exc.limit = "max_sessions"
+            raise
+        memory, cpus = self.allocated()
+        over = []
+        if memory + flavor.memory_mib > self.capacity_memory_mib:
+            over.append(("capacity_memory", f"memory {memory} + {flavor.memory_mib} MiB > MSB_CAPACITY_MEMORY_MIB={self.capacity_memory_mib}"))
+        if self.capacity_cpus is not None and cpus + flavor.cpus > self.capacity_cpus:
+            over.append(("capacity_cpus", f"CPUs {cpus} + {flavor.cpus} > MSB_CAPACITY_CPUS={self.capacity_cpus}"))
+        if not over:
+            return
+        fitting = [f for f in FLAVORS.values() if f.memory_mib < flavor.memory_mib
+                   and memory + f.memory_mib <= self.capacity_memory_mib
+                   and (self.capacity_cpus is None or cpus + f.cpus <= self.capacity_cpus)]
+        suggestions = ["stop a session you no longer need (DELETE /api/kernels/<id>)"]
+        if fitting:
+            suggestions.append("pick a smaller flavor: " + ", ".join(f"{f.name} ({f.cpus} CPU, {f.memory_mib} MiB)" for f in fitting))
+        raise ResourceLimitExceeded(
+            f"host capacity reached: a {flavor.name} kernel ({flavor.cpus} CPU, {flavor.memory_mib} MiB) does not fit: "
+            + "; ".join(text for _, text in over), suggestions, limit=over[0][0])
+
+    def flavor_for(self, kernel_name: str, env: dict[str, str]) -> tuple[Flavor, str]:
+        """The flavor and template a start request gets: KERNEL_FLAVOR in its env, else the kernelspec's."""
+        try:
+            spec = self.kernel_spec_manager.get_kernel_spec(kernel_name)
+        except NoSuchKernel:
+            names = sorted(self.kernel_spec_manager.find_kernel_specs())
+            raise NoSuchKernelspec(
+                f"no sandboxed kernelspec named {kernel_name!r}",
+                [f"use one of: {', '.join(names)}" if names else "run `msb-kernels install` first"]) from None
+        config = spec.metadata.get("kernel_provisioner", {}).get("config", {})
+        if env.get("KERNEL_FLAVOR"):
+            flavor = get_flavor(env["KERNEL_FLAVOR"], argument="KERNEL_FLAVOR")
+        else:
+            flavor = get_flavor(config.get("flavor") or self.msb_settings.default_flavor)
+        return flavor, config.get("template", "python")

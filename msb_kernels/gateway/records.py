@@ -1,0 +1,43 @@
+"""What the gateway knows of each kernel it runs: its Allocation (flavor, template, notebook, the start request's
+variables), and the sandbox side of its kernel manager."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from msb_kernels.errors import InvalidRequest
+from msb_kernels.flavors import Flavor
+from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+
+# Variables a start request may set for its kernel, besides KERNEL_*: the notebook path for stats.
+ALLOWED_START_ENV = ("JPY_SESSION_NAME",)
+
+
+def start_env(requested: Any) -> dict[str, str]:
+    """The environment a start request may give its kernel: KERNEL_* and a few named variables."""
+    if requested is None:
+        return {}
+    if not isinstance(requested, dict):
+        raise InvalidRequest("env must be a JSON object of strings", ['send "env": {"KERNEL_FLAVOR": "medium"}, or no env'])
+    return {str(k): str(v) for k, v in requested.items() if str(k).startswith("KERNEL_") or k in ALLOWED_START_ENV}
+
+
+@dataclass
+class Allocation:
+    """What one kernel holds: counted against the limits from its start request until it stops."""
+
+    kernel_id: str
+    kernel_name: str
+    flavor: Flavor
+    template: str
+    created: float = field(default_factory=time.time)
+    notebook_path: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # what its start request set (start_env), for an adopting gateway
+
+
+def describe(km: Any) -> SandboxDescription | None:
+    """The sandbox side of a kernel manager; None before its provisioner exists or for a kernel not in a sandbox."""
+    provisioner = getattr(km, "provisioner", None)
+    return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None
