@@ -86,11 +86,15 @@ async def measure(kernels: int) -> None:
     first_execute = time.perf_counter() - started
     ws.connection.close()
     second.stop()
-    print(f"{kernels} kernels: the new gateway answered in {up:.2f} s with {adopted} adopted (a start with nothing to "
-          f"adopt: {empty_start:.2f} s); first execute on an old kernel {first_execute:.2f} s after its start")
-    print(f"keeper per kernel: RSS {statistics.median(r for r, _ in keepers) / 1024:.1f} MiB, "
-          f"PSS {statistics.median(p for _, p in keepers) / 1024:.1f} MiB (median of {len(keepers)}); "
-          f"an idle session's sandbox: PSS {statistics.median(sessions) / 1024:.1f} MiB")
+    print(
+        f"{kernels} kernels: the new gateway answered in {up:.2f} s with {adopted} adopted (a start with nothing to "
+        f"adopt: {empty_start:.2f} s); first execute on an old kernel {first_execute:.2f} s after its start"
+    )
+    print(
+        f"keeper per kernel: RSS {statistics.median(r for r, _ in keepers) / 1024:.1f} MiB, "
+        f"PSS {statistics.median(p for _, p in keepers) / 1024:.1f} MiB (median of {len(keepers)}); "
+        f"an idle session's sandbox: PSS {statistics.median(sessions) / 1024:.1f} MiB"
+    )
 
 
 async def execute_cost(executes: int) -> None:
@@ -117,8 +121,10 @@ async def execute_cost(executes: int) -> None:
                     times[grace].append(took)
         for grace, taken in times.items():
             taken.sort()
-            print(f"MSB_ADOPT_GRACE_SECONDS={grace}: execute 1+1 p50 {statistics.median(taken) * 1000:.2f} ms, "
-                  f"p95 {taken[int(len(taken) * 0.95)] * 1000:.2f} ms (n={len(taken)})")
+            print(
+                f"MSB_ADOPT_GRACE_SECONDS={grace}: execute 1+1 p50 {statistics.median(taken) * 1000:.2f} ms, "
+                f"p95 {taken[int(len(taken) * 0.95)] * 1000:.2f} ms (n={len(taken)})"
+            )
     finally:
         for gateway in servers:
             gateway.stop()

@@ -63,10 +63,20 @@ def available_mib() -> int:
 
 
 def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+        platform.processor(),
+    )
     import ipykernel
     import jupyter_client
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_mib": meminfo_mib("MemTotal"), "python": platform.python_version(),
-            "linux": platform.release(), "ipykernel": ipykernel.__version__, "jupyter_client": jupyter_client.__version__,
-            "user": "root" if os.geteuid() == 0 else "unprivileged"}
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_mib": meminfo_mib("MemTotal"),
+        "python": platform.python_version(),
+        "linux": platform.release(),
+        "ipykernel": ipykernel.__version__,
+        "jupyter_client": jupyter_client.__version__,
+        "user": "root" if os.geteuid() == 0 else "unprivileged",
+    }

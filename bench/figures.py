@@ -54,9 +54,15 @@ class Bench:
     def __init__(self, args: argparse.Namespace, base: Path) -> None:
         self.args = args
         self.base = base
-        self.results: dict[str, Any] = {"machine": machine(), "mode": "quick" if args.quick else "full",
-                                        "counts": {k: v for k, v in vars(args).items() if k != "quick"},
-                                        "baseline": BARE, "sandboxed": MSB, "backend": args.backend, "figures": {}}
+        self.results: dict[str, Any] = {
+            "machine": machine(),
+            "mode": "quick" if args.quick else "full",
+            "counts": {k: v for k, v in vars(args).items() if k != "quick"},
+            "baseline": BARE,
+            "sandboxed": MSB,
+            "backend": args.backend,
+            "figures": {},
+        }
         self.figures = self.results["figures"]
 
     async def cold_start(self) -> None:
@@ -75,8 +81,10 @@ class Bench:
         # The other flavors on the run's backend: a fork server serves every flavor, the warm pool only python-small.
         flavors = {f"{self.args.backend}:{flavor}": f"msb-python-{flavor}" for flavor in ("medium", "large")}
         starts.update({key: [] for key in flavors})
-        log(f"cold start: {self.args.starts} starts each of {BARE}, {', '.join(available)} and {', '.join(flavors)}, interleaved, "
-            "after a first untimed round (which starts the fork servers)")
+        log(
+            f"cold start: {self.args.starts} starts each of {BARE}, {', '.join(available)} and {', '.join(flavors)}, interleaved, "
+            "after a first untimed round (which starts the fork servers)"
+        )
         for round_ in range(self.args.starts + 1):
             for name in starts:
                 os.environ["MSB_BACKEND"] = name.split(":")[0] if name != BARE else self.args.backend
@@ -96,8 +104,14 @@ class Bench:
                 info["result"] = f"unavailable: {info['reason']}"
         by_flavor = {"small": backends[self.args.backend]["start"]} if "start" in backends.get(self.args.backend, {}) else {}
         by_flavor.update({key.split(":")[1]: summary(times) for key, times in starts.items() if key in flavors})
-        self.figures["cold_start"] = {"bare": bare, "backends": backends, "flavors": by_flavor, "backend": self.args.backend,
-                                      "fork_kernels": os.environ.get("MSB_FORK_KERNELS", "true"), "fork_servers": _fork_servers()}
+        self.figures["cold_start"] = {
+            "bare": bare,
+            "backends": backends,
+            "flavors": by_flavor,
+            "backend": self.args.backend,
+            "fork_kernels": os.environ.get("MSB_FORK_KERNELS", "true"),
+            "fork_servers": _fork_servers(),
+        }
 
     async def mcp_new_session(self) -> None:
         from mcp import Client
@@ -155,7 +169,7 @@ class Bench:
             direct: dict[str, list[float]] = {"msb": [], "bare": [], "msb_exec": []}
             for i in range(n):
                 trio = [("msb", msb_kc), ("bare", bare_kc), ("msb_exec", exec_kc)]
-                for key, kc in (trio if i % 2 == 0 else trio[::-1]):
+                for key, kc in trio if i % 2 == 0 else trio[::-1]:
                     direct[key].append(await execute_rtt(kc))
                 if i % 100 == 99:
                     for kc in (msb_kc, bare_kc, exec_kc):
@@ -168,7 +182,7 @@ class Bench:
             ttfb: dict[str, list[float]] = {"msb": [], "bare": []}
             for i in range(self.args.stdout_samples):
                 pair = [("msb", msb_kc), ("bare", bare_kc)]
-                for key, kc in (pair if i % 2 == 0 else pair[::-1]):
+                for key, kc in pair if i % 2 == 0 else pair[::-1]:
                     ttfb[key].append(await first_stdout(kc))
             self.figures["first_stdout"] = {"msb": summary(ttfb["msb"]), "bare": summary(ttfb["bare"])}
         finally:
@@ -199,7 +213,7 @@ class Bench:
             samples: dict[str, list[float]] = {key: [] for key in kernels}
             order = list(kernels)
             for i in range(n):
-                for key in order[i % len(order):] + order[:i % len(order)]:
+                for key in order[i % len(order) :] + order[: i % len(order)]:
                     samples[key].append(await execute_rtt(kernels[key][1]))
                 if i % 100 == 99:
                     for _, kc in kernels.values():
@@ -230,8 +244,9 @@ class Bench:
             gw_kernel = (await gateway.request("POST", "/api/kernels", {"name": MSB}))["id"]
             plain_kernel = (await plain.request("POST", "/api/kernels", {"name": BARE}))["id"]
             gw_ws, plain_ws = await KernelSocket.open(gateway, gw_kernel), await KernelSocket.open(plain, plain_kernel)
-            self.figures["gateway_session_pss"] = await gateway_session_pss(gateway, self.base / "gw", gw_kernel,
-                                                                            more=2 if self.args.quick else 9)
+            self.figures["gateway_session_pss"] = await gateway_session_pss(
+                gateway, self.base / "gw", gw_kernel, more=2 if self.args.quick else 9
+            )
             gw_quick = await KernelSocket.open(gateway, gw_kernel, quickack=True)
             plain_quick = await KernelSocket.open(plain, plain_kernel, quickack=True)
             # A direct bare client as well, so every WebSocket sample has a direct bare sample beside it.
@@ -248,15 +263,24 @@ class Bench:
                 log(f"execute 1+1 over the WebSocket: {n} each through msb-kernels serve and plain jupyter server")
                 ws: dict[str, list[float]] = {"gateway": [], "plain": [], "gateway_quickack": [], "plain_quickack": [], "bare_direct": []}
                 for i in range(n):
-                    order = [("gateway", gw_ws.execute), ("plain", plain_ws.execute), ("gateway_quickack", gw_quick.execute),
-                             ("plain_quickack", plain_quick.execute), ("bare_direct", lambda: execute_rtt(bare_kc))]
-                    for key, run in (order if i % 2 == 0 else order[::-1]):
+                    order = [
+                        ("gateway", gw_ws.execute),
+                        ("plain", plain_ws.execute),
+                        ("gateway_quickack", gw_quick.execute),
+                        ("plain_quickack", plain_quick.execute),
+                        ("bare_direct", lambda: execute_rtt(bare_kc)),
+                    ]
+                    for key, run in order if i % 2 == 0 else order[::-1]:
                         ws[key].append(await run())
                     if i % 100 == 99:
                         await drain_iopub(bare_kc)
-                self.figures["execute_websocket"] = {"msb": summary(ws["gateway"]), "bare_ws": summary(ws["plain"]),
-                                                     "msb_quickack": summary(ws["gateway_quickack"]),
-                                                     "bare_ws_quickack": summary(ws["plain_quickack"]), "bare": summary(ws["bare_direct"])}
+                self.figures["execute_websocket"] = {
+                    "msb": summary(ws["gateway"]),
+                    "bare_ws": summary(ws["plain"]),
+                    "msb_quickack": summary(ws["gateway_quickack"]),
+                    "bare_ws_quickack": summary(ws["plain_quickack"]),
+                    "bare": summary(ws["bare_direct"]),
+                }
                 for ws_ in (gw_ws, plain_ws, gw_quick, plain_quick):
                     ws_.close()  # closed before the MCP part: an open socket would buffer its iopub broadcasts
                 # A kernel of its own for MCP: jupyter_server keeps buffering a closed WebSocket's messages for its
@@ -267,9 +291,11 @@ class Bench:
                 sessions = ManagedKernelSessions(start_timeout=120)
                 server = build_server(sessions, settings, BridgeOptions.from_settings(settings))
                 mcp: dict[str, list[float]] = {"memory": [], "http": [], "bare_direct": [], "bare_to_idle": [], "msb_to_idle": []}
-                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http, \
-                        Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as over_http, \
-                        Client(server) as in_memory:
+                async with (
+                    httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http,
+                    Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as over_http,
+                    Client(server) as in_memory,
+                ):
                     created = await in_memory.call_tool("execute_code", {"code": "1+1"})
                     memory_session = created.structured_content["session_id"]
                     http_args = {"code": "1+1", "session_id": mcp_kernel}
@@ -279,8 +305,9 @@ class Bench:
                         started = time.perf_counter()
                         result = await client.call_tool("execute_code", arguments)
                         elapsed = time.perf_counter() - started
-                        assert not result.is_error and result.structured_content["results"][0]["data"]["text/plain"] == "2", \
-                            result.content[0].text
+                        assert not result.is_error and result.structured_content["results"][0]["data"]["text/plain"] == "2", result.content[
+                            0
+                        ].text
                         return elapsed
 
                     for _ in range(20):
@@ -288,16 +315,24 @@ class Bench:
                         await timed(over_http, http_args)
                     log(f"MCP execute_code('1+1') on an existing session: {n} each in memory and over HTTP (/mcp)")
                     for i in range(n):
-                        order = [("memory", lambda: timed(in_memory, memory_args)), ("http", lambda: timed(over_http, http_args)),
-                                 ("bare_direct", lambda: execute_rtt(bare_kc)), ("bare_to_idle", lambda: execute_to_idle(bare_kc)),
-                                 ("msb_to_idle", lambda: execute_to_idle(msb_kc))]
-                        for key, run in (order if i % 2 == 0 else order[::-1]):
+                        order = [
+                            ("memory", lambda: timed(in_memory, memory_args)),
+                            ("http", lambda: timed(over_http, http_args)),
+                            ("bare_direct", lambda: execute_rtt(bare_kc)),
+                            ("bare_to_idle", lambda: execute_to_idle(bare_kc)),
+                            ("msb_to_idle", lambda: execute_to_idle(msb_kc)),
+                        ]
+                        for key, run in order if i % 2 == 0 else order[::-1]:
                             mcp[key].append(await run())
                         if i % 100 == 99:
                             await drain_iopub(bare_kc)
-                self.figures["execute_mcp"] = {"memory": summary(mcp["memory"]), "http": summary(mcp["http"]),
-                                               "bare": summary(mcp["bare_direct"]), "bare_to_idle": summary(mcp["bare_to_idle"]),
-                                               "msb_to_idle": summary(mcp["msb_to_idle"])}
+                self.figures["execute_mcp"] = {
+                    "memory": summary(mcp["memory"]),
+                    "http": summary(mcp["http"]),
+                    "bare": summary(mcp["bare_direct"]),
+                    "bare_to_idle": summary(mcp["bare_to_idle"]),
+                    "msb_to_idle": summary(mcp["msb_to_idle"]),
+                }
             finally:
                 for ws_ in (gw_ws, plain_ws, gw_quick, plain_quick):
                     ws_.close()
@@ -320,9 +355,14 @@ class Bench:
                 await asyncio.sleep(2)  # let them settle to idle
                 measured = [kernel_memory(km) for _, km, _ in kernels]
                 rss, pss, uss, processes = ([m[field] for m in measured] for field in ("rss", "pss", "uss", "processes"))
-                memory[key] = {"sessions": count, "rss_mib_mean": statistics.fmean(rss) / MiB,
-                               "rss_mib_median": statistics.median(rss) / MiB, "processes_per_session": statistics.median(processes),
-                               "pss_mib_median": statistics.median(pss) / MiB, "uss_mib_median": statistics.median(uss) / MiB}
+                memory[key] = {
+                    "sessions": count,
+                    "rss_mib_mean": statistics.fmean(rss) / MiB,
+                    "rss_mib_median": statistics.median(rss) / MiB,
+                    "processes_per_session": statistics.median(processes),
+                    "pss_mib_median": statistics.median(pss) / MiB,
+                    "uss_mib_median": statistics.median(uss) / MiB,
+                }
                 if key == "msb":
                     memory["fork_server_pss_mib"] = sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB
                 deadline = time.perf_counter() + seconds
@@ -365,8 +405,12 @@ class Bench:
                 os.environ.pop("MSB_CONCURRENT_STARTS", None)
             await asyncio.gather(*(stop_kernel(km, kc) for _, _, km, kc in started))
             times = sorted(elapsed for elapsed, _, _, _ in started)
-            runs[key] = {"first_s": times[0], "median_s": statistics.median(times), "last_s": times[-1],
-                         "started_again": sum(starts - 1 for _, starts, _, _ in started)}
+            runs[key] = {
+                "first_s": times[0],
+                "median_s": statistics.median(times),
+                "last_s": times[-1],
+                "started_again": sum(starts - 1 for _, starts, _, _ in started),
+            }
         runs["kernels"] = n
         runs["turns"] = int(os.environ.get("MSB_CONCURRENT_STARTS") or len(os.sched_getaffinity(0)))
         self.figures["burst"] = runs
@@ -414,10 +458,11 @@ class Bench:
                     await drain_iopub(kc0)
                     rtts = [await execute_rtt(kc0) for _ in range(self.args.growth_executes)]
                     await drain_iopub(kc0)
-                    growth[key][str(level)] = {"start": summary(starts), "execute": summary(rtts),
-                                               "host_available_mib": available_mib()}
-                    log(f"  {len(live)} live: start p50 {growth[key][str(level)]['start']['p50_ms']:.0f} ms, "
-                        f"execute p50 {growth[key][str(level)]['execute']['p50_ms']:.2f} ms")
+                    growth[key][str(level)] = {"start": summary(starts), "execute": summary(rtts), "host_available_mib": available_mib()}
+                    log(
+                        f"  {len(live)} live: start p50 {growth[key][str(level)]['start']['p50_ms']:.0f} ms, "
+                        f"execute p50 {growth[key][str(level)]['execute']['p50_ms']:.2f} ms"
+                    )
                 if key == "msb":
                     # every one of them still alive and answering a kernel_info request
                     alive = 0
@@ -433,12 +478,17 @@ class Bench:
                                     alive += 1
                                 finally:
                                     probe.stop_channels()
-                    capacity.update(reached=len(live), answering=alive, failure=failure, clients="session 1 keeps a client; "
-                                    "the others are idle with none attached", host_available_mib_at_peak=available_mib())
+                    capacity.update(
+                        reached=len(live),
+                        answering=alive,
+                        failure=failure,
+                        clients="session 1 keeps a client; the others are idle with none attached",
+                        host_available_mib_at_peak=available_mib(),
+                    )
                     capacity["memory_at_peak"] = memory_at_scale([km for km, _ in live], available_before)
             finally:
                 for first in range(0, len(live), 50):  # a shutdown opens sockets: 500 at once pass ZMQ's 1023 per context
-                    await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live[first:first + 50]))
+                    await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live[first : first + 50]))
         self.figures["capacity"] = capacity
         self.figures["cost_growth"] = growth
 
@@ -462,8 +512,13 @@ async def gateway_session_pss(gateway: Any, runtime_dir: Path, kernel_id: str, m
     state = json.loads((runtime_dir / kernel_id / "state.json").read_text())
     pids = descendants(state["init_pid"])
     keeper = state.get("keeper_pid")
-    figures = {"sandbox_mib": sum(pss_bytes(pid) for pid in pids) / MiB, "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB,
-               "forked": bool(state.get("forked")), "keeper_uss_mib": 0.0, "keeper_per_session_mib": 0.0}
+    figures = {
+        "sandbox_mib": sum(pss_bytes(pid) for pid in pids) / MiB,
+        "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB,
+        "forked": bool(state.get("forked")),
+        "keeper_uss_mib": 0.0,
+        "keeper_per_session_mib": 0.0,
+    }
     if keeper is None:
         return figures
     alone = uss_bytes(keeper) / MiB
@@ -475,19 +530,28 @@ async def gateway_session_pss(gateway: Any, runtime_dir: Path, kernel_id: str, m
     finally:
         for kid in extra:
             await gateway.request("DELETE", f"/api/kernels/{kid}")
-    figures.update(keeper_uss_mib=alone, keeper_pss_mib=pss_bytes(keeper) / MiB, keeper_shared=keepers == {keeper},
-                   keeper_sessions=1 + more, keeper_uss_held_mib=held, keeper_per_session_mib=max(0.0, held - alone) / more)
+    figures.update(
+        keeper_uss_mib=alone,
+        keeper_pss_mib=pss_bytes(keeper) / MiB,
+        keeper_shared=keepers == {keeper},
+        keeper_sessions=1 + more,
+        keeper_uss_held_mib=held,
+        keeper_per_session_mib=max(0.0, held - alone) / more,
+    )
     return figures
 
 
 def memory_at_scale(managers: list[Any], available_before_mib: float, sample: int = 20) -> dict:
     """With every session live: the host memory they took, per session, and the PSS and USS of a sample of them."""
     per_session = [(m["pss"] / MiB, m["uss"] / MiB) for m in map(kernel_memory, managers[:sample])]
-    return {"sessions": len(managers), "sampled": len(per_session),
-            "pss_mib_median": statistics.median(p for p, _ in per_session) if per_session else 0.0,
-            "uss_mib_median": statistics.median(u for _, u in per_session) if per_session else 0.0,
-            "host_mib_per_session": (available_before_mib - available_mib()) / max(1, len(managers)),
-            "fork_servers_pss_mib": sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB}
+    return {
+        "sessions": len(managers),
+        "sampled": len(per_session),
+        "pss_mib_median": statistics.median(p for p, _ in per_session) if per_session else 0.0,
+        "uss_mib_median": statistics.median(u for _, u in per_session) if per_session else 0.0,
+        "host_mib_per_session": (available_before_mib - available_mib()) / max(1, len(managers)),
+        "fork_servers_pss_mib": sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB,
+    }
 
 
 async def settle(quiet_load: float = 0.5, most_seconds: float = 3.0) -> None:

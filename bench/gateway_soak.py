@@ -30,8 +30,9 @@ async def one_run(gateway: Server, kernels: int, executions: int) -> None:
         ws = await KernelSocket.open(gateway, kernel_id)
         waiting = set()
         for i in range(executions):
-            request = jupyter_ws.message("shell", "execute_request", jupyter_ws.execute_content(f"{i} + 1"),
-                                         session=ws.session, username="bench")
+            request = jupyter_ws.message(
+                "shell", "execute_request", jupyter_ws.execute_content(f"{i} + 1"), session=ws.session, username="bench"
+            )
             waiting.add(request["header"]["msg_id"])
             ws.connection.write_message(jupyter_ws.encode(request))
         while waiting:
@@ -57,8 +58,10 @@ async def soak(kernels: int, executions: int, runs: int) -> None:
             await one_run(gateway, kernels, executions)
             await asyncio.sleep(1)
             figures = (await gateway.request("GET", "/api/msb/stats"))["gateway"]
-            print(f"after run {number + 1} ({kernels} kernels x {executions} executions, {time.perf_counter() - started:.0f} s): "
-                  f"RSS {figures['rss_mib']} MiB, {figures['threads']} threads, {figures['open_fds']} open descriptors")
+            print(
+                f"after run {number + 1} ({kernels} kernels x {executions} executions, {time.perf_counter() - started:.0f} s): "
+                f"RSS {figures['rss_mib']} MiB, {figures['threads']} threads, {figures['open_fds']} open descriptors"
+            )
     finally:
         gateway.stop()
 

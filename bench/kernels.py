@@ -197,5 +197,9 @@ def uss_bytes(pid: int) -> int:
 def kernel_memory(km: Any) -> dict[str, int]:
     """RSS, PSS and USS in bytes of every process a kernel consists of (found once), and how many there are."""
     pids = kernel_processes(km)
-    return {"rss": sum(rss_bytes(pid) for pid in pids), "pss": sum(pss_bytes(pid) for pid in pids),
-            "uss": sum(uss_bytes(pid) for pid in pids), "processes": len(pids)}
+    return {
+        "rss": sum(rss_bytes(pid) for pid in pids),
+        "pss": sum(pss_bytes(pid) for pid in pids),
+        "uss": sum(uss_bytes(pid) for pid in pids),
+        "processes": len(pids),
+    }

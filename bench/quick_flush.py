@@ -35,15 +35,19 @@ async def installed(kc) -> bool:
 
 
 async def measure(rounds: int) -> dict[str, dict[str, float]]:
-    kernels = {key: (await start_kernel("python3", extra_arguments=extra))[1:]
-               for key, extra in (("ipykernel", []), ("quick flush", [f"--IPKernelApp.exec_lines={PYTHON_QUICK_FLUSH}"]))}
+    kernels = {
+        key: (await start_kernel("python3", extra_arguments=extra))[1:]
+        for key, extra in (("ipykernel", []), ("quick flush", [f"--IPKernelApp.exec_lines={PYTHON_QUICK_FLUSH}"]))
+    }
     try:
         if not await installed(kernels["quick flush"][1]) or await installed(kernels["ipykernel"][1]):
-            raise SystemExit("bench/quick_flush.py: the quick flush is not where it should be (is ipykernel's OutStream a "
-                             "version without _buffers and _flush_pending?)")
+            raise SystemExit(
+                "bench/quick_flush.py: the quick flush is not where it should be (is ipykernel's OutStream a "
+                "version without _buffers and _flush_pending?)"
+            )
         samples: dict[str, dict[str, list[float]]] = {key: {"reply": [], "idle": []} for key in kernels}
         for i in range(rounds + 20):  # the first 20 rounds warm up and are not kept
-            for key in (list(kernels) if i % 2 == 0 else list(kernels)[::-1]):
+            for key in list(kernels) if i % 2 == 0 else list(kernels)[::-1]:
                 kc = kernels[key][1]
                 reply, idle = await execute_rtt(kc), await execute_to_idle(kc)
                 if i >= 20:
@@ -64,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, figure in figures.items():
         print(f"{key}: 1+1 to its reply p50 {figure['reply']:.2f} ms, to its idle status p50 {figure['idle']:.2f} ms")
     plain, quick = figures["ipykernel"], figures["quick flush"]
-    print(f"quick flush - ipykernel: reply {quick['reply'] - plain['reply']:+.2f} ms, idle {quick['idle'] - plain['idle']:+.2f} ms "
-          f"(p50, n={args.rounds})")
+    print(
+        f"quick flush - ipykernel: reply {quick['reply'] - plain['reply']:+.2f} ms, idle {quick['idle'] - plain['idle']:+.2f} ms "
+        f"(p50, n={args.rounds})"
+    )
     return 0
 
 

@@ -49,15 +49,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--growth-executes", type=int, help="1+1 round trips at each level (100)")
     parser.add_argument("--burst", type=int, help="kernels asked for at once in the burst figure (20)")
     parser.add_argument("--batch", type=int, help="kernels started at once while filling up (5)")
-    parser.add_argument("--backend", default="namespace", help="MSB_BACKEND of the sandboxed kernels in every figure but "
-                        "the cold start, which measures each backend that runs here (namespace)")
+    parser.add_argument(
+        "--backend",
+        default="namespace",
+        help="MSB_BACKEND of the sandboxed kernels in every figure but "
+        "the cold start, which measures each backend that runs here (namespace)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (bench/results)")
     parser.add_argument("--replot", type=Path, metavar="JSON", help="only rewrite the table and chart from an earlier bench.json")
     args = parser.parse_args(argv)
-    full = dict(starts=10, new_sessions=10, executes=500, stdout_samples=100, parallel=10, throughput_seconds=5.0,
-                capacity=50, levels=[1, 10, 50], growth_starts=5, growth_executes=100, batch=5, burst=20)
-    quick = dict(starts=3, new_sessions=3, executes=50, stdout_samples=10, parallel=3, throughput_seconds=1.0,
-                 capacity=4, levels=[1, 4], growth_starts=2, growth_executes=20, batch=2, burst=4)
+    full = dict(
+        starts=10,
+        new_sessions=10,
+        executes=500,
+        stdout_samples=100,
+        parallel=10,
+        throughput_seconds=5.0,
+        capacity=50,
+        levels=[1, 10, 50],
+        growth_starts=5,
+        growth_executes=100,
+        batch=5,
+        burst=20,
+    )
+    quick = dict(
+        starts=3,
+        new_sessions=3,
+        executes=50,
+        stdout_samples=10,
+        parallel=3,
+        throughput_seconds=1.0,
+        capacity=4,
+        levels=[1, 4],
+        growth_starts=2,
+        growth_executes=20,
+        batch=2,
+        burst=4,
+    )
     for name, value in (quick if args.quick else full).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -93,8 +121,10 @@ async def run(args: argparse.Namespace) -> dict:
     if not args.quick and args.out == RESULTS:  # the committed record of the latest full run
         report.write_results_file(results, RESULTS_FILE, " ".join(["bench/run.py", *sys.argv[1:]]))
     mach = results["machine"]
-    print(f"\n{results['mode']} run, {results['runtime_seconds']:.0f} s; {mach['cpus']} CPUs ({mach['cpu_model']}), "
-          f"{mach['memory_mib']} MiB, Python {mach['python']}, Linux {mach['linux']}\n")
+    print(
+        f"\n{results['mode']} run, {results['runtime_seconds']:.0f} s; {mach['cpus']} CPUs ({mach['cpu_model']}), "
+        f"{mach['memory_mib']} MiB, Python {mach['python']}, Linux {mach['linux']}\n"
+    )
     print(table)
     for t in results["targets"]:
         print(f"{report.verdict(t['met']).upper():7} {t['target']}: {t['measured']}")

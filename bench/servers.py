@@ -29,8 +29,9 @@ class Server:
     def __init__(self, argv: list[str], env: dict, port: int, token: str, health: str, log_path: Path) -> None:
         self.port, self.token, self.health = port, token, health
         self.log_file = open(log_path, "wb")
-        self.process = subprocess.Popen(argv, env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            argv, env=env, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
     @property
     def url(self) -> str:
@@ -74,15 +75,20 @@ class Server:
         self.log_file.close()
 
 
-def start_gateway(base: Path, port: int | None = None, token: str | None = None, log: str = "gateway.log",
-                  runtime: str = "gw", code: Path | None = None) -> Server:
+def start_gateway(
+    base: Path, port: int | None = None, token: str | None = None, log: str = "gateway.log", runtime: str = "gw", code: Path | None = None
+) -> Server:
     """port and token: a gateway that takes over from another on the same runtime dir. runtime: its runtime dir under
     base (two gateways at once need two). code: a checkout whose msb_kernels and mcp_bridge it imports instead."""
     port, token = port or free_port(), token or secrets.token_hex(16)
-    env = {**os.environ, "MSB_RUNTIME_DIR": str(base / runtime), "MSB_TOKEN": token, "MSB_POOL_SIZE": "0",
-           **({"PYTHONPATH": str(code)} if code is not None else {})}
-    return Server([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port)], env, port, token,
-                  "/api/msb/health", base / log)
+    env = {
+        **os.environ,
+        "MSB_RUNTIME_DIR": str(base / runtime),
+        "MSB_TOKEN": token,
+        "MSB_POOL_SIZE": "0",
+        **({"PYTHONPATH": str(code)} if code is not None else {}),
+    }
+    return Server([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port)], env, port, token, "/api/msb/health", base / log)
 
 
 def start_plain_jupyter_server(base: Path) -> Server:
@@ -91,8 +97,16 @@ def start_plain_jupyter_server(base: Path) -> Server:
     root = base / "js-root"
     root.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSB_")}
-    argv = [str(VENV_BIN / "jupyter"), "server", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
-            f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}"]
+    argv = [
+        str(VENV_BIN / "jupyter"),
+        "server",
+        "--no-browser",
+        "--allow-root",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--ServerApp.root_dir={root}",
+        f"--IdentityProvider.token={token}",
+    ]
     return Server(argv, env, port, token, "/api/status", base / "jupyter-server.log")
 
 

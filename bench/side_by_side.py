@@ -40,8 +40,10 @@ def cpu_seconds(pid: int) -> float:
 def checkout(path: str) -> Path:
     tree = Path(path).resolve()
     if not (tree / "msb_kernels").is_dir() or not (tree / "mcp_bridge").is_dir():
-        raise SystemExit(f"side_by_side.py: {path} is not a checkout of msb-kernels (no msb_kernels/ and mcp_bridge/ in it); "
-                         "make one with `git worktree add /tmp/old <commit>`")
+        raise SystemExit(
+            f"side_by_side.py: {path} is not a checkout of msb-kernels (no msb_kernels/ and mcp_bridge/ in it); "
+            "make one with `git worktree add /tmp/old <commit>`"
+        )
     return tree
 
 
@@ -60,10 +62,12 @@ async def measure(trees: dict[str, Path], calls: int) -> dict[str, dict]:
         samples: dict[str, list[float]] = {key: [] for key in [*trees, "direct"]}
         cpu = dict.fromkeys(trees, 0.0)
         try:
-            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {servers['A'].token}"}, timeout=120) as http_a, \
-                    httpx2.AsyncClient(headers={"Authorization": f"Bearer {servers['B'].token}"}, timeout=120) as http_b, \
-                    Client(streamable_http_client(servers["A"].url + "/mcp", http_client=http_a)) as client_a, \
-                    Client(streamable_http_client(servers["B"].url + "/mcp", http_client=http_b)) as client_b:
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {servers['A'].token}"}, timeout=120) as http_a,
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {servers['B'].token}"}, timeout=120) as http_b,
+                Client(streamable_http_client(servers["A"].url + "/mcp", http_client=http_a)) as client_a,
+                Client(streamable_http_client(servers["B"].url + "/mcp", http_client=http_b)) as client_b,
+            ):
                 clients = {"A": client_a, "B": client_b}
 
                 async def call(key: str) -> float:
@@ -73,8 +77,9 @@ async def measure(trees: dict[str, Path], calls: int) -> dict[str, dict]:
                     result = await clients[key].call_tool("execute_code", {"code": "1+1", "session_id": kernels[key]})
                     elapsed = time.perf_counter() - started
                     cpu[key] += cpu_seconds(pid) - before
-                    assert not result.is_error and result.structured_content["results"][0]["data"]["text/plain"] == "2", \
-                        result.content[0].text
+                    assert not result.is_error and result.structured_content["results"][0]["data"]["text/plain"] == "2", result.content[
+                        0
+                    ].text
                     return elapsed
 
                 async def direct() -> float:
@@ -92,9 +97,14 @@ async def measure(trees: dict[str, Path], calls: int) -> dict[str, dict]:
                         samples[key].append(await runs[key]())
         finally:
             await stop_kernel(bare_km, bare_kc)
-        return {key: {"p50_ms": percentile(values, 50) * 1000, "p95_ms": percentile(values, 95) * 1000,
-                      **({"cpu_ms_per_call": cpu[key] / calls * 1000} if key in cpu else {})}
-                for key, values in samples.items()}
+        return {
+            key: {
+                "p50_ms": percentile(values, 50) * 1000,
+                "p95_ms": percentile(values, 95) * 1000,
+                **({"cpu_ms_per_call": cpu[key] / calls * 1000} if key in cpu else {}),
+            }
+            for key, values in samples.items()
+        }
     finally:
         for server in servers.values():
             server.stop()
@@ -114,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         figure = figures[key]
         cpu = f", gateway CPU {figure['cpu_ms_per_call']:.2f} ms per call" if "cpu_ms_per_call" in figure else ""
         print(f"{label}: p50 {figure['p50_ms']:.2f} / p95 {figure['p95_ms']:.2f} ms{cpu}")
-    print(f"B - A: p50 {figures['B']['p50_ms'] - figures['A']['p50_ms']:+.2f} ms, gateway CPU "
-          f"{figures['B']['cpu_ms_per_call'] - figures['A']['cpu_ms_per_call']:+.2f} ms per call (n={args.calls})")
+    print(
+        f"B - A: p50 {figures['B']['p50_ms'] - figures['A']['p50_ms']:+.2f} ms, gateway CPU "
+        f"{figures['B']['cpu_ms_per_call'] - figures['A']['cpu_ms_per_call']:+.2f} ms per call (n={args.calls})"
+    )
     return 0
 
 

@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     for text, figure in results.items():
         ratio = f"  {figure['p50_ms'] / last['p50_ms']:.2f}x the last at p50" if text != args.kernels[-1] else ""
         started = {True: ", forked", False: ", exec'd"}.get(next(iter(figure["forked"])), "") if len(figure["forked"]) == 1 else ""
-        print(f"{text}: p50 {figure['p50_ms']:.1f} / mean {figure['mean_ms']:.1f} / min {figure['min_ms']:.1f} ms "
-              f"(n={figure['n']}{started}){ratio}")
+        print(
+            f"{text}: p50 {figure['p50_ms']:.1f} / mean {figure['mean_ms']:.1f} / min {figure['min_ms']:.1f} ms "
+            f"(n={figure['n']}{started}){ratio}"
+        )
 
 
 if __name__ == "__main__":

@@ -14,5 +14,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(seconds: list[float]) -> dict:
-    return {"n": len(seconds), "p50_ms": percentile(seconds, 50) * 1000, "p95_ms": percentile(seconds, 95) * 1000,
-            "mean_ms": statistics.fmean(seconds) * 1000, "min_ms": min(seconds) * 1000, "max_ms": max(seconds) * 1000}
+    return {
+        "n": len(seconds),
+        "p50_ms": percentile(seconds, 50) * 1000,
+        "p95_ms": percentile(seconds, 95) * 1000,
+        "mean_ms": statistics.fmean(seconds) * 1000,
+        "min_ms": min(seconds) * 1000,
+        "max_ms": max(seconds) * 1000,
+    }

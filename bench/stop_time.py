@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.environment import isolate
 from bench.servers import KernelSocket, start_gateway
 
-BUSY = ("import signal\nfor s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\n"
-        "print('busy', flush=True)\nwhile True: pass")
+BUSY = (
+    "import signal\nfor s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\nprint('busy', flush=True)\nwhile True: pass"
+)
 
 
 async def measure(kernels: int, busy: int) -> float:
@@ -44,8 +45,7 @@ async def measure(kernels: int, busy: int) -> float:
         await asyncio.sleep(0.02)
     took = time.perf_counter() - started
     left = [path.parent.name for path in (base / "gw").glob("*/state.json")]
-    print(f"{kernels} kernels ({busy} busy): stopped in {took:.2f} s, exit {gateway.process.returncode}, "
-          f"{len(left)} sandbox(es) left")
+    print(f"{kernels} kernels ({busy} busy): stopped in {took:.2f} s, exit {gateway.process.returncode}, {len(left)} sandbox(es) left")
     return took
 
 

@@ -26,9 +26,13 @@ def check_timeout(options: BridgeOptions, timeout: float | None) -> float:
 
 def check_size(options: BridgeOptions, name: str, text: str) -> None:
     if len(text) > options.max_code_chars:
-        raise InvalidRequest(f"{name} is {len(text)} characters, over the limit of {options.max_code_chars} (MSB_MCP_MAX_CODE_CHARS)",
-                             suggestions=["write large data to a file in the shared volume and read it from the code",
-                                          "send the code in smaller pieces; the session keeps its state"])
+        raise InvalidRequest(
+            f"{name} is {len(text)} characters, over the limit of {options.max_code_chars} (MSB_MCP_MAX_CODE_CHARS)",
+            suggestions=[
+                "write large data to a file in the shared volume and read it from the code",
+                "send the code in smaller pieces; the session keeps its state",
+            ],
+        )
 
 
 def requested(language: str | None, template: str | None, flavor: str | None) -> tuple[Template | None, Flavor | None]:
@@ -40,28 +44,38 @@ def requested(language: str | None, template: str | None, flavor: str | None) ->
     return by_language or by_template, get_flavor(flavor) if flavor is not None else None
 
 
-async def resolve_session(sessions: KernelSessions, settings: MsbSettings, session_id: str | None,
-                          template: Template | None, flavor: Flavor | None) -> tuple[SessionInfo, bool]:
+async def resolve_session(
+    sessions: KernelSessions, settings: MsbSettings, session_id: str | None, template: Template | None, flavor: Flavor | None
+) -> tuple[SessionInfo, bool]:
     """The session to run in: the one named (checked against what was asked for), or a new one."""
     if session_id is not None:
         if not session_id.strip():
             raise InvalidRequest("session_id is empty; omit it to get a new session")
         info = await sessions.info(session_id)
         if not info.sandboxed:
-            raise InvalidRequest(f"session {session_id} is a {info.kernel_name} kernel, which is not sandboxed; the MCP tools only run code in msb kernels",
-                                 suggestions=["omit session_id to get a new sandboxed session"])
+            raise InvalidRequest(
+                f"session {session_id} is a {info.kernel_name} kernel, which is not sandboxed; the MCP tools only run code in msb kernels",
+                suggestions=["omit session_id to get a new sandboxed session"],
+            )
         if template is not None and template.name != info.language:
             raise InvalidRequest(
                 f"session {session_id} runs {info.language}, but language={template.name!r} was asked for",
-                suggestions=[f"omit language to run {info.language} code in this session",
-                             f"omit session_id to start a new {template.name} session"])
+                suggestions=[
+                    f"omit language to run {info.language} code in this session",
+                    f"omit session_id to start a new {template.name} session",
+                ],
+            )
         if flavor is not None and flavor.name != info.flavor:
-            raise InvalidRequest(f"session {session_id} is flavor {info.flavor}; a running session cannot change flavor",
-                                 suggestions=["omit flavor", f"omit session_id to start a new {flavor.name} session"])
+            raise InvalidRequest(
+                f"session {session_id} is flavor {info.flavor}; a running session cannot change flavor",
+                suggestions=["omit flavor", f"omit session_id to start a new {flavor.name} session"],
+            )
         if info.status == "error":
             reason = await sessions.death_reason(session_id)
-            raise SandboxError(f"the kernel of session {session_id} died{f': {reason}' if reason else ''}; its state is gone",
-                               suggestions=["restart_session to get a fresh kernel in this session", "omit session_id to start a new session"])
+            raise SandboxError(
+                f"the kernel of session {session_id} died{f': {reason}' if reason else ''}; its state is gone",
+                suggestions=["restart_session to get a fresh kernel in this session", "omit session_id to start a new session"],
+            )
         return info, False
     choice = KernelChoice(template or TEMPLATES["python"], flavor or get_flavor(settings.default_flavor))
     reason = choice.template.unavailable_reason() if sessions.local_kernels else None

@@ -137,10 +137,17 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="msb-mcp", description="MCP server over sandboxed, stateful Jupyter kernels")
-    parser.add_argument("--gateway", metavar="URL", default=os.environ.get("MSB_GATEWAY_URL"),
-                        help="attach to a running `msb-kernels serve` gateway instead of starting kernels here")
-    parser.add_argument("--token", default=os.environ.get("MSB_GATEWAY_TOKEN") or os.environ.get("MSB_MCP_TOKEN"),
-                        help="the gateway's token (or, with --http, the bearer token clients must send)")
+    parser.add_argument(
+        "--gateway",
+        metavar="URL",
+        default=os.environ.get("MSB_GATEWAY_URL"),
+        help="attach to a running `msb-kernels serve` gateway instead of starting kernels here",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("MSB_GATEWAY_TOKEN") or os.environ.get("MSB_MCP_TOKEN"),
+        help="the gateway's token (or, with --http, the bearer token clients must send)",
+    )
     parser.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP instead of stdio (needs --token)")
     parser.add_argument("--log-level", default=os.environ.get("MSB_MCP_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)

@@ -71,20 +71,32 @@ class OutputLog:
         for offset, name, text in self.events[start:]:
             if offset + len(text) <= since:
                 continue
-            piece = text[max(0, since - offset):]
+            piece = text[max(0, since - offset) :]
             (stdout if name == "stdout" else stderr).append(piece)
         return "".join(stdout), "".join(stderr)
 
     def note(self) -> str:
-        return (f"[output truncated: the first {self.cap} characters are shown, {self.dropped} more were dropped "
-                f"(MSB_MCP_MAX_OUTPUT_CHARS); write large output to a file instead]")
+        return (
+            f"[output truncated: the first {self.cap} characters are shown, {self.dropped} more were dropped "
+            f"(MSB_MCP_MAX_OUTPUT_CHARS); write large output to a file instead]"
+        )
 
 
 class Execution:
     """An execute request sent on behalf of a tool call, and everything that came back for it."""
 
-    def __init__(self, *, session_id: str, language: str, flavor: str | None, kind: str, timeout: float,
-                 max_output_chars: int, session_created: bool = False, marker: str | None = None):
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        language: str,
+        flavor: str | None,
+        kind: str,
+        timeout: float,
+        max_output_chars: int,
+        session_created: bool = False,
+        marker: str | None = None,
+    ):
         self.id = uuid.uuid4().hex[:12]
         self.session_id = session_id
         self.language = language  # "python" or "node"
@@ -147,7 +159,7 @@ class Execution:
                 found = self.marker.search(text)
                 if found:
                     self.exit_code = int(found.group(1))
-                    text = text[:found.start()] + text[found.end():]
+                    text = text[: found.start()] + text[found.end() :]
             self.output.append(name, text)
         elif msg_type in ("execute_result", "display_data"):
             self._add_rich(msg_type, content.get("data") or {})
@@ -196,7 +208,8 @@ class Execution:
             what = "command" if self.kind == "command" else "execution"
             self.error = ExecutionTimeout(
                 f"the {what} ran past its timeout of {self.timeout:g} s, so the kernel was interrupted "
-                "(not restarted): the session and the variables defined before are kept")
+                "(not restarted): the session and the variables defined before are kept"
+            )
             return
         reply = self.reply or {}
         status = reply.get("status", "ok")
@@ -209,7 +222,8 @@ class Execution:
                 self.status = "error"
                 self.error = CodeRuntimeError(
                     f"the command exited with status {self.exit_code}",
-                    suggestions=["read stderr for the reason", "exit status 127 means the command was not found in the sandbox"])
+                    suggestions=["read stderr for the reason", "exit status 127 means the command was not found in the sandbox"],
+                )
             else:
                 self.status = "ok"
             return
@@ -221,8 +235,10 @@ class Execution:
 
     def _classify(self, reply: dict) -> MsbError:
         if self.interrupted_by_request:
-            return CodeRuntimeError("the execution was interrupted (interrupt_session); the session keeps its state",
-                                    suggestions=["run the code again, or a shorter piece of it"])
+            return CodeRuntimeError(
+                "the execution was interrupted (interrupt_session); the session keeps its state",
+                suggestions=["run the code again, or a shorter piece of it"],
+            )
         _, stderr = self.output.read()
         error = get_template(self.language).error_of(self.kernel_error or reply, stderr)
         if error.kind is ErrorKind.COMPILE:

@@ -49,8 +49,7 @@ class GatewayConnection(KernelConnection):
         self.task = asyncio.create_task(self._pump())
         # wait until the kernel answers a kernel_info_request
         answered = asyncio.Event()
-        msg_id = self._send("shell", "kernel_info_request", {},
-                            lambda channel, message: answered.set() if channel == "shell" else None)
+        msg_id = self._send("shell", "kernel_info_request", {}, lambda channel, message: answered.set() if channel == "shell" else None)
         try:
             await asyncio.wait_for(answered.wait(), timeout)
         except asyncio.TimeoutError:
@@ -135,11 +134,15 @@ class GatewayKernelSessions(KernelSessions):
         try:
             response = await self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise SandboxError(f"the gateway at {self.url} cannot be reached: {exc}",
-                               suggestions=["check that `msb-kernels serve` runs there", "check --gateway URL"]) from None
+            raise SandboxError(
+                f"the gateway at {self.url} cannot be reached: {exc}",
+                suggestions=["check that `msb-kernels serve` runs there", "check --gateway URL"],
+            ) from None
         if response.status_code in (401, 403):
-            raise SandboxError(f"the gateway at {self.url} refused the token (HTTP {response.status_code})",
-                               suggestions=["pass the gateway's token with --token or MSB_GATEWAY_TOKEN"])
+            raise SandboxError(
+                f"the gateway at {self.url} refused the token (HTTP {response.status_code})",
+                suggestions=["pass the gateway's token with --token or MSB_GATEWAY_TOKEN"],
+            )
         return response
 
     @staticmethod
@@ -190,9 +193,17 @@ class GatewayKernelSessions(KernelSessions):
         accessed = [t for t in (self.last_accessed.get(session_id), epoch_seconds(model.get("last_activity"))) if t]
         state = model.get("execution_state")
         status = session_status(state)
-        return SessionInfo(id=session_id, language=language, flavor=flavor, status=status, created_at=created,
-                           last_accessed=max(accessed) if accessed else created, kernel_name=model.get("name"),
-                           notebook_path=paths.get(session_id), started_by="mcp" if session_id in self.started else "other")
+        return SessionInfo(
+            id=session_id,
+            language=language,
+            flavor=flavor,
+            status=status,
+            created_at=created,
+            last_accessed=max(accessed) if accessed else created,
+            kernel_name=model.get("name"),
+            notebook_path=paths.get(session_id),
+            started_by="mcp" if session_id in self.started else "other",
+        )
 
     async def _paths_and_stats(self) -> tuple[dict[str, str], dict[str, dict]]:
         """Notebook paths as the msb gateway's stats give them; from /api/sessions where a server has no stats."""

@@ -30,24 +30,33 @@ from msb_kernels.errors import ConfigError
 class McpHttpApp:
     """ASGI app: bearer token, Host/Origin checks, then MCP streamable HTTP (at any path under its mount)."""
 
-    def __init__(self, sessions: KernelSessions, token: str, allowed_hosts: list[str], allowed_origins: list[str],
-                 settings: MsbSettings | None = None, options: BridgeOptions | None = None):
+    def __init__(
+        self,
+        sessions: KernelSessions,
+        token: str,
+        allowed_hosts: list[str],
+        allowed_origins: list[str],
+        settings: MsbSettings | None = None,
+        options: BridgeOptions | None = None,
+    ):
         if not token:
             raise ConfigError("the MCP HTTP endpoint needs a token; set one (it is checked as `Authorization: Bearer <token>`)")
         self.sessions = sessions
         self.server = build_server(sessions, settings, options)
         self.bridge = bridge_of(self.server)
         self._expected = f"Bearer {token}".encode()
-        self.security = TransportSecuritySettings(enable_dns_rebinding_protection=True,
-                                                  allowed_hosts=list(allowed_hosts), allowed_origins=list(allowed_origins))
+        self.security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True, allowed_hosts=list(allowed_hosts), allowed_origins=list(allowed_origins)
+        )
         self._checks = TransportSecurityMiddleware(self.security)
         self.manager = StreamableHTTPSessionManager(app=self.server._lowlevel_server, security_settings=self.security)
         # A 2026-era request is one exchange, with no session. When it asks for no progress, nothing can stream on
         # it, and this manager answers it as JSON, awaited in the request itself, where the one above runs it under a
         # task group that watches for notifications and commits to SSE at the first: 0.14 to 0.22 ms less a call
         # (bench/side_by_side.py). Until its answer, such a call sends nothing, for up to MSB_MCP_RUNNING_AFTER_SECONDS.
-        self.unstreamed = StreamableHTTPSessionManager(app=self.server._lowlevel_server, security_settings=self.security,
-                                                       json_response=True, stateless=True)
+        self.unstreamed = StreamableHTTPSessionManager(
+            app=self.server._lowlevel_server, security_settings=self.security, json_response=True, stateless=True
+        )
         self._task: asyncio.Task | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -87,8 +96,12 @@ class McpHttpApp:
             return
         headers = dict(scope.get("headers") or [])
         if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
-            await _json(send, 401, {"error": {"type": "Unauthorized", "message": "a valid `Authorization: Bearer <token>` header is required"}},
-                        [(b"www-authenticate", b'Bearer realm="msb-kernels"')])
+            await _json(
+                send,
+                401,
+                {"error": {"type": "Unauthorized", "message": "a valid `Authorization: Bearer <token>` header is required"}},
+                [(b"www-authenticate", b'Bearer realm="msb-kernels"')],
+            )
             return
         await self.start()
         manager = self.manager
@@ -153,13 +166,24 @@ def _asks_for_progress(body: bytes) -> bool:
 
 async def _json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *(headers or [])],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 
-def asgi_app(sessions: KernelSessions, token: str, allowed_hosts: list[str], allowed_origins: list[str],
-             settings: MsbSettings | None = None, options: BridgeOptions | None = None) -> Any:
+def asgi_app(
+    sessions: KernelSessions,
+    token: str,
+    allowed_hosts: list[str],
+    allowed_origins: list[str],
+    settings: MsbSettings | None = None,
+    options: BridgeOptions | None = None,
+) -> Any:
     """MCP streamable HTTP at the app's root path, behind a bearer token and Host/Origin checks.
 
     ``allowed_hosts`` are Host header values ("127.0.0.1:8888", or "localhost:*" for any port);

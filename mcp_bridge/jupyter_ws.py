@@ -24,9 +24,9 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 def channels_url(base_url: str, kernel_id: str, client_session: str) -> str:
     """The channels WebSocket of ``kernel_id`` on the server at ``base_url`` (http(s):// or ws(s)://)."""
     if base_url.startswith("https://"):
-        base_url = "wss://" + base_url[len("https://"):]
+        base_url = "wss://" + base_url[len("https://") :]
     elif base_url.startswith("http://"):
-        base_url = "ws://" + base_url[len("http://"):]
+        base_url = "ws://" + base_url[len("http://") :]
     return f"{base_url.rstrip('/')}/api/kernels/{kernel_id}/channels?session_id={client_session}"
 
 
@@ -42,9 +42,14 @@ async def connect(url: str, token: str | None, timeout: float) -> Any:
 
 def message(channel: str, msg_type: str, content: dict, *, session: str, username: str) -> dict:
     """A new request for ``channel`` (shell, control, stdin); its id is ``message["header"]["msg_id"]``."""
-    header = {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": username, "session": session,
-              "date": iso_utc(time.time()),
-              "version": PROTOCOL_VERSION}
+    header = {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": msg_type,
+        "username": username,
+        "session": session,
+        "date": iso_utc(time.time()),
+        "version": PROTOCOL_VERSION,
+    }
     return {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": channel, "buffers": []}
 
 
@@ -77,5 +82,11 @@ def parent_id(received: dict) -> str | None:
 
 def execute_content(code: str, *, silent: bool = False, store_history: bool = True, stop_on_error: bool = True) -> dict:
     """The content of an execute_request (no user_expressions, no stdin)."""
-    return {"code": code, "silent": silent, "store_history": store_history, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": stop_on_error}
+    return {
+        "code": code,
+        "silent": silent,
+        "store_history": store_history,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": stop_on_error,
+    }

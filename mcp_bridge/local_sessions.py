@@ -250,9 +250,17 @@ class ManagedKernelSessions(KernelSessions):
             status = "creating" if not km.ready.done() else "error"
         else:
             status = session_status(state)
-        return SessionInfo(id=session_id, language=language, flavor=flavor, status=status, created_at=created,
-                           last_accessed=max(accessed) if accessed else created, kernel_name=km.kernel_name,
-                           notebook_path=paths.get(session_id), started_by="mcp" if session_id in self.started else "other")
+        return SessionInfo(
+            id=session_id,
+            language=language,
+            flavor=flavor,
+            status=status,
+            created_at=created,
+            last_accessed=max(accessed) if accessed else created,
+            kernel_name=km.kernel_name,
+            notebook_path=paths.get(session_id),
+            started_by="mcp" if session_id in self.started else "other",
+        )
 
     async def info(self, session_id: str) -> SessionInfo:
         self._km(session_id)
@@ -283,9 +291,12 @@ class ManagedKernelSessions(KernelSessions):
                 await connection.open(self.start_timeout)
             except Exception:
                 reason = await connection.death_reason()
-                raise SandboxError(f"the kernel of session {session_id} died before it answered: {reason}" if reason else
-                                   f"the kernel of session {session_id} did not answer within {self.start_timeout:g} s",
-                                   suggestions=["stop_session and start a new one", "check the host with `msb-kernels doctor`"]) from None
+                raise SandboxError(
+                    f"the kernel of session {session_id} died before it answered: {reason}"
+                    if reason
+                    else f"the kernel of session {session_id} did not answer within {self.start_timeout:g} s",
+                    suggestions=["stop_session and start a new one", "check the host with `msb-kernels doctor`"],
+                ) from None
             self.connections[session_id] = connection
             return connection
 

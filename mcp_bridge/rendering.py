@@ -33,8 +33,11 @@ def error_result(error: MsbError) -> CallToolResult:
     """A failure with nothing else to report: the text for the model, ``{"error": ...}`` for apps."""
     info = ErrorInfo(**error_info(error))
     lines = [f"{info.type}: {info.message}", *(f"- {suggestion}" for suggestion in info.suggestions)]
-    return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))],
-                          structured_content=ToolResult(error=info).model_dump(mode="json"), is_error=True)
+    return CallToolResult(
+        content=[TextContent(type="text", text="\n".join(lines))],
+        structured_content=ToolResult(error=info).model_dump(mode="json"),
+        is_error=True,
+    )
 
 
 def model_result(model: ToolResult, text: str) -> CallToolResult:
@@ -63,31 +66,44 @@ def execution_result(execution: Execution, since: int = 0) -> CallToolResult:
     status = "running" if running else execution.status
     error = error_info(execution.error) if (execution.error and not running) else None
     response = ExecutionResponse(
-        session_id=execution.session_id, execution_id=execution.id, language=execution.language, flavor=execution.flavor,
-        status=status, stdout=stdout, stderr=stderr, exit_code=None if running else execution.exit_code,
-        execution_time_ms=execution.execution_time_ms, session_created=execution.session_created,
-        results=[RichOutput(**r) for r in execution.results], error=ErrorInfo(**error) if error else None,
-        truncated=execution.output.truncated, output_offset=execution.output.size,
+        session_id=execution.session_id,
+        execution_id=execution.id,
+        language=execution.language,
+        flavor=execution.flavor,
+        status=status,
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=None if running else execution.exit_code,
+        execution_time_ms=execution.execution_time_ms,
+        session_created=execution.session_created,
+        results=[RichOutput(**r) for r in execution.results],
+        error=ErrorInfo(**error) if error else None,
+        truncated=execution.output.truncated,
+        output_offset=execution.output.size,
     )
     content: list[Any] = [TextContent(type="text", text=execution_text(execution, response))]
     for result in execution.results:
         for mime in ("image/png", "image/jpeg"):
             if mime in result["data"]:
                 content.append(ImageContent(type="image", data=str(result["data"][mime]).strip(), mime_type=mime))
-    return CallToolResult(content=content, structured_content=response.model_dump(mode="json"),
-                          is_error=status in ("error", "timeout"))
+    return CallToolResult(content=content, structured_content=response.model_dump(mode="json"), is_error=status in ("error", "timeout"))
 
 
 def execution_text(execution: Execution, response: ExecutionResponse) -> str:
     """What the model reads: status, how to get the rest of a long run, output, rich results, the error."""
     what = "command" if execution.kind == "command" else "code"
-    head = [f"status: {response.status}", f"session_id: {response.session_id} ({response.language}, {response.flavor})"
-            + (" [new session]" if response.session_created else "")]
+    head = [
+        f"status: {response.status}",
+        f"session_id: {response.session_id} ({response.language}, {response.flavor})"
+        + (" [new session]" if response.session_created else ""),
+    ]
     if response.status == "running":
         head.append(f"execution_id: {response.execution_id}")
-        head.append(f"the {what} is still running after {execution.elapsed:.0f} s; the kernel keeps running it. "
-                    f"Call get_execution_output(session_id={response.session_id!r}, execution_id={response.execution_id!r}, "
-                    f"since={response.output_offset}) for the rest.")
+        head.append(
+            f"the {what} is still running after {execution.elapsed:.0f} s; the kernel keeps running it. "
+            f"Call get_execution_output(session_id={response.session_id!r}, execution_id={response.execution_id!r}, "
+            f"since={response.output_offset}) for the rest."
+        )
     else:
         head.append(f"execution_time_ms: {response.execution_time_ms}")
     if response.exit_code is not None:
@@ -109,6 +125,5 @@ def execution_text(execution: Execution, response: ExecutionResponse) -> str:
     if execution.results_dropped:
         parts.append(f"[{execution.results_dropped} more rich outputs were dropped (too many or too large)]")
     if response.error:
-        parts.append(f"error: {response.error.type}: {response.error.message}"
-                     + "".join(f"\n- {s}" for s in response.error.suggestions))
+        parts.append(f"error: {response.error.type}: {response.error.message}" + "".join(f"\n- {s}" for s in response.error.suggestions))
     return "\n\n".join(parts)

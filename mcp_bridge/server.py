@@ -48,8 +48,12 @@ class BridgeServer(MCPServer):
             if isinstance(cause, MsbError):
                 return error_result(cause)
             log.error("tool %s failed: %r", name, cause)
-            return error_result(SandboxError(f"{name} failed inside the MCP bridge: {type(cause).__name__}: {cause}",
-                                             suggestions=["try again", "report this if it keeps happening"]))
+            return error_result(
+                SandboxError(
+                    f"{name} failed inside the MCP bridge: {type(cause).__name__}: {cause}",
+                    suggestions=["try again", "report this if it keeps happening"],
+                )
+            )
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):
@@ -81,8 +85,9 @@ def root_logging_left_alone() -> Iterator[None]:
         root.setLevel(level)
 
 
-def build_server(sessions: KernelSessions, settings: MsbSettings | None = None, options: BridgeOptions | None = None,
-                 *, name: str = "msb-kernels") -> MCPServer:
+def build_server(
+    sessions: KernelSessions, settings: MsbSettings | None = None, options: BridgeOptions | None = None, *, name: str = "msb-kernels"
+) -> MCPServer:
     """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown)."""
     settings = settings or load_settings()
     options = options or BridgeOptions.from_settings(settings)
@@ -92,8 +97,12 @@ def build_server(sessions: KernelSessions, settings: MsbSettings | None = None, 
     for entry in TOOLS:
         server.add_tool(entry.function, description=entry.describe(options), annotations=entry.annotations)
 
-    @server.resource("msb://choices", name="choices", mime_type="application/json",
-                     description="Flavors and languages for new sessions (the same as list_flavors and list_languages)")
+    @server.resource(
+        "msb://choices",
+        name="choices",
+        mime_type="application/json",
+        description="Flavors and languages for new sessions (the same as list_flavors and list_languages)",
+    )
     def choices_resource() -> str:
         return choices_json(settings)
 

@@ -106,8 +106,7 @@ class KernelConnection(abc.ABC):
         """None while the kernel lives; else why it died (e.g. out of memory)."""
 
     @abc.abstractmethod
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...
 
 
 class KernelSessions(abc.ABC):
@@ -156,24 +155,19 @@ class KernelSessions(abc.ABC):
         """Raise SessionNotFound for an id that is not a live kernel."""
 
     @abc.abstractmethod
-    async def list(self) -> list[SessionInfo]:
-        ...
+    async def list(self) -> list[SessionInfo]: ...
 
     @abc.abstractmethod
-    async def connection(self, session_id: str) -> KernelConnection:
-        ...
+    async def connection(self, session_id: str) -> KernelConnection: ...
 
     @abc.abstractmethod
-    async def stop(self, session_id: str) -> None:
-        ...
+    async def stop(self, session_id: str) -> None: ...
 
     @abc.abstractmethod
-    async def interrupt(self, session_id: str) -> None:
-        ...
+    async def interrupt(self, session_id: str) -> None: ...
 
     @abc.abstractmethod
-    async def restart(self, session_id: str) -> None:
-        ...
+    async def restart(self, session_id: str) -> None: ...
 
     async def close(self) -> None:
         """Release connections; a standalone owner also stops the kernels it started.

@@ -124,10 +124,16 @@ class Bridge:
                 # lags the shell reply by seconds, so the reply alone would cut the output short.
                 replied_at = replied_at or now
                 if now >= replied_at + OUTPUT_AFTER_REPLY_SECONDS:
-                    execution.fail(SandboxError(
-                        f"the kernel finished this request, but its output did not finish arriving within {OUTPUT_AFTER_REPLY_SECONDS:g} s "
-                        "of its reply; the output shown may be incomplete",
-                        suggestions=["run the code again; the session keeps its state", "check the host's load with `msb-kernels doctor`"]))
+                    execution.fail(
+                        SandboxError(
+                            f"the kernel finished this request, but its output did not finish arriving within {OUTPUT_AFTER_REPLY_SECONDS:g} s "
+                            "of its reply; the output shown may be incomplete",
+                            suggestions=[
+                                "run the code again; the session keeps its state",
+                                "check the host's load with `msb-kernels doctor`",
+                            ],
+                        )
+                    )
                     return
             # The timeout runs from when the kernel began this request: a shared kernel may first
             # finish a notebook user's cell, which an interrupt must not hit.
@@ -138,9 +144,12 @@ class Bridge:
                 with contextlib.suppress(MsbError):
                     await self.sessions.interrupt(execution.session_id)
             if given_up_at is not None and execution.reply is None and now >= given_up_at:
-                execution.fail(SandboxError(
-                    f"the execution ran past its timeout of {execution.timeout:g} s and the kernel did not stop when interrupted; it is still busy",
-                    suggestions=["restart_session (this loses the session's state)", "stop_session and start a new one"]))
+                execution.fail(
+                    SandboxError(
+                        f"the execution ran past its timeout of {execution.timeout:g} s and the kernel did not stop when interrupted; it is still busy",
+                        suggestions=["restart_session (this loses the session's state)", "stop_session and start a new one"],
+                    )
+                )
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(execution.complete.wait(), 1.0)
@@ -154,14 +163,16 @@ class Bridge:
     @classmethod
     def _death_error(cls, execution: Execution, reason: str, *, ran: bool) -> SandboxError:
         if execution.restarted_by_request:
-            return SandboxError(f"session {execution.session_id} was restarted (restart_session) while this ran; the output "
-                                "shown is what arrived before. Its state (variables, imports, definitions) is gone",
-                                suggestions=["the session already has a fresh kernel: run the code that set up its state again"])
-        what = ("while this ran; the output shown is what arrived before it died" if ran
-                else "since the last call, so this code was not run")
-        return SandboxError(f"the kernel of session {execution.session_id} died {what}: {reason}. "
-                            "Its state (variables, imports, definitions) is gone",
-                            suggestions=cls._death_suggestions(execution, reason))
+            return SandboxError(
+                f"session {execution.session_id} was restarted (restart_session) while this ran; the output "
+                "shown is what arrived before. Its state (variables, imports, definitions) is gone",
+                suggestions=["the session already has a fresh kernel: run the code that set up its state again"],
+            )
+        what = "while this ran; the output shown is what arrived before it died" if ran else "since the last call, so this code was not run"
+        return SandboxError(
+            f"the kernel of session {execution.session_id} died {what}: {reason}. Its state (variables, imports, definitions) is gone",
+            suggestions=cls._death_suggestions(execution, reason),
+        )
 
     @staticmethod
     def _death_suggestions(execution: Execution, reason: str) -> list[str]:
@@ -202,10 +213,19 @@ class Bridge:
                 with contextlib.suppress(Exception):
                     await ctx.report_progress(step, None, message)
 
-    async def run_and_respond(self, info: SessionInfo, created: bool, kind: str, code: str, timeout: float,
-                              ctx: Context | None, marker: str | None = None) -> CallToolResult:
-        execution = Execution(session_id=info.id, language=info.language or "python", flavor=info.flavor, kind=kind,
-                              timeout=timeout, max_output_chars=self.options.max_output_chars, session_created=created, marker=marker)
+    async def run_and_respond(
+        self, info: SessionInfo, created: bool, kind: str, code: str, timeout: float, ctx: Context | None, marker: str | None = None
+    ) -> CallToolResult:
+        execution = Execution(
+            session_id=info.id,
+            language=info.language or "python",
+            flavor=info.flavor,
+            kind=kind,
+            timeout=timeout,
+            max_output_chars=self.options.max_output_chars,
+            session_created=created,
+            marker=marker,
+        )
         self.submit(info, execution, code, silent=(kind == "command"))
         await self.wait(execution, ctx)
         return execution_result(execution)

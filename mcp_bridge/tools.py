@@ -41,13 +41,17 @@ LANGUAGE_CHOICES = ["python", "node", "javascript"]
 
 SessionId = Annotated[str, Field(description="the session (kernel) id from an earlier call")]
 OptionalSessionId = Annotated[str | None, Field(description="a session id from an earlier call; omit it to start a new session")]
-FlavorArgument = Annotated[str | None, Field(description=f"{describe_flavors(' or ')}; for new sessions only",
-                                     json_schema_extra={"enum": list(FLAVORS)})]
-Language = Annotated[str | None, Field(description="python (default) or node/javascript",
-                                       json_schema_extra={"enum": LANGUAGE_CHOICES})]
-TemplateArgument = Annotated[str | None, Field(description="alias of language: " + " or ".join(TEMPLATES),
-                                               json_schema_extra={"enum": list(TEMPLATES)})]
-Timeout = Annotated[float | None, Field(description="seconds before the kernel is interrupted (state is kept); default from MSB_MCP_DEFAULT_TIMEOUT_SECONDS")]
+FlavorArgument = Annotated[
+    str | None, Field(description=f"{describe_flavors(' or ')}; for new sessions only", json_schema_extra={"enum": list(FLAVORS)})
+]
+Language = Annotated[str | None, Field(description="python (default) or node/javascript", json_schema_extra={"enum": LANGUAGE_CHOICES})]
+TemplateArgument = Annotated[
+    str | None, Field(description="alias of language: " + " or ".join(TEMPLATES), json_schema_extra={"enum": list(TEMPLATES)})
+]
+Timeout = Annotated[
+    float | None,
+    Field(description="seconds before the kernel is interrupted (state is kept); default from MSB_MCP_DEFAULT_TIMEOUT_SECONDS"),
+]
 
 
 @dataclass(frozen=True)
@@ -73,17 +77,23 @@ def tool(description: str | Callable[[BridgeOptions], str], annotations: ToolAnn
     return add
 
 
-@tool(lambda options: "Run code in a sandboxed, stateful kernel. Without session_id a new session (kernel) starts; "
-                      "pass its session_id back to keep variables. Output streams as progress while it runs; after "
-                      f"about {options.running_after_seconds:g} s the call returns status 'running' and an execution_id "
-                      "(use get_execution_output). Matplotlib figures come back as images.")
-async def execute_code(code: Annotated[str, Field(description="the code to run")],
-                       ctx: Context,
-                       language: Language = None,
-                       session_id: OptionalSessionId = None,
-                       flavor: FlavorArgument = None,
-                       timeout: Timeout = None,
-                       template: TemplateArgument = None) -> Annotated[CallToolResult, ExecutionResponse]:
+@tool(
+    lambda options: (
+        "Run code in a sandboxed, stateful kernel. Without session_id a new session (kernel) starts; "
+        "pass its session_id back to keep variables. Output streams as progress while it runs; after "
+        f"about {options.running_after_seconds:g} s the call returns status 'running' and an execution_id "
+        "(use get_execution_output). Matplotlib figures come back as images."
+    )
+)
+async def execute_code(
+    code: Annotated[str, Field(description="the code to run")],
+    ctx: Context,
+    language: Language = None,
+    session_id: OptionalSessionId = None,
+    flavor: FlavorArgument = None,
+    timeout: Timeout = None,
+    template: TemplateArgument = None,
+) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     check_size(bridge.options, "code", code)
     seconds = check_timeout(bridge.options, timeout)
@@ -91,18 +101,22 @@ async def execute_code(code: Annotated[str, Field(description="the code to run")
     return await bridge.run_and_respond(info, created, "code", code, seconds, ctx)
 
 
-@tool("Run a program inside a session's sandbox (no shell unless shell=true; args are passed as a list, "
-      "never pasted into shell text). Leaves no trace in the session's variables or history. "
-      "stdout and stderr are kept apart; exit_code is returned.")
-async def execute_command(command: Annotated[str, Field(description="the program (a name on PATH or a path); with shell=true, shell text")],
-                          ctx: Context,
-                          args: Annotated[list[str] | None, Field(description="arguments, one per item")] = None,
-                          session_id: OptionalSessionId = None,
-                          flavor: FlavorArgument = None,
-                          template: TemplateArgument = None,
-                          timeout: Timeout = None,
-                          shell: Annotated[bool, Field(description="run command with /bin/sh -c; args become $1, $2, ...")] = False,
-                          language: Language = None) -> Annotated[CallToolResult, ExecutionResponse]:
+@tool(
+    "Run a program inside a session's sandbox (no shell unless shell=true; args are passed as a list, "
+    "never pasted into shell text). Leaves no trace in the session's variables or history. "
+    "stdout and stderr are kept apart; exit_code is returned."
+)
+async def execute_command(
+    command: Annotated[str, Field(description="the program (a name on PATH or a path); with shell=true, shell text")],
+    ctx: Context,
+    args: Annotated[list[str] | None, Field(description="arguments, one per item")] = None,
+    session_id: OptionalSessionId = None,
+    flavor: FlavorArgument = None,
+    template: TemplateArgument = None,
+    timeout: Timeout = None,
+    shell: Annotated[bool, Field(description="run command with /bin/sh -c; args become $1, $2, ...")] = False,
+    language: Language = None,
+) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     if not command.strip():
         raise InvalidRequest("command is empty; name a program, e.g. command='ls', args=['-la']")
@@ -113,37 +127,49 @@ async def execute_command(command: Annotated[str, Field(description="the program
     seconds = check_timeout(bridge.options, timeout)
     chosen_template, chosen_flavor = requested(language, template, flavor)
     # A command runs in whatever language the named session has; the language only picks a new session's kernel.
-    info, created = await resolve_session(bridge.sessions, bridge.settings, session_id,
-                                          chosen_template if session_id is None else None, chosen_flavor)
+    info, created = await resolve_session(
+        bridge.sessions, bridge.settings, session_id, chosen_template if session_id is None else None, chosen_flavor
+    )
     marker = new_marker()
     code = get_template(info.language or "python").command_code(argv, marker)
     return await bridge.run_and_respond(info, created, "command", code, seconds, ctx, marker=marker)
 
 
-@tool(lambda options: "Fetch the output of a long execution (one that returned status 'running'). Waits up to "
-                      f"about {options.running_after_seconds:g} s for it to finish. `since` skips output already seen "
-                      "(use output_offset from the previous answer).")
-async def get_execution_output(session_id: SessionId, execution_id: Annotated[str, Field(description="execution_id from execute_code")],
-                               ctx: Context,
-                               since: Annotated[int, Field(description="output_offset from the previous answer; 0 for all", ge=0)] = 0
-                               ) -> Annotated[CallToolResult, ExecutionResponse]:
+@tool(
+    lambda options: (
+        "Fetch the output of a long execution (one that returned status 'running'). Waits up to "
+        f"about {options.running_after_seconds:g} s for it to finish. `since` skips output already seen "
+        "(use output_offset from the previous answer)."
+    )
+)
+async def get_execution_output(
+    session_id: SessionId,
+    execution_id: Annotated[str, Field(description="execution_id from execute_code")],
+    ctx: Context,
+    since: Annotated[int, Field(description="output_offset from the previous answer; 0 for all", ge=0)] = 0,
+) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     state = bridge.states.get(session_id)
     execution = state.executions.get(execution_id) if state else None
     if execution is None:
         await bridge.sessions.info(session_id)  # SessionNotFound first, when the session is gone
-        raise InvalidRequest(f"session {session_id} has no execution {execution_id!r}: only the last {bridge.options.kept_executions} "
-                             "are kept, and none from before a restart of the server (the session and its variables outlive "
-                             "a gateway restart, but the output of what ran through it is lost)",
-                             ["run the code again, or read its effects from the session's variables"])
+        raise InvalidRequest(
+            f"session {session_id} has no execution {execution_id!r}: only the last {bridge.options.kept_executions} "
+            "are kept, and none from before a restart of the server (the session and its variables outlive "
+            "a gateway restart, but the output of what ran through it is lost)",
+            ["run the code again, or read its effects from the session's variables"],
+        )
     await bridge.wait(execution, ctx)
     return execution_result(execution, since)
 
 
-@tool("List sessions (kernels): the ones this assistant started and the ones notebook users started on the same gateway.",
-      ToolAnnotations(read_only_hint=True))
-async def get_sessions(ctx: Context, session_id: Annotated[str | None, Field(description="only this session")] = None
-                       ) -> Annotated[CallToolResult, SessionListResponse]:
+@tool(
+    "List sessions (kernels): the ones this assistant started and the ones notebook users started on the same gateway.",
+    ToolAnnotations(read_only_hint=True),
+)
+async def get_sessions(
+    ctx: Context, session_id: Annotated[str | None, Field(description="only this session")] = None
+) -> Annotated[CallToolResult, SessionListResponse]:
     bridge = bridge_of(ctx)
     infos = [await bridge.sessions.info(session_id)] if session_id is not None else await bridge.sessions.list()
     for info in infos:
@@ -156,8 +182,10 @@ async def get_sessions(ctx: Context, session_id: Annotated[str | None, Field(des
     else:
         text = "\n".join(
             f"{s.id}: {s.language} {s.flavor}, {s.status}, up {s.uptime_seconds} s, last used {s.last_accessed}"
-            + (f", notebook {s.notebook_path}" if s.notebook_path else "") + f" (started by {s.started_by})"
-            for s in response.sessions)
+            + (f", notebook {s.notebook_path}" if s.notebook_path else "")
+            + f" (started by {s.started_by})"
+            for s in response.sessions
+        )
     return model_result(response, text)
 
 
@@ -189,24 +217,33 @@ async def restart_session(session_id: SessionId, ctx: Context) -> Annotated[Call
         execution.restarted_by_request = True
     await bridge.sessions.restart(session_id)
     bridge.sessions.touch(session_id)
-    response = StopSessionResponse(session_id=session_id, success=True, message=f"session {session_id} restarted with a fresh kernel; earlier variables are gone")
+    response = StopSessionResponse(
+        session_id=session_id, success=True, message=f"session {session_id} restarted with a fresh kernel; earlier variables are gone"
+    )
     return model_result(response, response.message)
 
 
 @tool("Where the shared volume (files shared with the user) is inside the sandboxes.", ToolAnnotations(read_only_hint=True))
-async def get_volume_path(ctx: Context, session_id: Annotated[str | None, Field(description="optional; checks that the session exists")] = None
-                          ) -> Annotated[CallToolResult, VolumePathResponse]:
+async def get_volume_path(
+    ctx: Context, session_id: Annotated[str | None, Field(description="optional; checks that the session exists")] = None
+) -> Annotated[CallToolResult, VolumePathResponse]:
     bridge = bridge_of(ctx)
     if session_id is not None:
         await bridge.sessions.info(session_id)
     host = bridge.settings.shared_volume
     guest = bridge.settings.shared_volume_guest_path
     if host is not None:
-        response = VolumePathResponse(volume_path=guest, available=True,
-                                      description=f"Shared volume mounted at {guest} in every sandbox (host: {host}); files written there are visible to the user")
+        response = VolumePathResponse(
+            volume_path=guest,
+            available=True,
+            description=f"Shared volume mounted at {guest} in every sandbox (host: {host}); files written there are visible to the user",
+        )
     else:
-        response = VolumePathResponse(volume_path=guest, available=False,
-                                      description="No shared volume is configured (set MSB_SHARED_VOLUME_PATH to a host directory)")
+        response = VolumePathResponse(
+            volume_path=guest,
+            available=False,
+            description="No shared volume is configured (set MSB_SHARED_VOLUME_PATH to a host directory)",
+        )
     return model_result(response, f"{response.volume_path} (available: {str(response.available).lower()}): {response.description}")
 
 
@@ -216,10 +253,23 @@ def choices(settings: MsbSettings) -> ChoicesResponse:
     for alias, target in LANGUAGE_ALIASES.items():
         aliases.setdefault(target, []).append(alias)
     return ChoicesResponse(
-        flavors=[FlavorInfo(name=f.name, cpus=f.cpus, memory_mib=f.memory_mib, disk_mib=f.disk_mib, description=f.description,
-                            default=f.name == settings.default_flavor) for f in FLAVORS.values()],
-        languages=[LanguageInfo(name=t.name, aliases=aliases.get(t.name, []), available=t.unavailable_reason() is None,
-                                reason=t.unavailable_reason()) for t in TEMPLATES.values()],
+        flavors=[
+            FlavorInfo(
+                name=f.name,
+                cpus=f.cpus,
+                memory_mib=f.memory_mib,
+                disk_mib=f.disk_mib,
+                description=f.description,
+                default=f.name == settings.default_flavor,
+            )
+            for f in FLAVORS.values()
+        ],
+        languages=[
+            LanguageInfo(
+                name=t.name, aliases=aliases.get(t.name, []), available=t.unavailable_reason() is None, reason=t.unavailable_reason()
+            )
+            for t in TEMPLATES.values()
+        ],
     )
 
 
@@ -231,14 +281,18 @@ def choices_json(settings: MsbSettings) -> str:
 @tool("The flavors (sandbox sizes) a new session can have.", ToolAnnotations(read_only_hint=True))
 async def list_flavors(ctx: Context) -> Annotated[CallToolResult, ChoicesResponse]:
     response = choices(bridge_of(ctx).settings)
-    text = "\n".join(f"{f.name}: {f.cpus} CPU, {f.memory_mib} MiB, {f.disk_mib} MiB disk - {f.description}" + (" (default)" if f.default else "")
-                     for f in response.flavors)
+    text = "\n".join(
+        f"{f.name}: {f.cpus} CPU, {f.memory_mib} MiB, {f.disk_mib} MiB disk - {f.description}" + (" (default)" if f.default else "")
+        for f in response.flavors
+    )
     return model_result(response, text)
 
 
 @tool("The languages a session can run.", ToolAnnotations(read_only_hint=True))
 async def list_languages(ctx: Context) -> Annotated[CallToolResult, ChoicesResponse]:
     response = choices(bridge_of(ctx).settings)
-    text = "\n".join(f"{lang.name} (also: {', '.join(lang.aliases)})" + ("" if lang.available else f" - unavailable: {lang.reason}")
-                     for lang in response.languages)
+    text = "\n".join(
+        f"{lang.name} (also: {', '.join(lang.aliases)})" + ("" if lang.available else f" - unavailable: {lang.reason}")
+        for lang in response.languages
+    )
     return model_result(response, text)

@@ -37,7 +37,7 @@ class KernelChoice:
         """The choice an msb kernelspec name encodes; None for any other kernel (e.g. a plain ``python3``)."""
         if not name or not name.startswith(KERNEL_NAME_PREFIX):
             return None
-        template, _, flavor = name[len(KERNEL_NAME_PREFIX):].partition("-")
+        template, _, flavor = name[len(KERNEL_NAME_PREFIX) :].partition("-")
         if template in TEMPLATES and flavor in FLAVORS:
             return cls(TEMPLATES[template], FLAVORS[flavor])
         return None
@@ -60,7 +60,9 @@ def parse_pool_sizes(value: str, variable: str = "MSB_POOL_SIZE") -> dict[str, i
         key, separator, count = item.partition("=")
         choice = KernelChoice.from_kernel_name(KERNEL_NAME_PREFIX + key.strip())
         if not separator or choice is None or not count.strip().isdigit():
-            raise ConfigError(f"{variable}={value!r}: {item!r} is not TEMPLATE-FLAVOR=COUNT; use e.g. python-small=1,node-small=0 "
-                              f"(templates: {', '.join(TEMPLATES)}; flavors: {', '.join(FLAVORS)})")
+            raise ConfigError(
+                f"{variable}={value!r}: {item!r} is not TEMPLATE-FLAVOR=COUNT; use e.g. python-small=1,node-small=0 "
+                f"(templates: {', '.join(TEMPLATES)}; flavors: {', '.join(FLAVORS)})"
+            )
         sizes[choice.kernel_name] = int(count)
     return {name: size for name, size in sizes.items() if size > 0}

@@ -54,8 +54,11 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
         # nbclient left its exit hook armed on a kernel it has already cleaned up; it would print a traceback at exit.
         atexit.unregister(client._cleanup_kernel)
         _print_outputs(notebook)
-        print(f"msb-kernels: the {kernel} kernel stopped before the notebook ran: {exc}; the warnings above give its last "
-              "words, and `msb-kernels doctor` checks every backend with a real start", file=sys.stderr)
+        print(
+            f"msb-kernels: the {kernel} kernel stopped before the notebook ran: {exc}; the warnings above give its last "
+            "words, and `msb-kernels doctor` checks every backend with a real start",
+            file=sys.stderr,
+        )
         return 1
     _print_outputs(notebook)
     print(f"done in {time.monotonic() - started:.1f} s")
@@ -90,9 +93,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from msb_kernels.templates import TEMPLATES
 
     settings = load_settings()
-    print(f"settings: backend={settings.backend} default_flavor={settings.default_flavor} "
-          f"max_sessions={settings.max_sessions} session_timeout={settings.session_timeout_seconds}s "
-          f"shared_volume={settings.shared_volume or 'none'} runtime_dir={settings.runtime_root()}")
+    print(
+        f"settings: backend={settings.backend} default_flavor={settings.default_flavor} "
+        f"max_sessions={settings.max_sessions} session_timeout={settings.session_timeout_seconds}s "
+        f"shared_volume={settings.shared_volume or 'none'} runtime_dir={settings.runtime_root()}"
+    )
     failed = _print_backends(settings)
     for name, why in unloadable_backends.items():
         print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
@@ -102,8 +107,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if speed_note is not None:
         print(f"  start time: {speed_note}")
     for flavor in FLAVORS.values():
-        print(f"flavor {flavor.name}: {flavor.cpus} CPU, {flavor.memory_mib} MiB memory, {flavor.disk_mib} MiB disk, "
-              f"{flavor.shm_mib} MiB /dev/shm")
+        print(
+            f"flavor {flavor.name}: {flavor.cpus} CPU, {flavor.memory_mib} MiB memory, {flavor.disk_mib} MiB disk, "
+            f"{flavor.shm_mib} MiB /dev/shm"
+        )
     for template in TEMPLATES.values():
         reason = template.unavailable_reason()
         print(f"template {template.name}: {'ok' if reason is None else reason}")
@@ -150,7 +157,7 @@ def _print_backends(settings) -> dict[str, str]:
             continue
         print(f"backend {name}: {'ok' if result.ok else 'failed'} - {availability.reason}")
         print(f"  start: {result.summary()}")
-        for line in ([] if result.ok else result.stderr_tail[-8:]):
+        for line in [] if result.ok else result.stderr_tail[-8:]:
             print(f"  kernel stderr: {line}")
         for warning in availability.warnings:
             print(f"  warning: {warning}")
@@ -194,8 +201,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"removed {len(swept)} orphaned sandbox(es)" + (f": {', '.join(swept)}" if swept else ""))
     waiting = [record.sandbox_id for record in backend.list_sandboxes() if record.adoptable]
     if waiting:
-        print(f"left {len(waiting)} adoptable sandbox(es) running for the next msb-kernels serve: {', '.join(waiting)} "
-              "(they stop by themselves after MSB_ADOPT_GRACE_SECONDS; --include-adoptable stops them now)")
+        print(
+            f"left {len(waiting)} adoptable sandbox(es) running for the next msb-kernels serve: {', '.join(waiting)} "
+            "(they stop by themselves after MSB_ADOPT_GRACE_SECONDS; --include-adoptable stops them now)"
+        )
     return 0
 
 
@@ -242,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     image_sub = p.add_subparsers(dest="image_command", required=True)
     b = image_sub.add_parser("build", help="build and `msb load` the python or node kernel image")
     b.add_argument("template", choices=["python", "node"])
-    b.add_argument("--online", action="store_true", help="pip/npm install on a base image in a builder microVM (needs a host that boots microVMs)")
+    b.add_argument(
+        "--online", action="store_true", help="pip/npm install on a base image in a builder microVM (needs a host that boots microVMs)"
+    )
     b.add_argument("--tag", help="image reference (default: MSB_PYTHON_IMAGE / MSB_NODE_IMAGE)")
     b.add_argument("--base", help="--online: the base image (default python:3.12-slim or node:20-slim)")
     b.add_argument("--suite", help="offline: the Debian suite (default: this host's)")
@@ -250,8 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--save-archive", metavar="PATH", type=Path, help="offline: also keep the image tar (Docker-save format) at PATH")
     b.set_defaults(func=cmd_image_build)
     p = sub.add_parser("sweep", help="stop sandboxes whose owning process is gone")
-    p.add_argument("--include-adoptable", action="store_true",
-                   help="also stop the kernels a stopped gateway left running for the next one to adopt")
+    p.add_argument(
+        "--include-adoptable", action="store_true", help="also stop the kernels a stopped gateway left running for the next one to adopt"
+    )
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("list", help="list this host's sandboxes")
     p.set_defaults(func=cmd_list)

@@ -28,9 +28,11 @@ BACKEND_ENTRY_POINTS = "msb_kernels.backends"  # name = module:SandboxBackend su
 # installed (no entry points then); other packages add theirs as entry points.
 # The built-in backends' entry points (pyproject.toml), registered here too, as jupyter_client registers its
 # LocalProvisioner: a checkout used without `pip install` (or an install whose metadata is stale) still has them.
-BUILTIN_BACKENDS = {"namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
-                    "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
-                    "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend"}
+BUILTIN_BACKENDS = {
+    "namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
+    "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
+    "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend",
+}
 
 
 @functools.cache
@@ -69,50 +71,99 @@ class MsbSettings(Configurable):
     shared_volume_guest_path = Unicode("/shared", help="Where the shared volume appears inside the sandbox.").tag(config=True)
     backend = Unicode("auto", help="Sandbox backend: auto, namespace, gvisor or microsandbox.").tag(config=True)
     max_processes = Int(256, help="Most processes (and threads) one sandbox may hold; contains fork bombs.").tag(config=True)
-    concurrent_starts = Int(None, allow_none=True, help="Sandboxes one process starts at once; more wait their turn, so a burst of starts "
-                                                        "is ready first come, first served instead of all late together. Unset = the host's CPUs.").tag(config=True)
+    concurrent_starts = Int(
+        None,
+        allow_none=True,
+        help="Sandboxes one process starts at once; more wait their turn, so a burst of starts "
+        "is ready first come, first served instead of all late together. Unset = the host's CPUs.",
+    ).tag(config=True)
     runtime_dir = Unicode(None, allow_none=True, help="Host directory for sandbox state and kernel sockets.").tag(config=True)
-    disk_reserve = Bool(True, help="Reserve each namespace sandbox's whole disk on the host at start, so sandboxes together can never fill "
-                                   "the host's disk; false: sparse disks, each still capped at its flavor's size, started only while "
-                                   "the host has that much free.").tag(config=True)
-    scratch_dir = Unicode(None, allow_none=True, help="Host directory on a disk for the namespace sandboxes' scratch disk images (unset = /var/tmp/msb-kernels).").tag(config=True)
-    fork_kernels = Bool(True, help="Start namespace-sandboxed Python kernels as forks of a server per Python environment that has "
-                                   "imported ipykernel once (about 10 times faster, and their pages shared); false: every kernel "
-                                   "starts its interpreter afresh.").tag(config=True)
+    disk_reserve = Bool(
+        True,
+        help="Reserve each namespace sandbox's whole disk on the host at start, so sandboxes together can never fill "
+        "the host's disk; false: sparse disks, each still capped at its flavor's size, started only while "
+        "the host has that much free.",
+    ).tag(config=True)
+    scratch_dir = Unicode(
+        None,
+        allow_none=True,
+        help="Host directory on a disk for the namespace sandboxes' scratch disk images (unset = /var/tmp/msb-kernels).",
+    ).tag(config=True)
+    fork_kernels = Bool(
+        True,
+        help="Start namespace-sandboxed Python kernels as forks of a server per Python environment that has "
+        "imported ipykernel once (about 10 times faster, and their pages shared); false: every kernel "
+        "starts its interpreter afresh.",
+    ).tag(config=True)
     require_limits = Bool(False, help="Refuse to start a sandbox whose flavor limits cannot all be enforced with cgroups.").tag(config=True)
-    transport = Unicode("auto", help="How the host reaches kernels' ZMQ channels: auto (the backend's own: ipc for namespace and gVisor, "
-                                     "tcp for microVMs), ipc, or tcp (namespace: through host ports from MSB_PORT_RANGE, with CurveZMQ on; "
-                                     "for kernels whose ZMQ has no ipc).").tag(config=True)
-    port_range = Unicode("8000-9000", help="Host TCP ports for kernels reached over tcp (microVMs, MSB_TRANSPORT=tcp), as FIRST-LAST (5 per kernel).").tag(config=True)
-    allow_network = Bool(False, help="Let kernels reach the public internet (outbound), never the host or its LAN: "
-                                     "microVMs by their network policy, namespace sandboxes through slirp4netns.").tag(config=True)
-    python_image = Unicode("msb-kernels/python:latest", help="microVM image for python kernels (build it with `msb-kernels image build python`).").tag(config=True)
-    node_image = Unicode("msb-kernels/node:latest", help="microVM image for node kernels (build it with `msb-kernels image build node`).").tag(config=True)
+    transport = Unicode(
+        "auto",
+        help="How the host reaches kernels' ZMQ channels: auto (the backend's own: ipc for namespace and gVisor, "
+        "tcp for microVMs), ipc, or tcp (namespace: through host ports from MSB_PORT_RANGE, with CurveZMQ on; "
+        "for kernels whose ZMQ has no ipc).",
+    ).tag(config=True)
+    port_range = Unicode(
+        "8000-9000", help="Host TCP ports for kernels reached over tcp (microVMs, MSB_TRANSPORT=tcp), as FIRST-LAST (5 per kernel)."
+    ).tag(config=True)
+    allow_network = Bool(
+        False,
+        help="Let kernels reach the public internet (outbound), never the host or its LAN: "
+        "microVMs by their network policy, namespace sandboxes through slirp4netns.",
+    ).tag(config=True)
+    python_image = Unicode(
+        "msb-kernels/python:latest", help="microVM image for python kernels (build it with `msb-kernels image build python`)."
+    ).tag(config=True)
+    node_image = Unicode(
+        "msb-kernels/node:latest", help="microVM image for node kernels (build it with `msb-kernels image build node`)."
+    ).tag(config=True)
     boot_timeout_seconds = Int(30, help="Seconds a microVM (and the smoke boot of MSB_BACKEND=auto) may take to start.").tag(config=True)
 
     # msb-kernels serve (the gateway)
     host = Unicode("127.0.0.1", help="Address msb-kernels serve listens on.").tag(config=True)
     port = Int(8765, help="TCP port msb-kernels serve listens on.").tag(config=True)
-    token = Unicode(None, allow_none=True, help="Token clients send (Authorization: token ...); unset = generated and printed.").tag(config=True)
-    capacity_memory_mib = Int(None, allow_none=True, help="Memory (MiB) the flavors of all kernels may add up to; unset = the host's memory.").tag(config=True)
-    capacity_cpus = Int(None, allow_none=True, help="CPUs the flavors of all kernels may add up to; unset = no CPU limit (CPU time is shared; each kernel is held to its flavor's CPUs).").tag(config=True)
+    token = Unicode(None, allow_none=True, help="Token clients send (Authorization: token ...); unset = generated and printed.").tag(
+        config=True
+    )
+    capacity_memory_mib = Int(
+        None, allow_none=True, help="Memory (MiB) the flavors of all kernels may add up to; unset = the host's memory."
+    ).tag(config=True)
+    capacity_cpus = Int(
+        None,
+        allow_none=True,
+        help="CPUs the flavors of all kernels may add up to; unset = no CPU limit (CPU time is shared; each kernel is held to its flavor's CPUs).",
+    ).tag(config=True)
     cull_interval_seconds = Int(60, help="How often the gateway looks for idle kernels.").tag(config=True)
-    cull_connected = Bool(False, help="Cull idle kernels that still have a client connected (jupyter_server's default: no).").tag(config=True)
+    cull_connected = Bool(False, help="Cull idle kernels that still have a client connected (jupyter_server's default: no).").tag(
+        config=True
+    )
     cull_busy = Bool(False, help="Cull kernels that are busy (jupyter_server's default: no).").tag(config=True)
-    offline_buffer_mib = Int(16, help="MiB of a kernel's messages the gateway keeps for a notebook client whose WebSocket "
-                                      "closed, to replay when it reconnects (jupyter_server keeps them without a bound). Past it "
-                                      "they are dropped and the client reconnects without them. 0: nothing is kept.").tag(config=True)
-    keep_kernels = Bool(False, help="A clean stop of msb-kernels serve leaves its kernels running, for the next one on the same "
-                                    "runtime dir to adopt (`serve --keep-kernels`); without it a clean stop stops them all.").tag(config=True)
-    adopt_grace_seconds = Int(300, help="Seconds the gateway's kernels outlive it (a keep stop, a crash, a kill -9) for the next "
-                                        "msb-kernels serve on the same runtime dir to adopt them; past it they are stopped. "
-                                        "0: kernels end with the gateway.").tag(config=True)
+    offline_buffer_mib = Int(
+        16,
+        help="MiB of a kernel's messages the gateway keeps for a notebook client whose WebSocket "
+        "closed, to replay when it reconnects (jupyter_server keeps them without a bound). Past it "
+        "they are dropped and the client reconnects without them. 0: nothing is kept.",
+    ).tag(config=True)
+    keep_kernels = Bool(
+        False,
+        help="A clean stop of msb-kernels serve leaves its kernels running, for the next one on the same "
+        "runtime dir to adopt (`serve --keep-kernels`); without it a clean stop stops them all.",
+    ).tag(config=True)
+    adopt_grace_seconds = Int(
+        300,
+        help="Seconds the gateway's kernels outlive it (a keep stop, a crash, a kill -9) for the next "
+        "msb-kernels serve on the same runtime dir to adopt them; past it they are stopped. "
+        "0: kernels end with the gateway.",
+    ).tag(config=True)
     # warm pool
     pool_size = Unicode("python-small=1", help="Kernels kept started per kernelspec, as TEMPLATE-FLAVOR=COUNT,...").tag(config=True)
     pool_counts_as_sessions = Bool(False, help="Count waiting pooled kernels toward MSB_MAX_SESSIONS and the capacity.").tag(config=True)
     # the MCP bridge
-    mcp_running_after_seconds = Float(50.0, help="A tool call returns status running (with an execution id) after this long.").tag(config=True)
-    mcp_default_timeout_seconds = Float(300.0, help="Timeout of an execution that names none; past it the kernel is interrupted.").tag(config=True)
+    mcp_running_after_seconds = Float(50.0, help="A tool call returns status running (with an execution id) after this long.").tag(
+        config=True
+    )
+    mcp_default_timeout_seconds = Float(300.0, help="Timeout of an execution that names none; past it the kernel is interrupted.").tag(
+        config=True
+    )
     mcp_max_timeout_seconds = Float(86400.0, help="The largest timeout a caller may ask for.").tag(config=True)
     mcp_max_output_chars = Int(200_000, help="Characters of output kept per execution; more is truncated with a note.").tag(config=True)
     mcp_max_code_chars = Int(1_000_000, help="Largest code or command line accepted, in characters.").tag(config=True)
@@ -269,7 +320,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "mcp_max_timeout_seconds": _at_least(0.1),
     "mcp_max_output_chars": _at_least(100),
     "mcp_max_code_chars": _at_least(100),
-    "mcp_progress_interval_seconds": lambda v: None if 0.1 <= v <= 10 else "is not between 0.1 and 10 (clients expect a sign of life every 10 s)",
+    "mcp_progress_interval_seconds": lambda v: (
+        None if 0.1 <= v <= 10 else "is not between 0.1 and 10 (clients expect a sign of life every 10 s)"
+    ),
     "mcp_kept_executions": _at_least(1),
     "mcp_kernel_start_timeout_seconds": _at_least(1),
     "default_flavor": _check_flavor,

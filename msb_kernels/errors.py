@@ -101,8 +101,9 @@ def error_types() -> list[str]:
 
 
 ERROR_CLASSES: dict[str, type[MsbError]] = {
-    cls.error_type: cls for cls in (SandboxError, InvalidRequest, SessionNotFound, ResourceLimitExceeded,
-                                    CompilationError, CodeRuntimeError, ExecutionTimeout)}
+    cls.error_type: cls
+    for cls in (SandboxError, InvalidRequest, SessionNotFound, ResourceLimitExceeded, CompilationError, CodeRuntimeError, ExecutionTimeout)
+}
 
 
 def message_with_advice(message: str, suggestions: list[str]) -> str:
@@ -118,5 +119,5 @@ def error_from_body(body: object) -> MsbError | None:
     message = body["message"]
     advice = message_with_advice("", suggestions)
     if advice and message.endswith(advice):
-        message = message[:-len(advice)]
+        message = message[: -len(advice)]
     return ERROR_CLASSES[body["type"]](message, suggestions)

@@ -71,5 +71,7 @@ def get_flavor(name: str, *, argument: str = "flavor") -> Flavor:
     except KeyError:
         raise InvalidRequest(
             f"{argument}={name!r} is not a flavor; use one of {', '.join(FLAVORS)}",
-            suggestions=[f"use one of: {', '.join(f'{f.name} ({f.cpus} CPU, {f.memory_mib} MiB, {f.disk_mib} MiB disk)' for f in FLAVORS.values())}"],
+            suggestions=[
+                f"use one of: {', '.join(f'{f.name} ({f.cpus} CPU, {f.memory_mib} MiB, {f.disk_mib} MiB disk)' for f in FLAVORS.values())}"
+            ],
         ) from None

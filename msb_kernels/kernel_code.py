@@ -89,7 +89,7 @@ NODE_ROUTER_HANDOVER = """\
 
 # The command runners start argv (no shell), copy its stdout and stderr to the kernel's streams as
 # they come, and print ``marker:<exit status>`` last. On an interrupt they kill the process group.
-PYTHON_COMMAND_RUNNER = r'''
+PYTHON_COMMAND_RUNNER = r"""
 import codecs, os, selectors, signal, subprocess, sys
 
 def run(argv, marker):
@@ -141,9 +141,9 @@ def run(argv, marker):
     sys.stderr.flush()
     sys.stdout.write("%s:%d\n" % (marker, code))
     sys.stdout.flush()
-'''
+"""
 
-NODE_COMMAND_RUNNER = r'''await new Promise((resolve) => {
+NODE_COMMAND_RUNNER = r"""await new Promise((resolve) => {
   const argv = ARGV;
   const marker = MARKER;
   let finished = false;
@@ -174,4 +174,4 @@ NODE_COMMAND_RUNNER = r'''await new Promise((resolve) => {
     if (signal === "SIGKILL" || signal === "SIGINT") { process.stderr.write("\n[interrupted: the command was killed]\n"); }
     done(code === null ? 130 : code);
   });
-})'''
+})"""

@@ -30,8 +30,13 @@ def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dic
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": {"flavor": flavor.name, "template": template.name}},
             "cull_idle_timeout": settings.session_timeout_seconds,
             # The timeout install wrote: a gateway tells it from a deliberate per-kernelspec override.
-            "msb": {"flavor": flavor.name, "cpus": flavor.cpus, "memory_mib": flavor.memory_mib, "template": template.name,
-                    "installed_cull_idle_timeout": settings.session_timeout_seconds},
+            "msb": {
+                "flavor": flavor.name,
+                "cpus": flavor.cpus,
+                "memory_mib": flavor.memory_mib,
+                "template": template.name,
+                "installed_cull_idle_timeout": settings.session_timeout_seconds,
+            },
             "debugger": False,
             # ipykernel >= 7.4 speaks CurveZMQ; the provisioner turns it on for kernels reached over TCP (microVMs).
             **({"supported_encryption": "curve"} if template.speaks_curve else {}),
@@ -61,8 +66,10 @@ def draw_logo(text: str, size: int, path: Path) -> None:
     image = Image.new("RGBA", (side, side), (0, 0, 0, 0))
     draw = ImageDraw.Draw(image)
     middle, radius = side / 2, side / 2 - scale
-    hexagon = [(middle + radius * dx, middle + radius * dy)
-               for dx, dy in ((0, -1), (0.866, -0.5), (0.866, 0.5), (0, 1), (-0.866, 0.5), (-0.866, -0.5))]
+    hexagon = [
+        (middle + radius * dx, middle + radius * dy)
+        for dx, dy in ((0, -1), (0.866, -0.5), (0.866, 0.5), (0, 1), (-0.866, 0.5), (-0.866, -0.5))
+    ]
     draw.polygon(hexagon, fill=(83, 158, 67, 255))
     font = ImageFont.load_default(size=int(side * 0.42))
     draw.text((middle, middle), text, fill=(255, 255, 255, 255), font=font, anchor="mm")
@@ -75,7 +82,7 @@ def _write_logos(template: Template, directory: Path) -> None:
             draw_logo(template.logo_text, size, directory / f"logo-{size}x{size}.png")
         return
     logos = _logo_dir()
-    for logo in (logos.glob("logo-*.png") if logos else []):
+    for logo in logos.glob("logo-*.png") if logos else []:
         shutil.copy(logo, directory)
 
 

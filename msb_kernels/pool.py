@@ -178,8 +178,13 @@ class KernelPool:
         return {km.kernel_id for kernels in self.ready.values() for km in kernels}
 
     def stats(self) -> dict:
-        return {"sizes": self.sizes, "waiting": {name: len(k) for name, k in self.ready.items()},
-                "starting": dict(self.starting), "handed_out": self.handed_out, "counts_as_sessions": self.counts_as_sessions}
+        return {
+            "sizes": self.sizes,
+            "waiting": {name: len(k) for name, k in self.ready.items()},
+            "starting": dict(self.starting),
+            "handed_out": self.handed_out,
+            "counts_as_sessions": self.counts_as_sessions,
+        }
 
     # -- stopping -------------------------------------------------------------------
 
@@ -198,8 +203,9 @@ class KernelPool:
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in kernels), return_exceptions=True)
 
 
-async def start_from_pool(manager: AsyncMultiKernelManager, pool: KernelPool | None, kernel_name: str | None,
-                          kwargs: dict[str, Any], start: Callable) -> str:
+async def start_from_pool(
+    manager: AsyncMultiKernelManager, pool: KernelPool | None, kernel_name: str | None, kwargs: dict[str, Any], start: Callable
+) -> str:
     """AsyncMultiKernelManager._async_start_kernel, served from the pool when it can be."""
     name = kernel_name or manager.default_kernel_name
     km = None

@@ -82,8 +82,12 @@ async def probe(backend: str, argv: list[str], template: str = "python", setting
     _results[key] = result
     if not result.ok:
         tail = " | ".join(result.stderr_tail[-5:])
-        log.warning("msb-kernels: the %s backend failed its start probe: %s%s", backend, result.summary(),
-                    f"; the kernel's last stderr lines: {tail}" if tail else "")
+        log.warning(
+            "msb-kernels: the %s backend failed its start probe: %s%s",
+            backend,
+            result.summary(),
+            f"; the kernel's last stderr lines: {tail}" if tail else "",
+        )
     return result
 
 
@@ -117,8 +121,7 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
         spec["argv"] = list(argv)
         (Path(specs) / choice.kernel_name).mkdir()
         (Path(specs) / choice.kernel_name / "kernel.json").write_text(json.dumps(spec))
-        km = AsyncKernelManager(kernel_name=choice.kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]),
-                                config=config)
+        km = AsyncKernelManager(kernel_name=choice.kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]), config=config)
         registry.probe_kernel_ids.add(kernel_id)
         client = None
         error: str | None = None
@@ -128,8 +131,9 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
             client = km.client()
             client.start_channels()
             await client.wait_for_ready(timeout=PROBE_TIMEOUT_SECONDS)
-            reply = await client.execute_interactive(PROBE_CODE.get(template, "1+1"), timeout=PROBE_TIMEOUT_SECONDS, store_history=False,
-                                                     output_hook=lambda message: None)
+            reply = await client.execute_interactive(
+                PROBE_CODE.get(template, "1+1"), timeout=PROBE_TIMEOUT_SECONDS, store_history=False, output_hook=lambda message: None
+            )
             if reply["content"].get("status") != "ok":
                 error = f"1+1 failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}"
         except ConfigError:
@@ -158,4 +162,3 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
 def forget() -> None:
     """Drop every kept result (tests; a host whose backend was repaired)."""
     _results.clear()
-

@@ -62,7 +62,6 @@ def start_turn(settings: MsbSettings) -> asyncio.Semaphore:
     return turns.setdefault(size, asyncio.Semaphore(size))
 
 
-
 @dataclass(frozen=True)
 class SandboxDescription:
     """What a sandboxed kernel is and how its sandbox fares, as SandboxProvisioner.describe reports it."""
@@ -119,9 +118,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         died), so that they need not know this class's attributes.
         """
         sandbox = self.sandbox
-        return SandboxDescription(template=self.template_spec, flavor=self.flavor_spec,
-                                  sandbox=sandbox, created=sandbox.created if sandbox is not None else None,
-                                  last_exit_reason=self.last_exit_reason)
+        return SandboxDescription(
+            template=self.template_spec,
+            flavor=self.flavor_spec,
+            sandbox=sandbox,
+            created=sandbox.created if sandbox is not None else None,
+            last_exit_reason=self.last_exit_reason,
+        )
 
     # -- launch -------------------------------------------------------------------
 
@@ -133,8 +136,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if adopting:
             self.flavor_spec, self.template = get_flavor(adopting["flavor"]), adopting["template"]
         else:
-            self.flavor_spec = get_flavor(start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
-                                          argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor")
+            self.flavor_spec = get_flavor(
+                start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
+                argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor",
+            )
         self.template_spec = get_template(self.template, argument="template")
         reason = self.template_spec.unavailable_reason()
         if reason and not adopting:
@@ -196,18 +201,26 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             return  # a jupyter_client without transport encryption
         policy = km._transport_encryption_policy() if hasattr(km, "_transport_encryption_policy") else "disabled"
         wanted = policy in ("auto", "required") or self.backend.transport == "tcp"
-        supported = bool(zmq.has("curve")) and km._kernel_supports_curve_encryption() and await self.backend.supports_curve(self.template_spec.name)
+        supported = (
+            bool(zmq.has("curve")) and km._kernel_supports_curve_encryption() and await self.backend.supports_curve(self.template_spec.name)
+        )
         if wanted and supported:
             if km.curve_publickey is None:  # a restart keeps the keys, as it keeps the session key
                 km.curve_publickey, km.curve_secretkey = zmq.curve_keypair()
                 km.cleanup_connection_file()
         elif policy == "required":
-            raise SandboxError(f"transport_encryption='required' but the {self.template_spec.name} kernel of the "
-                               f"{self.backend.name} backend cannot use CurveZMQ")
+            raise SandboxError(
+                f"transport_encryption='required' but the {self.template_spec.name} kernel of the "
+                f"{self.backend.name} backend cannot use CurveZMQ"
+            )
         elif wanted and self.backend.transport == "tcp":
-            log.warning("kernel %s: its TCP channels are signed (HMAC) but not encrypted: the %s kernel does not speak "
-                        "CurveZMQ (rebuild the image with `msb-kernels image build %s --online`)",
-                        self.kernel_id, self.template_spec.name, self.template_spec.name)
+            log.warning(
+                "kernel %s: its TCP channels are signed (HMAC) but not encrypted: the %s kernel does not speak "
+                "CurveZMQ (rebuild the image with `msb-kernels image build %s --online`)",
+                self.kernel_id,
+                self.template_spec.name,
+                self.template_spec.name,
+            )
 
     async def _sweep_once(self) -> None:
         """The first start in a process removes sandboxes that a dead process left behind."""
@@ -235,8 +248,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                     if not alias.is_symlink():
                         alias.symlink_to(f"kernel{separator}{info[port_name]}")
         self._write_private(self.io_dir / GUEST_CONNECTION_FILE, json.dumps(info, indent=1))
-        self._write_private(self.io_dir / self.template_spec.startup_file,
-                            self.template_spec.startup_code(self.flavor_spec.out_of_memory_message()))
+        self._write_private(
+            self.io_dir / self.template_spec.startup_file, self.template_spec.startup_code(self.flavor_spec.out_of_memory_message())
+        )
 
     @staticmethod
     def _write_private(path: Path, text: str) -> None:
@@ -256,10 +270,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         cpus = str(self.flavor_spec.cpus)
         guest = {
             "PATH": f"{os.path.dirname(argv0)}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/home/sandbox", "USER": "sandbox", "LOGNAME": "sandbox", "SHELL": "/bin/sh",
-            "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": cpus, "OPENBLAS_NUM_THREADS": cpus, "MKL_NUM_THREADS": cpus,
-            "MSB_FLAVOR": self.flavor_spec.name, "MSB_SANDBOX": self.backend.name,
+            "HOME": "/home/sandbox",
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "SHELL": "/bin/sh",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": cpus,
+            "OPENBLAS_NUM_THREADS": cpus,
+            "MKL_NUM_THREADS": cpus,
+            "MSB_FLAVOR": self.flavor_spec.name,
+            "MSB_SANDBOX": self.backend.name,
         }
         guest.update(self.template_spec.kernel_env(self.flavor_spec.memory_mib, self._guest_path(self.template_spec.startup_file)))
         if self.settings.shared_volume:
@@ -313,8 +335,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             else:
                 self._forget_failed_start(remove_dir=True)
             raise
-        log.info("kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)", self.kernel_id, self.backend.name,
-                 self.flavor_spec.name, self.flavor_spec.cpus, self.flavor_spec.memory_mib)
+        log.info(
+            "kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)",
+            self.kernel_id,
+            self.backend.name,
+            self.flavor_spec.name,
+            self.flavor_spec.cpus,
+            self.flavor_spec.memory_mib,
+        )
         return self.connection_info
 
     def _forget_failed_start(self, remove_dir: bool = False) -> None:
@@ -365,4 +393,3 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         await super().load_provisioner_info(provisioner_info)
         self.flavor = provisioner_info.get("flavor")
         self.template = provisioner_info.get("template", "python")
-

@@ -26,8 +26,9 @@ adoptions: dict[str, dict] = {}
 def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:
     """Raise ResourceLimitExceeded when ``active`` sessions leave no room for one more: the one MSB_MAX_SESSIONS rule."""
     if active >= max_sessions:
-        raise ResourceLimitExceeded(f"session limit reached: {active} of MSB_MAX_SESSIONS={max_sessions} sandboxed kernels run",
-                                    suggestions)
+        raise ResourceLimitExceeded(
+            f"session limit reached: {active} of MSB_MAX_SESSIONS={max_sessions} sandboxed kernels run", suggestions
+        )
 
 
 def claim_session(kernel_id: str, max_sessions: int) -> None:

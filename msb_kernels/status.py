@@ -11,8 +11,14 @@ import datetime
 from typing import Any
 
 # A Jupyter kernel's execution_state, as a session status.
-SESSION_STATUS_OF_STATE = {"starting": "creating", "restarting": "creating", "autorestarting": "creating",
-                           "idle": "ready", "busy": "running", "dead": "error"}
+SESSION_STATUS_OF_STATE = {
+    "starting": "creating",
+    "restarting": "creating",
+    "autorestarting": "creating",
+    "idle": "ready",
+    "busy": "running",
+    "dead": "error",
+}
 
 
 def session_status(execution_state: str | None) -> str:

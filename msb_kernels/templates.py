@@ -145,8 +145,13 @@ class PythonTemplate(Template):
         ename = reply_error.get("ename") or "Error"
         evalue = strip_ansi(str(reply_error.get("evalue") or ""))
         message = f"{ename}: {evalue}" if evalue else ename
-        kind = {"SyntaxError": ErrorKind.COMPILE, "IndentationError": ErrorKind.COMPILE, "TabError": ErrorKind.COMPILE,
-                "KeyboardInterrupt": ErrorKind.INTERRUPT, "MemoryError": ErrorKind.OUT_OF_MEMORY}.get(ename, ErrorKind.RUNTIME)
+        kind = {
+            "SyntaxError": ErrorKind.COMPILE,
+            "IndentationError": ErrorKind.COMPILE,
+            "TabError": ErrorKind.COMPILE,
+            "KeyboardInterrupt": ErrorKind.INTERRUPT,
+            "MemoryError": ErrorKind.OUT_OF_MEMORY,
+        }.get(ename, ErrorKind.RUNTIME)
         return KernelError(kind, message)
 
 
@@ -160,7 +165,7 @@ class NodeTemplate(Template):
         return [node_binary() or "node", str(tslab_entry()), "kernel", "--config-path", "{connection_file}", "--js"]
 
     def guest_argv(self, host_argv: list[str]) -> list[str]:
-        rest = host_argv[host_argv.index("kernel"):] if "kernel" in host_argv else host_argv[2:]
+        rest = host_argv[host_argv.index("kernel") :] if "kernel" in host_argv else host_argv[2:]
         return ["tslab", *rest]
 
     def unavailable_reason(self) -> str | None:
@@ -201,12 +206,32 @@ class NodeTemplate(Template):
 
 
 TEMPLATES: dict[str, Template] = {
-    "python": PythonTemplate("python", "python", "Python 3", ipc_port_separator="-", speaks_curve=True, data_limit_caps_memory=True,
-                             user_packages=True, startup_file="msb_startup.py", image_setting="python_image", logo_text=None,
-                             pause_after_error_seconds=0.0),
-    "node": NodeTemplate("node", "javascript", "JavaScript (Node.js)", ipc_port_separator=":", speaks_curve=False,
-                         data_limit_caps_memory=False, user_packages=False, startup_file="msb_startup.js", image_setting="node_image",
-                         logo_text="JS", pause_after_error_seconds=0.3),
+    "python": PythonTemplate(
+        "python",
+        "python",
+        "Python 3",
+        ipc_port_separator="-",
+        speaks_curve=True,
+        data_limit_caps_memory=True,
+        user_packages=True,
+        startup_file="msb_startup.py",
+        image_setting="python_image",
+        logo_text=None,
+        pause_after_error_seconds=0.0,
+    ),
+    "node": NodeTemplate(
+        "node",
+        "javascript",
+        "JavaScript (Node.js)",
+        ipc_port_separator=":",
+        speaks_curve=False,
+        data_limit_caps_memory=False,
+        user_packages=False,
+        startup_file="msb_startup.js",
+        image_setting="node_image",
+        logo_text="JS",
+        pause_after_error_seconds=0.3,
+    ),
 }
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -260,8 +285,11 @@ def install_tslab() -> str:
         node_prefix().mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"skipped node kernels: cannot create {node_prefix()} ({exc.strerror}); run `msb-kernels install` as the environment's owner"
-    result = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(node_prefix()), f"tslab@{TSLAB_VERSION}"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(node_prefix()), f"tslab@{TSLAB_VERSION}"],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         return f"skipped node kernels: npm install tslab failed: {result.stderr.strip()[-500:]}"
     _link_tslab_types()

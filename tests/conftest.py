@@ -53,8 +53,10 @@ def pytest_runtest_makereport(item, call):
         reason = str(report.longrepr[2]).removeprefix("Skipped: ")
         if skips.unexpected(reason):
             report.outcome = "failed"
-            report.longrepr = (f"skipped on a host where it must run (MSB_TESTS_STRICT_SKIPS): {reason}\n"
-                               "fix what made it skip, or list the reason in tests/skips.py EXPECTED_SKIPS with why")
+            report.longrepr = (
+                f"skipped on a host where it must run (MSB_TESTS_STRICT_SKIPS): {reason}\n"
+                "fix what made it skip, or list the reason in tests/skips.py EXPECTED_SKIPS with why"
+            )
     return report
 
 

@@ -20,18 +20,12 @@ from msb_kernels.templates import TEMPLATES
 
 # reason pattern -> why CI's host (2 cores, paravirtual KVM, root, cgroups v1, no internet) lacks it
 EXPECTED_SKIPS: dict[str, str] = {
-    r"microsandbox backend cannot run on this host: .*(virtualization|KVM|kvm)":
-        "microVMs cannot boot: KVM here has no vmx/svm",
-    r"the microsandbox backend's python kernel does not speak CurveZMQ":
-        "only a booted microVM image is checked for CurveZMQ",
-    r"microVMs boot on this host":
-        "the no-boot checks are skipped only where microVMs do boot",
-    r"unprivileged sandboxes get no network on this host: /dev/net/tun is mode 0600":
-        "some of these machines keep /dev/net/tun root-only; the test checks the clear refusal before it skips",
-    r"gvisor backend cannot run on this host: runsc is not installed":
-        "the test command installs runsc with apt where it can; a host whose apt lacks it skips the gVisor half",
-    r"the host's package indexes are .*none is a network service":
-        "CI's pip index is a local file mirror, which no sandbox can reach over a network",
+    r"microsandbox backend cannot run on this host: .*(virtualization|KVM|kvm)": "microVMs cannot boot: KVM here has no vmx/svm",
+    r"the microsandbox backend's python kernel does not speak CurveZMQ": "only a booted microVM image is checked for CurveZMQ",
+    r"microVMs boot on this host": "the no-boot checks are skipped only where microVMs do boot",
+    r"unprivileged sandboxes get no network on this host: /dev/net/tun is mode 0600": "some of these machines keep /dev/net/tun root-only; the test checks the clear refusal before it skips",
+    r"gvisor backend cannot run on this host: runsc is not installed": "the test command installs runsc with apt where it can; a host whose apt lacks it skips the gVisor half",
+    r"the host's package indexes are .*none is a network service": "CI's pip index is a local file mirror, which no sandbox can reach over a network",
 }
 
 

@@ -53,13 +53,16 @@ def choose_backend(requested: str, skip: dict[str, str] | None = None) -> tuple[
     if requested != "auto":
         if requested not in classes:
             why = unloadable_backends.get(requested, "it is not installed")
-            raise BackendUnavailable(f"MSB_BACKEND={requested}: that backend {why}",
-                                     ["reinstall msb-kernels (the first command of the README)",
-                                      "or set MSB_BACKEND to one of: auto, " + ", ".join(classes)])
+            raise BackendUnavailable(
+                f"MSB_BACKEND={requested}: that backend {why}",
+                ["reinstall msb-kernels (the first command of the README)", "or set MSB_BACKEND to one of: auto, " + ", ".join(classes)],
+            )
         availability = classes[requested].availability()
         if not availability.ok:
-            raise BackendUnavailable(f"MSB_BACKEND={requested} cannot run on this host: {availability.reason}",
-                                     ["run `msb-kernels doctor` for details", "or set MSB_BACKEND=auto"])
+            raise BackendUnavailable(
+                f"MSB_BACKEND={requested} cannot run on this host: {availability.reason}",
+                ["run `msb-kernels doctor` for details", "or set MSB_BACKEND=auto"],
+            )
         return requested, f"MSB_BACKEND={requested}: {availability.reason}"
     reasons = [f"{name}: {why}" for name, why in unloadable_backends.items()]
     for name, cls in classes.items():

@@ -112,16 +112,25 @@ def process_limit(flavor: Flavor, max_processes: int) -> int:
 
 @functools.cache
 def runsc_path() -> str | None:
-    return shutil.which("runsc") or next((p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc")
-                                          if os.access(p, os.X_OK)), None)
+    return shutil.which("runsc") or next(
+        (p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc") if os.access(p, os.X_OK)), None
+    )
 
 
 class GVisorSandbox(HostCgroupSandbox):
     """A kernel under ``runsc run`` (attached: the sandbox ends with that process), which is this process's child,
     or a keeper's (a PidfdProcess then)."""
 
-    def __init__(self, spec: SandboxSpec, backend: GVisorBackend, state_dir: Path, process: asyncio.subprocess.Process | PidfdProcess,
-                 cgroup: cgroups.SandboxCgroup | None, stderr: KernelStderr | None, keeper: KeeperLink | None = None):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        backend: GVisorBackend,
+        state_dir: Path,
+        process: asyncio.subprocess.Process | PidfdProcess,
+        cgroup: cgroups.SandboxCgroup | None,
+        stderr: KernelStderr | None,
+        keeper: KeeperLink | None = None,
+    ):
         super().__init__(spec, cgroup)
         self.stderr = stderr
         self.backend = backend
@@ -184,8 +193,7 @@ class GVisorSandbox(HostCgroupSandbox):
         await self.backend.remove(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
 
     def info(self) -> dict:
-        return {**super().info(), "backend": "gvisor", "runsc_pid": self.process.pid,
-                "limits": "cgroup" if self.cgroup else "rlimit"}
+        return {**super().info(), "backend": "gvisor", "runsc_pid": self.process.pid, "limits": "cgroup" if self.cgroup else "rlimit"}
 
 
 class GVisorBackend(SandboxBackend):
@@ -217,17 +225,25 @@ class GVisorBackend(SandboxBackend):
         if runsc is None:
             return Availability(False, f"runsc is not installed; {INSTALL_HINT}")
         if os.geteuid() != 0:
-            return Availability(False, "runsc needs root to create its sandboxes; run msb-kernels as root, "
-                                       "or use MSB_BACKEND=namespace")
+            return Availability(False, "runsc needs root to create its sandboxes; run msb-kernels as root, or use MSB_BACKEND=namespace")
         try:
             version = subprocess.run([runsc, "--version"], capture_output=True, text=True, timeout=10).stdout.split("\n")[0]
         except (OSError, subprocess.SubprocessError) as exc:
             return Availability(False, f"{runsc} does not run: {exc}; {INSTALL_HINT}")
         hierarchy, note = cgroups.detect()
-        warnings = [] if hierarchy else [f"the CPU quota and the host's memory backstop need cgroups ({note}); "
-                                         "memory (RLIMIT_AS) and processes (RLIMIT_NPROC) are still capped inside gVisor"]
-        return Availability(True, f"gVisor ({version.strip() or runsc}); limits by {note}" if hierarchy
-                            else f"gVisor ({version.strip() or runsc})", warnings)
+        warnings = (
+            []
+            if hierarchy
+            else [
+                f"the CPU quota and the host's memory backstop need cgroups ({note}); "
+                "memory (RLIMIT_AS) and processes (RLIMIT_NPROC) are still capped inside gVisor"
+            ]
+        )
+        return Availability(
+            True,
+            f"gVisor ({version.strip() or runsc}); limits by {note}" if hierarchy else f"gVisor ({version.strip() or runsc})",
+            warnings,
+        )
 
     # -- create ----------------------------------------------------------------
 
@@ -237,8 +253,8 @@ class GVisorBackend(SandboxBackend):
     async def runsc(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """One runsc command on this backend's state (kill, delete, list)."""
         process = await asyncio.create_subprocess_exec(
-            runsc_path() or "runsc", f"--root={self.runsc_root}", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            runsc_path() or "runsc", f"--root={self.runsc_root}", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
         try:
             out, err = await asyncio.wait_for(process.communicate(), timeout)
         except asyncio.TimeoutError:
@@ -252,8 +268,10 @@ class GVisorBackend(SandboxBackend):
         bundle = state_dir / "bundle"
         root = bundle / "rootfs"
         (root / "etc").mkdir(parents=True, exist_ok=True)
-        (root / "etc" / "passwd").write_text(f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\n"
-                                             "nobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n")
+        (root / "etc" / "passwd").write_text(
+            f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\n"
+            "nobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n"
+        )
         (root / "etc" / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
         (root / "etc" / "hostname").write_text("sandbox\n")
         (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n")
@@ -261,8 +279,7 @@ class GVisorBackend(SandboxBackend):
         mounts: list[dict] = []
 
         def bind(source: str, destination: str, readonly: bool) -> None:
-            mounts.append({"destination": destination, "type": "bind", "source": source,
-                           "options": ["rbind", "ro" if readonly else "rw"]})
+            mounts.append({"destination": destination, "type": "bind", "source": source, "options": ["rbind", "ro" if readonly else "rw"]})
 
         for name in SYSTEM_DIRS:
             source = "/" + name
@@ -275,8 +292,12 @@ class GVisorBackend(SandboxBackend):
             if os.path.exists(source):
                 bind(os.path.realpath(source), source, readonly=True)
         flavor = spec.flavor
-        for destination, size_mib, mode in (("/tmp", flavor.memory_scratch_mib, "1777"), (SANDBOX_HOME, flavor.memory_scratch_mib, "0700"),
-                                            ("/dev/shm", flavor.shm_mib, "1777"), ("/run", 1, "0755")):
+        for destination, size_mib, mode in (
+            ("/tmp", flavor.memory_scratch_mib, "1777"),
+            (SANDBOX_HOME, flavor.memory_scratch_mib, "0700"),
+            ("/dev/shm", flavor.shm_mib, "1777"),
+            ("/run", 1, "0755"),
+        ):
             options = [f"size={size_mib}m", f"mode={mode}", "nosuid", "nodev"]
             if destination == SANDBOX_HOME:
                 options += ["uid=1000", "gid=1000"]
@@ -293,18 +314,28 @@ class GVisorBackend(SandboxBackend):
         if template.user_packages:
             env.update(PIP_TARGET=USER_PACKAGES, PYTHONPATH=USER_PACKAGES, PIP_DISABLE_PIP_VERSION_CHECK="1")
         processes = process_limit(spec.flavor, spec.max_processes)
-        rlimits = [{"type": "RLIMIT_NPROC", "hard": processes, "soft": processes},
-                   {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
+        rlimits = [{"type": "RLIMIT_NPROC", "hard": processes, "soft": processes}, {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
         if template.data_limit_caps_memory:
             address_space = flavor.memory_bytes + ADDRESS_SPACE_HEADROOM_MIB * 1024 * 1024
             rlimits.append({"type": "RLIMIT_AS", "hard": address_space, "soft": address_space})
         config = {
             "ociVersion": "1.0.2",
-            "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "cwd": SANDBOX_HOME,
-                        "args": [sys.executable, "-I", "-S", "-c", GUEST_INIT, REAPER, f"{self.guest_io_dir}/exit_status", *spec.argv],
-                        "env": [f"{k}={v}" for k, v in env.items()], "noNewPrivileges": True, "rlimits": rlimits,
-                        "capabilities": {"bounding": INIT_CAPABILITIES, "effective": INIT_CAPABILITIES, "permitted": INIT_CAPABILITIES,
-                                         "inheritable": [], "ambient": []}},
+            "process": {
+                "terminal": False,
+                "user": {"uid": 0, "gid": 0},
+                "cwd": SANDBOX_HOME,
+                "args": [sys.executable, "-I", "-S", "-c", GUEST_INIT, REAPER, f"{self.guest_io_dir}/exit_status", *spec.argv],
+                "env": [f"{k}={v}" for k, v in env.items()],
+                "noNewPrivileges": True,
+                "rlimits": rlimits,
+                "capabilities": {
+                    "bounding": INIT_CAPABILITIES,
+                    "effective": INIT_CAPABILITIES,
+                    "permitted": INIT_CAPABILITIES,
+                    "inheritable": [],
+                    "ambient": [],
+                },
+            },
             "root": {"path": "rootfs", "readonly": True},
             "hostname": "sandbox",
             "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *mounts],
@@ -320,11 +351,15 @@ class GVisorBackend(SandboxBackend):
         if not availability.ok:
             raise BackendUnavailable(f"the gvisor backend cannot run here: {availability.reason}")
         if spec.allow_network:
-            raise SandboxError("MSB_ALLOW_NETWORK is not supported by the gvisor backend: its sandboxes have no network",
-                               ["unset MSB_ALLOW_NETWORK", "or set MSB_BACKEND=namespace for kernels that need the internet"])
+            raise SandboxError(
+                "MSB_ALLOW_NETWORK is not supported by the gvisor backend: its sandboxes have no network",
+                ["unset MSB_ALLOW_NETWORK", "or set MSB_BACKEND=namespace for kernels that need the internet"],
+            )
         if self.hierarchy is None and self.settings.require_limits:
-            raise SandboxError(f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
-                               ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS"])
+            raise SandboxError(
+                f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
+                ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS"],
+            )
         state_dir = spec.io_dir.parent
         os.chown(spec.io_dir, 1000, 1000)
         for child in spec.io_dir.iterdir():
@@ -334,19 +369,40 @@ class GVisorBackend(SandboxBackend):
         if self.hierarchy is not None:
             cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id)
             try:
-                cgroup.create(spec.flavor, HOST_PIDS_BACKSTOP * spec.max_processes + SENTRY_THREADS,
-                              memory_bytes=spec.flavor.memory_bytes + SENTRY_MEMORY_MIB * 1024 * 1024)
+                cgroup.create(
+                    spec.flavor,
+                    HOST_PIDS_BACKSTOP * spec.max_processes + SENTRY_THREADS,
+                    memory_bytes=spec.flavor.memory_bytes + SENTRY_MEMORY_MIB * 1024 * 1024,
+                )
             except OSError as exc:
                 cgroup.destroy(timeout=0)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
         bundle = self._bundle(spec, state_dir, f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None)
-        record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
-                  "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-                  "flavor": spec.flavor.name, "template": spec.template, "cgroup": cgroup is not None}
+        record = {
+            "sandbox_id": spec.sandbox_id,
+            "backend": self.name,
+            "created": time.time(),
+            "owner_pid": spec.owner_pid,
+            "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+            "flavor": spec.flavor.name,
+            "template": spec.template,
+            "cgroup": cgroup is not None,
+        }
         # runsc with SIGKILL as its parent-death signal: runsc run is attached, so when its parent dies, even by
         # kill -9, the whole sandbox goes with it. Its parent is this process, or the sandbox's keeper.
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", runsc_path() or "runsc", f"--root={self.runsc_root}", "--network=none",
-                "--host-uds=create", "run", f"--bundle={bundle}", spec.sandbox_id]
+        argv = [
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+            "--",
+            runsc_path() or "runsc",
+            f"--root={self.runsc_root}",
+            "--network=none",
+            "--host-uds=create",
+            "run",
+            f"--bundle={bundle}",
+            spec.sandbox_id,
+        ]
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
@@ -355,8 +411,8 @@ class GVisorBackend(SandboxBackend):
                 record.update(keeper_pid=keeper.keeper_pid, keeper_start=process_start_time(keeper.keeper_pid))
             else:
                 process = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr_write,
-                    start_new_session=True)
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=stderr_write, start_new_session=True
+                )
         except (OSError, SandboxError) as exc:
             os.close(stderr_read)
             await self.remove(state_dir, cgroup, keep_io_dir=True)
@@ -370,11 +426,13 @@ class GVisorBackend(SandboxBackend):
         write_state(state_dir, record)
         return GVisorSandbox(spec, self, state_dir, process, cgroup, KernelStderr(spec.sandbox_id, stderr_read), keeper)
 
-    async def _start_kept(self, spec: SandboxSpec, state_dir: Path, argv: list[str], stderr_read: int,
-                          stderr_write: int) -> tuple[PidfdProcess, KeeperLink]:
+    async def _start_kept(
+        self, spec: SandboxSpec, state_dir: Path, argv: list[str], stderr_read: int, stderr_write: int
+    ) -> tuple[PidfdProcess, KeeperLink]:
         """runsc run as the child of the sandbox's keeper, which outlives this process."""
-        keeper_pid, runsc_pid = await adoption.start_keeper(state_dir, spec.adopt_grace, argv=argv, stderr_fd=stderr_read,
-                                                           child_stderr_fd=stderr_write, sweep_env=self.settings_env())
+        keeper_pid, runsc_pid = await adoption.start_keeper(
+            state_dir, spec.adopt_grace, argv=argv, stderr_fd=stderr_read, child_stderr_fd=stderr_write, sweep_env=self.settings_env()
+        )
         try:
             keeper = KeeperLink.own(state_dir, keeper_pid)
         except SandboxError:

@@ -46,9 +46,14 @@ class ActivityMixin:
                 held["buffer"].append((channel, frames))
                 return
             held["dropped"] = True
-            self.log.warning("kernel %s: dropped the %d messages kept for a closed WebSocket (session %s): they passed "
-                             "MSB_OFFLINE_BUFFER_MIB=%d; the client reconnects without them", kernel_id, len(held["buffer"]),
-                             session_key, self.msb_settings.offline_buffer_mib)
+            self.log.warning(
+                "kernel %s: dropped the %d messages kept for a closed WebSocket (session %s): they passed "
+                "MSB_OFFLINE_BUFFER_MIB=%d; the client reconnects without them",
+                kernel_id,
+                len(held["buffer"]),
+                session_key,
+                self.msb_settings.offline_buffer_mib,
+            )
             held["buffer"].clear()
             # Closed from the loop, not from inside this stream's own callback; a client that reconnected
             # since then has buffering of its own, which must stay.
@@ -99,8 +104,11 @@ class ActivityMixin:
                 state = json.loads(content_frame)["execution_state"] if msg_type == "status" else None
             except (ValueError, KeyError, TypeError) as error:
                 if not reported:  # once per kernel: its iopub is the kernel's to flood
-                    self.log.warning("kernel %s: ignored an iopub message the activity watch cannot read (%s)", kernel_id,
-                                     error if isinstance(error, ValueError) else f"no {error}")
+                    self.log.warning(
+                        "kernel %s: ignored an iopub message the activity watch cannot read (%s)",
+                        kernel_id,
+                        error if isinstance(error, ValueError) else f"no {error}",
+                    )
                     reported = True
                 return
             if msg_type == "iopub_welcome":

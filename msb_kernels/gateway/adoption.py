@@ -78,11 +78,17 @@ class AdoptionMixin:
             return
         km, state_dir = kept
         last = getattr(km, "last_activity", None)
-        record = {"kernel_id": kernel_id, "kernel_name": allocation.kernel_name, "flavor": allocation.flavor.name,
-                  "template": allocation.template, "created": allocation.created, "notebook_path": allocation.notebook_path,
-                  "env": allocation.env, "last_activity": last.timestamp() if last is not None else None,
-                  "connection": {key: value.decode() if isinstance(value, bytes) else value
-                                 for key, value in km.get_connection_info().items()}}
+        record = {
+            "kernel_id": kernel_id,
+            "kernel_name": allocation.kernel_name,
+            "flavor": allocation.flavor.name,
+            "template": allocation.template,
+            "created": allocation.created,
+            "notebook_path": allocation.notebook_path,
+            "env": allocation.env,
+            "last_activity": last.timestamp() if last is not None else None,
+            "connection": {key: value.decode() if isinstance(value, bytes) else value for key, value in km.get_connection_info().items()},
+        }
         with contextlib.suppress(OSError):  # a kernel going away as it is recorded
             write_private_json(state_dir / ADOPTION_RECORD, record)
             self._recorded[kernel_id] = record["last_activity"]
@@ -96,8 +102,7 @@ class AdoptionMixin:
                 continue
             km, state_dir = kept
             last = getattr(km, "last_activity", None)
-            if self._recorded.get(kernel_id) != (last.timestamp() if last else None) \
-                    or not (state_dir / ADOPTION_RECORD).exists():
+            if self._recorded.get(kernel_id) != (last.timestamp() if last else None) or not (state_dir / ADOPTION_RECORD).exists():
                 self.record_for_adoption(kernel_id)
 
     def keep_kernels(self) -> int:
@@ -122,8 +127,11 @@ class AdoptionMixin:
             state_dir = backend.io_dir_for(found.sandbox_id).parent
             record, problem = trusted_json(state_dir / ADOPTION_RECORD, private=True)
             if record is None or record.get("kernel_id") != found.sandbox_id:
-                self.log.info("sandbox %s is not a session to adopt (%s); the sweep stops it", found.sandbox_id,
-                              problem or "its record names another kernel")
+                self.log.info(
+                    "sandbox %s is not a session to adopt (%s); the sweep stops it",
+                    found.sandbox_id,
+                    problem or "its record names another kernel",
+                )
                 continue
             busy, _ = trusted_json(state_dir / BUSY_RECORD, private=True)
             busy = busy or {}
@@ -133,8 +141,9 @@ class AdoptionMixin:
                 await self._adopt(record, busy if busy.get("msg_id") else None)
             except Exception as exc:
                 self.allocations.pop(found.sandbox_id, None)
-                self.log.warning("could not adopt kernel %s: %s; the sweep stops it", found.sandbox_id,
-                                 exc.message if isinstance(exc, MsbError) else exc)
+                self.log.warning(
+                    "could not adopt kernel %s: %s; the sweep stops it", found.sandbox_id, exc.message if isinstance(exc, MsbError) else exc
+                )
                 continue
             adopted.append(found.sandbox_id)
         if adopted:
@@ -143,16 +152,23 @@ class AdoptionMixin:
 
     async def _adopt(self, record: dict, busy_with: dict | None) -> None:
         kernel_id = record["kernel_id"]
-        allocation = Allocation(kernel_id, record["kernel_name"], get_flavor(record["flavor"]), record["template"],
-                                created=record.get("created") or time.time(), notebook_path=record.get("notebook_path"),
-                                env=start_env(record.get("env")))
+        allocation = Allocation(
+            kernel_id,
+            record["kernel_name"],
+            get_flavor(record["flavor"]),
+            record["template"],
+            created=record.get("created") or time.time(),
+            notebook_path=record.get("notebook_path"),
+            env=start_env(record.get("env")),
+        )
         self.allocations[kernel_id] = allocation
         registry.adoptions[kernel_id] = record
         try:
             # jupyter_server's start, so that restarts, culling, activity and the WebSocket treat it as any other kernel;
             # the provisioner adopts the sandbox where it would have created one.
-            await AsyncMappingKernelManager.start_kernel(self, kernel_id=kernel_id, kernel_name=record["kernel_name"],
-                                                         env={**os.environ, **allocation.env})
+            await AsyncMappingKernelManager.start_kernel(
+                self, kernel_id=kernel_id, kernel_name=record["kernel_name"], env={**os.environ, **allocation.env}
+            )
         finally:
             registry.adoptions.pop(kernel_id, None)
         km = self._kernels[kernel_id]
@@ -193,14 +209,20 @@ class AdoptionMixin:
         if not connections or not requests or km is None:
             return
         lost_executions.pop(kernel_id, None)
-        note = ("msb-kernels: the gateway restarted while this ran; the kernel and its variables were kept, "
-                "but what the code printed during the restart, and how it ended, were lost.\n")
+        note = (
+            "msb-kernels: the gateway restarted while this ran; the kernel and its variables were kept, "
+            "but what the code printed during the restart, and how it ended, were lost.\n"
+        )
         for request in requests:
             for channel, msg_type, content in (
-                    ("iopub", "stream", {"name": "stderr", "text": note}),
-                    ("shell", "execute_reply", {"status": "error", "ename": "GatewayRestarted", "evalue": note.strip(),
-                                                "traceback": [], "execution_count": None}),
-                    ("iopub", "status", {"execution_state": "idle"})):
+                ("iopub", "stream", {"name": "stderr", "text": note}),
+                (
+                    "shell",
+                    "execute_reply",
+                    {"status": "error", "ename": "GatewayRestarted", "evalue": note.strip(), "traceback": [], "execution_count": None},
+                ),
+                ("iopub", "status", {"execution_state": "idle"}),
+            ):
                 message = km.session.msg(msg_type, content, parent=request)
                 for connection in connections:
                     with contextlib.suppress(Exception):  # a socket closing as it is told

@@ -73,8 +73,10 @@ def hold_runtime_dir(root: Path) -> int:
     except BlockingIOError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise ConfigError(f"another msb-kernels serve (pid {holder}) already uses the runtime dir {root}",
-                          ["stop that server first", "or give this one a runtime dir of its own: MSB_RUNTIME_DIR=/path"]) from None
+        raise ConfigError(
+            f"another msb-kernels serve (pid {holder}) already uses the runtime dir {root}",
+            ["stop that server first", "or give this one a runtime dir of its own: MSB_RUNTIME_DIR=/path"],
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
@@ -150,8 +152,10 @@ class MsbGatewayApp(ServerApp):
         for logger in (self.log, logging.getLogger("tornado"), msb_log):
             logger.setLevel(level)
         if not self.identity_provider.token:
-            raise ConfigError("the token is empty, which would let anyone run code here; "
-                              "set MSB_TOKEN to a secret, or leave it unset to have one generated")
+            raise ConfigError(
+                "the token is empty, which would let anyone run code here; "
+                "set MSB_TOKEN to a secret, or leave it unset to have one generated"
+            )
         km = self.kernel_manager
         for name in ("capacity_memory_mib", "capacity_cpus", "cull_idle_timeout", "cull_interval", "cull_connected", "cull_busy"):
             getattr(km, name)  # read every MSB_* setting now, so a bad one stops the start, not the first kernel
@@ -203,22 +207,25 @@ class MsbGatewayApp(ServerApp):
             name, _ = choose_backend(self.msb_settings.backend)  # the log line above says why
         except MsbError as exc:
             return f"  sandboxes: none can start here: {exc.message} (run `msb-kernels doctor`)"
-        return f"  sandboxes: every kernel runs in a {name} sandbox (MSB_BACKEND={self.msb_settings.backend}; " \
-               "`msb-kernels doctor` says why)"
+        return (
+            f"  sandboxes: every kernel runs in a {name} sandbox (MSB_BACKEND={self.msb_settings.backend}; `msb-kernels doctor` says why)"
+        )
 
     def banner(self) -> str:
         url = f"http://{self.ip if self.ip not in ('', '0.0.0.0') else '127.0.0.1'}:{self.port}{self.base_url.rstrip('/')}"
         token = self.identity_provider.token
         generated = self.identity_provider.token_generated
-        lines = [f"msb-kernels serve: listening on {url}",
-                 self.backend_line(),
-                 f"  token: {token}" if generated else "  token: the one set in MSB_TOKEN (or config)",
-                 "  clients send it as the header  Authorization: token <token>",
-                 f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
-                 f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
-                 f"  stats: {url}/api/msb/stats   health (no token): {url}/api/msb/health",
-                 f"  MCP: {url}/mcp",
-                 self.stop_line()]
+        lines = [
+            f"msb-kernels serve: listening on {url}",
+            self.backend_line(),
+            f"  token: {token}" if generated else "  token: the one set in MSB_TOKEN (or config)",
+            "  clients send it as the header  Authorization: token <token>",
+            f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
+            f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
+            f"  stats: {url}/api/msb/stats   health (no token): {url}/api/msb/health",
+            f"  MCP: {url}/mcp",
+            self.stop_line(),
+        ]
         if self.adopted:
             lines.insert(2, f"  adopted {len(self.adopted)} running kernel(s) from the previous msb-kernels serve")
         return "\n".join(lines)
@@ -273,8 +280,12 @@ class MsbGatewayApp(ServerApp):
         await self.kernel_manager.pool.shutdown()
         if self.keeps_kernels_at_stop:
             kept = self.kernel_manager.keep_kernels()
-            self.log.info("left %d kernel(s) running for the next msb-kernels serve on %s (they stop in %d s if none adopts them)",
-                          kept, self.msb_settings.runtime_root(), self.msb_settings.adopt_grace_seconds)
+            self.log.info(
+                "left %d kernel(s) running for the next msb-kernels serve on %s (they stop in %d s if none adopts them)",
+                kept,
+                self.msb_settings.runtime_root(),
+                self.msb_settings.adopt_grace_seconds,
+            )
             return
         try:
             await asyncio.wait_for(super().cleanup_kernels(), self.shutdown_timeout)

@@ -130,7 +130,7 @@ class AsgiHandler(APIHandler):
         request = self.request
         full_path = request.path
         prefix = self.base_url.rstrip("/") + self.root_path
-        relative = full_path[len(prefix):] if full_path.startswith(prefix) else full_path
+        relative = full_path[len(prefix) :] if full_path.startswith(prefix) else full_path
         host, _, port = (request.host or "127.0.0.1").partition(":")
         return {
             "type": "http",

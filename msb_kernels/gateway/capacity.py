@@ -46,28 +46,40 @@ class CapacityMixin:
     def check_limits(self, flavor: Flavor) -> None:
         """Raise ResourceLimitExceeded (the handlers answer 429) when one more kernel of this flavor would pass a limit."""
         try:
-            check_session_limit(len(self.counted_flavors()), self.msb_settings.max_sessions,
-                                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"])
+            check_session_limit(
+                len(self.counted_flavors()),
+                self.msb_settings.max_sessions,
+                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"],
+            )
         except ResourceLimitExceeded as exc:
             exc.limit = "max_sessions"
             raise
         memory, cpus = self.allocated()
         over = []
         if memory + flavor.memory_mib > self.capacity_memory_mib:
-            over.append(("capacity_memory", f"memory {memory} + {flavor.memory_mib} MiB > MSB_CAPACITY_MEMORY_MIB={self.capacity_memory_mib}"))
+            over.append(
+                ("capacity_memory", f"memory {memory} + {flavor.memory_mib} MiB > MSB_CAPACITY_MEMORY_MIB={self.capacity_memory_mib}")
+            )
         if self.capacity_cpus is not None and cpus + flavor.cpus > self.capacity_cpus:
             over.append(("capacity_cpus", f"CPUs {cpus} + {flavor.cpus} > MSB_CAPACITY_CPUS={self.capacity_cpus}"))
         if not over:
             return
-        fitting = [f for f in FLAVORS.values() if f.memory_mib < flavor.memory_mib
-                   and memory + f.memory_mib <= self.capacity_memory_mib
-                   and (self.capacity_cpus is None or cpus + f.cpus <= self.capacity_cpus)]
+        fitting = [
+            f
+            for f in FLAVORS.values()
+            if f.memory_mib < flavor.memory_mib
+            and memory + f.memory_mib <= self.capacity_memory_mib
+            and (self.capacity_cpus is None or cpus + f.cpus <= self.capacity_cpus)
+        ]
         suggestions = ["stop a session you no longer need (DELETE /api/kernels/<id>)"]
         if fitting:
             suggestions.append("pick a smaller flavor: " + ", ".join(f"{f.name} ({f.cpus} CPU, {f.memory_mib} MiB)" for f in fitting))
         raise ResourceLimitExceeded(
             f"host capacity reached: a {flavor.name} kernel ({flavor.cpus} CPU, {flavor.memory_mib} MiB) does not fit: "
-            + "; ".join(text for _, text in over), suggestions, limit=over[0][0])
+            + "; ".join(text for _, text in over),
+            suggestions,
+            limit=over[0][0],
+        )
 
     def flavor_for(self, kernel_name: str, env: dict[str, str]) -> tuple[Flavor, str]:
         """The flavor and template a start request gets: KERNEL_FLAVOR in its env, else the kernelspec's."""
@@ -77,7 +89,8 @@ class CapacityMixin:
             names = sorted(self.kernel_spec_manager.find_kernel_specs())
             raise NoSuchKernelspec(
                 f"no sandboxed kernelspec named {kernel_name!r}",
-                [f"use one of: {', '.join(names)}" if names else "run `msb-kernels install` first"]) from None
+                [f"use one of: {', '.join(names)}" if names else "run `msb-kernels install` first"],
+            ) from None
         config = spec.metadata.get("kernel_provisioner", {}).get("config", {})
         if env.get("KERNEL_FLAVOR"):
             flavor = get_flavor(env["KERNEL_FLAVOR"], argument="KERNEL_FLAVOR")

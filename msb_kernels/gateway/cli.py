@@ -11,17 +11,24 @@ from msb_kernels.errors import ConfigError
 
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``msb-kernels serve`` to the CLI's subparsers."""
-    p = sub.add_parser("serve", help="serve sandboxed kernels to JupyterLab (--gateway-url) and MCP clients",
-                       description="Start the kernel gateway: Jupyter kernel, kernelspec and session APIs, "
-                                   "/api/msb/stats, and the MCP bridge at /mcp. Settings also come from MSB_* variables.")
+    p = sub.add_parser(
+        "serve",
+        help="serve sandboxed kernels to JupyterLab (--gateway-url) and MCP clients",
+        description="Start the kernel gateway: Jupyter kernel, kernelspec and session APIs, "
+        "/api/msb/stats, and the MCP bridge at /mcp. Settings also come from MSB_* variables.",
+    )
     p.add_argument("--host", help="address to listen on (MSB_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (MSB_PORT, default 8765)")
     p.add_argument("--token-file", help="read the token from this file (else MSB_TOKEN, else one is generated)")
     p.add_argument("--capacity-memory-mib", type=int, help="memory all kernels' flavors may add up to (MSB_CAPACITY_MEMORY_MIB)")
     p.add_argument("--capacity-cpus", type=int, help="CPUs all kernels' flavors may add up to (MSB_CAPACITY_CPUS)")
     p.add_argument("--cull-interval", type=int, help="seconds between idle checks (MSB_CULL_INTERVAL_SECONDS, default 60)")
-    p.add_argument("--keep-kernels", action="store_true", default=None,
-                   help="at a clean stop, leave the kernels running for the next serve on this runtime dir (MSB_KEEP_KERNELS)")
+    p.add_argument(
+        "--keep-kernels",
+        action="store_true",
+        default=None,
+        help="at a clean stop, leave the kernels running for the next serve on this runtime dir (MSB_KEEP_KERNELS)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARN", "ERROR", "CRITICAL"])
     p.set_defaults(func=cmd_serve)
     return p
@@ -40,9 +47,14 @@ def _config_from_args(args: argparse.Namespace):
             raise ConfigError(f"--token-file {args.token_file}: {exc.strerror}") from None
         if not config.MsbSettings.token:
             raise ConfigError(f"--token-file {args.token_file} is empty; put the token in it")
-    for name, trait in (("host", "host"), ("port", "port"), ("capacity_memory_mib", "capacity_memory_mib"),
-                        ("capacity_cpus", "capacity_cpus"), ("cull_interval", "cull_interval_seconds"),
-                        ("keep_kernels", "keep_kernels")):
+    for name, trait in (
+        ("host", "host"),
+        ("port", "port"),
+        ("capacity_memory_mib", "capacity_memory_mib"),
+        ("capacity_cpus", "capacity_cpus"),
+        ("cull_interval", "cull_interval_seconds"),
+        ("keep_kernels", "keep_kernels"),
+    ):
         if getattr(args, name) is not None:
             config.MsbSettings[trait] = getattr(args, name)
     config.MsbGatewayApp.log_level = args.log_level

@@ -20,8 +20,15 @@ from msb_kernels.errors import (
 )
 
 # HTTP status for each error class. A start past a limit answers 429 (documented in the README).
-STATUS_FOR = {ResourceLimitExceeded: 429, NoSuchKernelspec: 404, InvalidRequest: 400, ConfigError: 400, SessionNotFound: 404,
-              BackendUnavailable: 503, SandboxError: 500}
+STATUS_FOR = {
+    ResourceLimitExceeded: 429,
+    NoSuchKernelspec: 404,
+    InvalidRequest: 400,
+    ConfigError: 400,
+    SessionNotFound: 404,
+    BackendUnavailable: 503,
+    SandboxError: 500,
+}
 
 
 class MsbHTTPError(web.HTTPError):

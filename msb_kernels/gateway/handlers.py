@@ -67,8 +67,9 @@ class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
         model = self.get_json_body() or {}
         kernel_name = str(model.get("name") or km.default_kernel_name)
         env = {**os.environ, **start_env(model.get("env"))}
-        kernel_id = await ensure_async(km.start_kernel(kernel_name=kernel_name, path=model.get("path"),
-                                                       kernel_id=model.get("kernel_id"), env=env))
+        kernel_id = await ensure_async(
+            km.start_kernel(kernel_name=kernel_name, path=model.get("path"), kernel_id=model.get("kernel_id"), env=env)
+        )
         model = await ensure_async(km.kernel_model(kernel_id))
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", url_escape(kernel_id)))
         self.set_status(201)

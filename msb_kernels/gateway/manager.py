@@ -89,8 +89,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
             self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
         kernel_id = (self.pool.reserve(kernel_name, kwargs) if from_pool else None) or kernel_id or self.new_kernel_id()
-        allocation = Allocation(kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None,
-                                env=start_env(env))
+        allocation = Allocation(
+            kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None, env=start_env(env)
+        )
         self.allocations[kernel_id] = allocation
         try:
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
@@ -105,8 +106,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             if isinstance(exc, (MsbError, web.HTTPError)) or not isinstance(exc, Exception):  # ours, jupyter_server's, cancellation
                 raise
             self.log.error("kernel %s did not start: %s", kernel_id, exc, exc_info=exc)
-            raise SandboxError(f"the {kernel_name} kernel did not start: {type(exc).__name__}: {exc}",
-                               ["run `msb-kernels doctor` to check this host"]) from exc
+            raise SandboxError(
+                f"the {kernel_name} kernel did not start: {type(exc).__name__}: {exc}", ["run `msb-kernels doctor` to check this host"]
+            ) from exc
 
     async def shutdown_all(self, now: bool = True) -> None:  # type: ignore[override]
         """At the gateway's stop, every sandbox is killed at once: it is thrown away with whatever it held, so asking
@@ -134,10 +136,19 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
 
     def _record_stop(self, allocation: Allocation, status: str, reason: str, exit_reason: str | None = None) -> None:
         """``reason`` says what happened; ``exit_reason`` is the sandbox's word on why the kernel ended, when it knows."""
-        self.stopped.append({"id": allocation.kernel_id, "kernel_name": allocation.kernel_name,
-                             "flavor": allocation.flavor.name, "template": allocation.template,
-                             "created": iso_utc(allocation.created), "stopped": iso_utc(time.time()),
-                             "status": status, "reason": reason, "exit_reason": exit_reason})
+        self.stopped.append(
+            {
+                "id": allocation.kernel_id,
+                "kernel_name": allocation.kernel_name,
+                "flavor": allocation.flavor.name,
+                "template": allocation.template,
+                "created": iso_utc(allocation.created),
+                "stopped": iso_utc(time.time()),
+                "status": status,
+                "reason": reason,
+                "exit_reason": exit_reason,
+            }
+        )
 
     def _record_death(self, kernel_id: str) -> None:
         """The kernel died and jupyter_client restarts it: a fresh kernel under the same id, its state gone."""
@@ -147,5 +158,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         sandbox = described.sandbox if (described := describe(self._kernels.get(kernel_id))) else None
         reason = sandbox.exit_reason() if sandbox is not None else None
         self.log.warning("kernel %s died%s; restarting it", kernel_id, f" ({reason})" if reason else "")
-        self._record_stop(allocation, "restarted", "died" + (f" ({reason})" if reason else "")
-                          + " and was restarted with a fresh kernel under the same id; its state is lost", reason)
+        self._record_stop(
+            allocation,
+            "restarted",
+            "died" + (f" ({reason})" if reason else "") + " and was restarted with a fresh kernel under the same id; its state is lost",
+            reason,
+        )

@@ -28,7 +28,8 @@ def mount_mcp(server_app: Any) -> AsgiLifespan:
     origins = sorted({f"http://{h}" for h in hosts if ":" in h})
     sessions = ManagedKernelSessions(server_app.kernel_manager, session_manager=server_app.session_manager)
     app = asgi_app(sessions, token=server_app.identity_provider.token, allowed_hosts=hosts, allowed_origins=origins)
-    server_app.web_app.add_handlers(".*$", [(server_app.base_url.rstrip("/") + pattern, handler, kwargs)
-                                            for pattern, handler, kwargs in asgi_route(MCP_PATH, app)])
+    server_app.web_app.add_handlers(
+        ".*$", [(server_app.base_url.rstrip("/") + pattern, handler, kwargs) for pattern, handler, kwargs in asgi_route(MCP_PATH, app)]
+    )
     server_app.log.info("MCP streamable HTTP at %s%s", server_app.connection_url.rstrip("/").split("?")[0], MCP_PATH)
     return AsgiLifespan(app)

@@ -58,22 +58,24 @@ class StatsMixin:
                     memory_bytes = sandbox.memory_bytes()
                 except OSError:
                     memory_bytes = None
-            kernels.append({
-                "id": kernel_id,
-                "kernel_name": allocation.kernel_name,
-                "flavor": allocation.flavor.name,
-                "template": allocation.template,
-                "backend": info.get("backend"),
-                "created": iso_utc(allocation.created),
-                "last_activity": iso_utc(last.timestamp()) if last is not None else None,
-                "status": self.kernel_status(kernel_id),
-                "execution_state": getattr(km, "execution_state", "starting") if km is not None else "starting",
-                "connections": self._kernel_connections.get(kernel_id, 0),
-                "notebook_path": paths.get(kernel_id),
-                "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
-                "memory_bytes": memory_bytes,
-                "keeper_pid": keeper.keeper_pid if keeper is not None else None,
-            })
+            kernels.append(
+                {
+                    "id": kernel_id,
+                    "kernel_name": allocation.kernel_name,
+                    "flavor": allocation.flavor.name,
+                    "template": allocation.template,
+                    "backend": info.get("backend"),
+                    "created": iso_utc(allocation.created),
+                    "last_activity": iso_utc(last.timestamp()) if last is not None else None,
+                    "status": self.kernel_status(kernel_id),
+                    "execution_state": getattr(km, "execution_state", "starting") if km is not None else "starting",
+                    "connections": self._kernel_connections.get(kernel_id, 0),
+                    "notebook_path": paths.get(kernel_id),
+                    "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
+                    "memory_bytes": memory_bytes,
+                    "keeper_pid": keeper.keeper_pid if keeper is not None else None,
+                }
+            )
 
         def percent(used: float, total: float) -> float:
             return round(100.0 * used / total, 1) if total else 0.0
@@ -87,8 +89,10 @@ class StatsMixin:
             "total_memory_mb": memory,
             "total_cpus": cpus,
             "capacity": {"memory_mb": self.capacity_memory_mib, "cpus": self.capacity_cpus},
-            "available": {"memory_mb": max(0, self.capacity_memory_mib - memory),
-                          "cpus": None if self.capacity_cpus is None else max(0, self.capacity_cpus - cpus)},
+            "available": {
+                "memory_mb": max(0, self.capacity_memory_mib - memory),
+                "cpus": None if self.capacity_cpus is None else max(0, self.capacity_cpus - cpus),
+            },
             "flavor_counts": {name: sum(1 for a in self.allocations.values() if a.flavor.name == name) for name in FLAVORS},
             "utilization": {
                 "sessions": percent(active, self.msb_settings.max_sessions),
@@ -96,15 +100,21 @@ class StatsMixin:
                 "memory": percent(memory, self.capacity_memory_mib),
                 "cpus": percent(cpus, self.capacity_cpus or host_cpus()),  # unlimited: the share of the host's CPUs
             },
-            "culling": {"idle_timeout": self.cull_idle_timeout, "interval": self.cull_interval,
-                        "connected": self.cull_connected, "busy": self.cull_busy},
+            "culling": {
+                "idle_timeout": self.cull_idle_timeout,
+                "interval": self.cull_interval,
+                "connected": self.cull_connected,
+                "busy": self.cull_busy,
+            },
             "pool": self.pool.stats(),
             # Not sessions: the namespace backend's fork servers, one per Python environment (forkservers.py).
             "fork_servers": backend_info.get("fork_servers", []),
             # Not sessions either: the process that holds this runtime dir's kernels for adoption (keeper_program.py). A kill
             # of it ends every kernel it holds.
-            "keepers": [{"pid": pid, "kernels": count} for pid, count in
-                        sorted(Counter(k["keeper_pid"] for k in kernels if k["keeper_pid"] is not None).items())],
+            "keepers": [
+                {"pid": pid, "kernels": count}
+                for pid, count in sorted(Counter(k["keeper_pid"] for k in kernels if k["keeper_pid"] is not None).items())
+            ],
             "kernels": kernels,
             "recently_stopped": list(self.stopped),
             "gateway": gateway_process_stats(),
@@ -129,5 +139,9 @@ def port_stats(backend: Any, stats: dict) -> dict:
     ports = dict(stats.get("ports") or {})
     if {"allocated", "available"} <= set(ports):
         return {**ports, "backend": backend.name}
-    return {"allocated": 0, "available": 0, "backend": backend.name,
-            "note": f"the {backend.name} backend talks to kernels over ZMQ ipc sockets, so it holds no TCP ports"}
+    return {
+        "allocated": 0,
+        "available": 0,
+        "backend": backend.name,
+        "note": f"the {backend.name} backend talks to kernels over ZMQ ipc sockets, so it holds no TCP ports",
+    }

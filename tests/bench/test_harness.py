@@ -11,22 +11,60 @@ import pytest
 
 from tests.conftest import REPO
 
-TINY = ["--quick", "--starts", "1", "--new-sessions", "1", "--executes", "3", "--stdout-samples", "2", "--parallel", "2",
-        "--throughput-seconds", "0.3", "--capacity", "2", "--levels", "1", "2", "--growth-starts", "1",
-        "--growth-executes", "2", "--batch", "2", "--burst", "2"]
+TINY = [
+    "--quick",
+    "--starts",
+    "1",
+    "--new-sessions",
+    "1",
+    "--executes",
+    "3",
+    "--stdout-samples",
+    "2",
+    "--parallel",
+    "2",
+    "--throughput-seconds",
+    "0.3",
+    "--capacity",
+    "2",
+    "--levels",
+    "1",
+    "2",
+    "--growth-starts",
+    "1",
+    "--growth-executes",
+    "2",
+    "--batch",
+    "2",
+    "--burst",
+    "2",
+]
 
 
 def test_quick_run_writes_json_table_and_chart(tmp_path):
     out = tmp_path / "results"
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *TINY, "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), *TINY, "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads((out / "bench.json").read_text())
     assert results["mode"] == "quick" and results["baseline"] == "python3"
     figures = results["figures"]
-    assert set(figures) == {"cold_start", "mcp_new_session", "execute_direct", "first_stdout", "execute_websocket",
-                            "execute_mcp", "throughput", "idle_memory", "burst", "capacity", "cost_growth", "side_by_side",
-                            "gateway_session_pss"}
+    assert set(figures) == {
+        "cold_start",
+        "mcp_new_session",
+        "execute_direct",
+        "first_stdout",
+        "execute_websocket",
+        "execute_mcp",
+        "throughput",
+        "idle_memory",
+        "burst",
+        "capacity",
+        "cost_growth",
+        "side_by_side",
+        "gateway_session_pss",
+    }
     backends = figures["cold_start"]["backends"]
     assert backends["namespace"]["available"] and backends["namespace"]["start"]["n"] == 1
     assert backends["microsandbox"]["available"] or backends["microsandbox"]["result"].startswith("unavailable: ")
@@ -37,8 +75,12 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
     for key in ("pool", "no_pool"):
         assert figures["mcp_new_session"][key]["n"] == 1
     assert figures["mcp_new_session"]["pool"]["handed_out_by_pool"] == 1
-    for section, keys in (("execute_direct", ("msb", "bare", "msb_exec")), ("first_stdout", ("msb", "bare")),
-                          ("execute_websocket", ("msb", "bare_ws", "bare")), ("execute_mcp", ("memory", "http", "bare", "bare_to_idle", "msb_to_idle"))):
+    for section, keys in (
+        ("execute_direct", ("msb", "bare", "msb_exec")),
+        ("first_stdout", ("msb", "bare")),
+        ("execute_websocket", ("msb", "bare_ws", "bare")),
+        ("execute_mcp", ("memory", "http", "bare", "bare_to_idle", "msb_to_idle")),
+    ):
         for key in keys:
             assert {"n", "p50_ms", "p95_ms"} <= set(figures[section][key]), (section, key)
     side = figures["side_by_side"]  # every backend that runs here, and the namespace sandbox over tcp
@@ -83,14 +125,22 @@ def test_quick_run_writes_json_table_and_chart(tmp_path):
 
 
 def test_starts_interleaves_kernelspecs_and_variants_of_one_by_their_settings():
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "starts.py"), "-n", "1", "msb-python-small",
-                          "MSB_FORK_KERNELS=false:msb-python-small"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "starts.py"), "-n", "1", "msb-python-small", "MSB_FORK_KERNELS=false:msb-python-small"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith("msb-python-small: p50 ") and "(n=1, forked)" in lines[0], lines
     assert lines[1].startswith("MSB_FORK_KERNELS=false:msb-python-small: p50 ") and "(n=1, exec'd)" in lines[1], lines
-    refused = subprocess.run([sys.executable, str(REPO / "bench" / "starts.py"), "FORK=false:msb-python-small", "nothing"],
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "starts.py"), "FORK=false:msb-python-small", "nothing"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode != 0 and "is not MSB_NAME=VALUE" in refused.stderr and "Traceback" not in refused.stderr
 
 
@@ -102,15 +152,20 @@ def test_quick_flush_times_a_plain_kernel_beside_one_running_the_quick_flush():
 
 
 def test_side_by_side_calls_two_checkouts_in_turn_and_refuses_what_is_not_one(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "side_by_side.py"), str(REPO), str(REPO), "-n", "2"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "side_by_side.py"), str(REPO), str(REPO), "-n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()[-4:]
     assert lines[0].startswith(f"A {REPO}: p50 ") and "gateway CPU" in lines[0], lines
     assert lines[1].startswith(f"B {REPO}: p50 ") and lines[2].startswith("direct client, bare kernel: p50 "), lines
     assert lines[3].startswith("B - A: p50 ") and lines[3].endswith("(n=2)"), lines
-    refused = subprocess.run([sys.executable, str(REPO / "bench" / "side_by_side.py"), str(tmp_path), str(REPO)],
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "side_by_side.py"), str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode != 0 and "is not a checkout of msb-kernels" in refused.stderr and "Traceback" not in refused.stderr
 
 
@@ -133,8 +188,9 @@ async def test_a_kernel_that_dies_at_its_start_is_started_again_and_counted(tmp_
     for name, marker in (("dies-once", str(tmp_path / "died-once")), ("dies-always", "always")):
         spec = tmp_path / "kernels" / name
         spec.mkdir(parents=True)
-        (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, str(script), marker, "{connection_file}"],
-                                                      "display_name": name, "language": "python"}))
+        (spec / "kernel.json").write_text(
+            json.dumps({"argv": [sys.executable, str(script), marker, "{connection_file}"], "display_name": name, "language": "python"})
+        )
     monkeypatch.setenv("JUPYTER_PATH", f"{tmp_path}:{os.environ.get('JUPYTER_PATH', '')}".rstrip(":"))
 
     starts, km, kc = await start_kernel_again_if_it_dies("dies-once", timeout=60)

@@ -28,8 +28,15 @@ from tests.msb_kernels.gateway.conftest import wait_until
 VENV_BIN = Path(sys.executable).parent
 
 # Short waits so the long-run and timeout paths run in seconds, not minutes.
-TEST_OPTIONS = BridgeOptions.from_settings(None, running_after_seconds=3.0, default_timeout_seconds=60.0, progress_interval_seconds=1.0,
-                                           max_output_chars=20_000, max_code_chars=100_000, kernel_start_timeout_seconds=60.0)
+TEST_OPTIONS = BridgeOptions.from_settings(
+    None,
+    running_after_seconds=3.0,
+    default_timeout_seconds=60.0,
+    progress_interval_seconds=1.0,
+    max_output_chars=20_000,
+    max_code_chars=100_000,
+    kernel_start_timeout_seconds=60.0,
+)
 
 
 def result_error(result) -> dict:
@@ -148,8 +155,13 @@ def gateway_process(token: str, **env: str) -> Iterator[str]:
     port = free_port()
     token_file = Path(os.environ["MSB_RUNTIME_DIR"]).parent / f"gateway-token-{port}"
     token_file.write_text(token)
-    process = subprocess.Popen([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), "--token-file", str(token_file)],
-                               env=child_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        [str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), "--token-file", str(token_file)],
+        env=child_env(**env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         wait_for_port(port, process, timeout=60)  # a gateway that does not start is a failure, not a skip
         yield f"http://127.0.0.1:{port}"

@@ -48,8 +48,9 @@ async def test_since_counts_both_streams_and_past_the_end_gives_nothing(mcp_serv
         assert result.structured_content["output_offset"] == 15
 
         async def since(offset: int) -> tuple[str, str]:
-            fetched = await client.call_tool("get_execution_output", {"session_id": python_session,
-                                                                      "execution_id": execution_id, "since": offset})
+            fetched = await client.call_tool(
+                "get_execution_output", {"session_id": python_session, "execution_id": execution_id, "since": offset}
+            )
             return fetched.structured_content["stdout"], fetched.structured_content["stderr"]
 
         assert await since(8) == ("89", "abcde")
@@ -120,8 +121,9 @@ async def test_rich_outputs_are_capped_in_number_and_size(small_caps_server):
         assert len(result.structured_content["results"]) == 20
         assert "[5 more rich outputs were dropped" in result.content[0].text
         # 4 x MSB_MCP_MAX_OUTPUT_CHARS of rich data at most: a 5000-character HTML does not fit in 4000.
-        big = await client.call_tool("execute_code", {"code": "display(HTML('x' * 5000))\ndisplay(HTML('small'))",
-                                                      "session_id": session_id})
+        big = await client.call_tool(
+            "execute_code", {"code": "display(HTML('x' * 5000))\ndisplay(HTML('small'))", "session_id": session_id}
+        )
         assert [r["data"]["text/html"] for r in big.structured_content["results"]] == ["small"]
         assert "[1 more rich outputs were dropped" in big.content[0].text
         await client.call_tool("stop_session", {"session_id": session_id})
@@ -131,8 +133,11 @@ async def test_restart_during_a_run_ends_that_run_and_gives_a_fresh_kernel(mcp_s
     async with Client(mcp_server) as client:
         first = await client.call_tool("execute_code", {"code": "before_restart = 1"})
         session_id = first.structured_content["session_id"]
-        run = asyncio.ensure_future(client.call_tool("execute_code", {"code": "import time\nprint('started', flush=True)\ntime.sleep(600)",
-                                                                      "session_id": session_id}))
+        run = asyncio.ensure_future(
+            client.call_tool(
+                "execute_code", {"code": "import time\nprint('started', flush=True)\ntime.sleep(600)", "session_id": session_id}
+            )
+        )
         await wait_until_running(client, session_id, 60, "the long run to start")
         restarted = await client.call_tool("restart_session", {"session_id": session_id})
         assert restarted.structured_content["success"] is True
@@ -150,13 +155,18 @@ async def test_restart_during_a_run_ends_that_run_and_gives_a_fresh_kernel(mcp_s
 async def test_interrupt_restart_and_stop_through_a_gateway():
     gateway = await launch_gateway()
     try:
-        params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway.url, "--token", gateway.token],
-                                       env=child_env())
+        params = StdioServerParameters(
+            command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway.url, "--token", gateway.token], env=child_env()
+        )
         async with Client(params) as assistant:
             first = await assistant.call_tool("execute_code", {"code": "kept = 'yes'"})
             session_id = first.structured_content["session_id"]
-            run = asyncio.ensure_future(assistant.call_tool("execute_code", {
-                "code": "import time\nprint('looping', flush=True)\nwhile True: time.sleep(0.1)", "session_id": session_id}))
+            run = asyncio.ensure_future(
+                assistant.call_tool(
+                    "execute_code",
+                    {"code": "import time\nprint('looping', flush=True)\nwhile True: time.sleep(0.1)", "session_id": session_id},
+                )
+            )
             await wait_until_running(assistant, session_id, 60, "the loop to start at the gateway")
             interrupted = await assistant.call_tool("interrupt_session", {"session_id": session_id})
             assert interrupted.structured_content["success"] is True

@@ -40,8 +40,7 @@ def inspector_missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.slow,
-              pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing()))]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing()))]
 
 
 @dataclass
@@ -84,8 +83,15 @@ class Inspector:
 
     async def run(self, *options: str) -> Printed:
         process = await asyncio.create_subprocess_exec(
-            "node", str(INSPECTOR), "--cli", *self.target, *options, env=self.env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            "node",
+            str(INSPECTOR),
+            "--cli",
+            *self.target,
+            *options,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         stdout, stderr = await asyncio.wait_for(process.communicate(), 180)
         printed = Printed(process.returncode, stdout.decode(), stderr.decode())
         self.runs.append(printed)
@@ -111,8 +117,7 @@ async def gateway() -> Gateway:
 @pytest.fixture(scope="module")
 def http_inspector(gateway, tmp_path_factory) -> Inspector:
     log = tmp_path_factory.mktemp("inspector") / "fetch.jsonl"
-    env = inspector_env(NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=gateway.token,
-                        MSB_TEST_FETCH_LOG=str(log))
+    env = inspector_env(NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=gateway.token, MSB_TEST_FETCH_LOG=str(log))
     return Inspector([gateway.url + "/mcp"], env, fetch_log=log)
 
 
@@ -187,9 +192,13 @@ async def test_two_calls_share_a_session_over_http(http_inspector):
     try:
         second = (await http_inspector.call("execute_code", code="print(kept_by_inspector)", session_id=session_id)).structured
         assert second["stdout"] == "42\n" and second["session_created"] is False
-        hostile = (await http_inspector.call("execute_command", command="printf", args=["%s\n", *HOSTILE], session_id=session_id)).structured
+        hostile = (
+            await http_inspector.call("execute_command", command="printf", args=["%s\n", *HOSTILE], session_id=session_id)
+        ).structured
         assert hostile["stdout"] == "".join(f"{arg}\n" for arg in HOSTILE)
-        check = (await http_inspector.call("execute_command", command="ls", args=["/tmp/canary", "/tmp/pwned"], session_id=session_id)).structured
+        check = (
+            await http_inspector.call("execute_command", command="ls", args=["/tmp/canary", "/tmp/pwned"], session_id=session_id)
+        ).structured
         assert "/tmp/canary" in check["stdout"] and "/tmp/pwned" in check["stderr"], "an argument was run by a shell"
     finally:
         stopped = await http_inspector.call("stop_session", session_id=session_id)
@@ -216,8 +225,9 @@ class HeaderLog:
 
 async def python_client_call(gateway: Gateway, mode: str, code: str, session_id: str | None = None) -> tuple[str, dict, HeaderLog]:
     headers = HeaderLog()
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120,
-                                  event_hooks={"response": [headers]}) as http:
+    async with httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120, event_hooks={"response": [headers]}
+    ) as http:
         async with Client(streamable_http_client(gateway.url + "/mcp", http_client=http), mode=mode) as client:
             arguments = {"code": code, **({"session_id": session_id} if session_id else {})}
             result = await client.call_tool("execute_code", arguments)

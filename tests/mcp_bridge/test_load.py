@@ -34,10 +34,15 @@ async def test_fifty_new_sessions_at_once_on_a_busy_host_keep_every_output():
     Before the fix, the bridge gave iopub 2 s after the shell reply and then answered ok with
     whatever had arrived: a few of the 50 came back ok with empty stdout.
     """
-    limits = {"MSB_MAX_SESSIONS": str(NEW_SESSIONS + 10), "MSB_CAPACITY_MEMORY_MIB": str(1024 * (NEW_SESSIONS + 10)),
-              "MSB_CAPACITY_CPUS": str(NEW_SESSIONS + 10), "MSB_POOL_SIZE": "0", "MSB_MCP_RUNNING_AFTER_SECONDS": "240",
-              # 50 reserved 2 GiB disks would need 100 GiB: sparse ones hold only what the kernels write.
-              "MSB_DISK_RESERVE": "false"}
+    limits = {
+        "MSB_MAX_SESSIONS": str(NEW_SESSIONS + 10),
+        "MSB_CAPACITY_MEMORY_MIB": str(1024 * (NEW_SESSIONS + 10)),
+        "MSB_CAPACITY_CPUS": str(NEW_SESSIONS + 10),
+        "MSB_POOL_SIZE": "0",
+        "MSB_MCP_RUNNING_AFTER_SECONDS": "240",
+        # 50 reserved 2 GiB disks would need 100 GiB: sparse ones hold only what the kernels write.
+        "MSB_DISK_RESERVE": "false",
+    }
     burners = [multiprocessing.Process(target=burn, args=(240,), daemon=True) for _ in range(2 * len(os.sched_getaffinity(0)))]
     with gateway_process(TOKEN, **limits) as url:
         for burner in burners:

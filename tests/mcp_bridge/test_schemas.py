@@ -26,8 +26,10 @@ def schema_problems(schema: dict, structured: object) -> list[str]:
     """What keeps ``structured`` from fitting ``schema`` (empty when it fits)."""
     validator_class = validator_for(schema)
     validator_class.check_schema(schema)
-    return [f"{'/'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
-            for error in validator_class(schema).iter_errors(structured)]
+    return [
+        f"{'/'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
+        for error in validator_class(schema).iter_errors(structured)
+    ]
 
 
 class SchemaCheckedClient:
@@ -135,9 +137,13 @@ async def test_timeouts_deaths_restarts_and_stops_fit_the_output_schema(mcp_serv
             assert result_error(slow)["type"] == "ExecutionTimeout"
             running = await client.call("execute_code", {"code": "import time\ntime.sleep(4)\nprint('late')", "session_id": session_id})
             assert running.structured_content["status"] == "running"
-            later = await client.call("get_execution_output", {"session_id": session_id, "execution_id": running.structured_content["execution_id"]})
+            later = await client.call(
+                "get_execution_output", {"session_id": session_id, "execution_id": running.structured_content["execution_id"]}
+            )
             assert later.structured_content["status"] == "ok", later.content[0].text
-            died = await client.call("execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id})
+            died = await client.call(
+                "execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id}
+            )
             assert result_error(died)["type"] == "SystemError"
             # Whether the dead kernel is reported or has been restarted by then is issue 9.3's; either answer must fit.
             await client.call("execute_code", {"code": "kept", "session_id": session_id})

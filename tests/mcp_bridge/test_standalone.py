@@ -20,8 +20,9 @@ FRESH_PREFIX_MSB_MCP = "import sys; sys.prefix = sys.argv.pop(1); from mcp_bridg
 
 async def test_first_run_installs_the_missing_kernelspecs(tmp_path):
     prefix = tmp_path / "prefix"
-    env = child_env(JUPYTER_PATH="", JUPYTER_DATA_DIR=str(tmp_path / "data"),
-                    PATH=f"{VENV_BIN}:/usr/sbin:/sbin")  # no node: the Python kernelspecs alone, and no npm install
+    env = child_env(
+        JUPYTER_PATH="", JUPYTER_DATA_DIR=str(tmp_path / "data"), PATH=f"{VENV_BIN}:/usr/sbin:/sbin"
+    )  # no node: the Python kernelspecs alone, and no npm install
     params = StdioServerParameters(command=sys.executable, args=["-c", FRESH_PREFIX_MSB_MCP, str(prefix)], env=env)
     kernels = prefix / "share" / "jupyter" / "kernels"
     assert not kernels.exists()
@@ -33,8 +34,9 @@ async def test_first_run_installs_the_missing_kernelspecs(tmp_path):
 
 
 async def test_idle_sessions_are_stopped_and_busy_ones_kept():
-    params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=[],
-                                   env=child_env(MSB_SESSION_TIMEOUT_SECONDS="2", MSB_MCP_RUNNING_AFTER_SECONDS="1"))
+    params = StdioServerParameters(
+        command=str(VENV_BIN / "msb-mcp"), args=[], env=child_env(MSB_SESSION_TIMEOUT_SECONDS="2", MSB_MCP_RUNNING_AFTER_SECONDS="1")
+    )
     async with Client(params) as client:
         busy = (await client.call_tool("execute_code", {"code": "y = 1"})).structured_content["session_id"]
         long_run = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(30)", "session_id": busy})

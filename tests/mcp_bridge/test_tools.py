@@ -22,7 +22,6 @@ from tests.skips import needs_cgroups
 pytestmark = pytest.mark.asyncio
 
 
-
 async def call(server, tool: str, arguments: dict, **kwargs):
     async with Client(server) as client:
         return await client.call_tool(tool, arguments, **kwargs)
@@ -34,8 +33,18 @@ async def call(server, tool: str, arguments: dict, **kwargs):
 async def test_tools_are_listed_with_schemas_and_choices(mcp_server):
     async with Client(mcp_server) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-        assert set(tools) >= {"execute_code", "execute_command", "get_sessions", "stop_session", "get_volume_path",
-                              "interrupt_session", "restart_session", "get_execution_output", "list_flavors", "list_languages"}
+        assert set(tools) >= {
+            "execute_code",
+            "execute_command",
+            "get_sessions",
+            "stop_session",
+            "get_volume_path",
+            "interrupt_session",
+            "restart_session",
+            "get_execution_output",
+            "list_flavors",
+            "list_languages",
+        }
         schema = tools["execute_code"].input_schema
         assert schema["required"] == ["code"]
         assert schema["properties"]["language"]["enum"] == ["python", "node", "javascript"]
@@ -43,14 +52,33 @@ async def test_tools_are_listed_with_schemas_and_choices(mcp_server):
         assert "template" in schema["properties"] and "timeout" in schema["properties"]
         assert tools["execute_command"].input_schema["properties"]["args"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
         assert set(tools["execute_code"].output_schema["properties"]) >= {
-            "session_id", "stdout", "stderr", "execution_time_ms", "session_created", "status", "error", "results"}
+            "session_id",
+            "stdout",
+            "stderr",
+            "execution_time_ms",
+            "session_created",
+            "status",
+            "error",
+            "results",
+        }
         assert set(tools["get_sessions"].output_schema["$defs"]["SessionSummary"]["properties"]) >= {
-            "id", "language", "flavor", "status", "created_at", "last_accessed", "uptime_seconds", "notebook_path"}
+            "id",
+            "language",
+            "flavor",
+            "status",
+            "created_at",
+            "last_accessed",
+            "uptime_seconds",
+            "notebook_path",
+        }
 
         flavors = await client.call_tool("list_flavors", {})
         assert not flavors.is_error
         assert [(f["name"], f["cpus"], f["memory_mib"], f["disk_mib"]) for f in flavors.structured_content["flavors"]] == [
-            ("small", 1, 1024, 2048), ("medium", 2, 2048, 4096), ("large", 4, 4096, 8192)]
+            ("small", 1, 1024, 2048),
+            ("medium", 2, 2048, 4096),
+            ("large", 4, 4096, 8192),
+        ]
         assert "small: 1 CPU, 1024 MiB, 2048 MiB disk" in flavors.content[0].text
         languages = await client.call_tool("list_languages", {})
         names = {lang["name"]: lang for lang in languages.structured_content["languages"]}
@@ -88,8 +116,12 @@ async def test_execute_code_creates_a_session_and_keeps_state_across_calls(mcp_s
         assert session_id in {s["id"] for s in everything.structured_content["sessions"]}
 
         stopped = await client.call_tool("stop_session", {"session_id": session_id})
-        assert stopped.structured_content == {"session_id": session_id, "success": True, "message": f"session {session_id} stopped",
-                                             "error": None}
+        assert stopped.structured_content == {
+            "session_id": session_id,
+            "success": True,
+            "message": f"session {session_id} stopped",
+            "error": None,
+        }
         assert session_id not in mcp_sessions.kernel_manager.list_kernel_ids()
         gone = await client.call_tool("execute_code", {"code": "counter", "session_id": session_id})
         error = result_error(gone)
@@ -100,7 +132,9 @@ async def test_execute_code_creates_a_session_and_keeps_state_across_calls(mcp_s
 
 async def test_sessions_are_isolated_from_each_other(mcp_server, python_session):
     async with Client(mcp_server) as client:
-        await client.call_tool("execute_code", {"code": "secret = 'only-here'\nopen('/tmp/mark', 'w').write('x')", "session_id": python_session})
+        await client.call_tool(
+            "execute_code", {"code": "secret = 'only-here'\nopen('/tmp/mark', 'w').write('x')", "session_id": python_session}
+        )
         other = await client.call_tool("execute_code", {"code": "import os\nprint(os.path.exists('/tmp/mark'))\nsecret"})
         other_id = other.structured_content["session_id"]
         try:
@@ -126,8 +160,14 @@ async def test_matplotlib_figure_comes_back_as_image_content(mcp_server, python_
 
 async def test_node_code_runs_and_keeps_state(mcp_server, node_session):
     async with Client(mcp_server) as client:
-        first = await client.call_tool("execute_code", {"code": "let total = 40; console.log('node says hi'); console.error('to stderr')",
-                                                        "session_id": node_session, "template": "node"})
+        first = await client.call_tool(
+            "execute_code",
+            {
+                "code": "let total = 40; console.log('node says hi'); console.error('to stderr')",
+                "session_id": node_session,
+                "template": "node",
+            },
+        )
         assert not first.is_error, first.content[0].text
         assert first.structured_content["stdout"] == "node says hi\n" and first.structured_content["stderr"] == "to stderr\n"
         second = await client.call_tool("execute_code", {"code": "total + 2", "session_id": node_session, "language": "javascript"})
@@ -146,8 +186,7 @@ async def progress_until(client, session_id: str, code: str, seen: Callable[[lis
         if seen(progress):
             enough.set()
 
-    call = asyncio.ensure_future(client.call_tool("execute_code", {"code": code, "session_id": session_id},
-                                                  progress_callback=on_progress))
+    call = asyncio.ensure_future(client.call_tool("execute_code", {"code": code, "session_id": session_id}, progress_callback=on_progress))
     await asyncio.wait_for(enough.wait(), 60)
     assert not call.done(), "the call returned before its progress"
     await client.call_tool("interrupt_session", {"session_id": session_id})
@@ -181,8 +220,9 @@ async def test_long_run_returns_running_then_get_execution_output_has_the_rest(m
         deadline = time.monotonic() + 120
         while status == "running":
             assert time.monotonic() < deadline, "the long run never finished"
-            rest = await client.call_tool("get_execution_output", {"session_id": python_session, "execution_id": data["execution_id"],
-                                                                    "since": offset})
+            rest = await client.call_tool(
+                "get_execution_output", {"session_id": python_session, "execution_id": data["execution_id"], "since": offset}
+            )
             collected += rest.structured_content["stdout"]
             offset, status = rest.structured_content["output_offset"], rest.structured_content["status"]
         assert status == "ok", rest.content[0].text
@@ -198,8 +238,10 @@ async def test_timeout_interrupts_the_kernel_and_keeps_state(mcp_server, python_
     async with Client(mcp_server) as client:
         await client.call_tool("execute_code", {"code": "before_timeout = 'kept'", "session_id": python_session})
         started = time.monotonic()
-        result = await client.call_tool("execute_code", {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(30)",
-                                                         "session_id": python_session, "timeout": 1.5})
+        result = await client.call_tool(
+            "execute_code",
+            {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(30)", "session_id": python_session, "timeout": 1.5},
+        )
         assert time.monotonic() - started < 10
         error = result_error(result)
         assert result.structured_content["status"] == "timeout" and error["type"] == "ExecutionTimeout"
@@ -220,8 +262,9 @@ async def test_output_past_the_cap_is_truncated_with_a_note(mcp_server, python_s
 async def test_executions_on_one_session_run_in_order(mcp_server, python_session):
     async with Client(mcp_server) as client:
         await client.call_tool("execute_code", {"code": "order = []", "session_id": python_session})
-        slow = asyncio.create_task(client.call_tool(
-            "execute_code", {"code": "import time\ntime.sleep(1.5)\norder.append('first')", "session_id": python_session}))
+        slow = asyncio.create_task(
+            client.call_tool("execute_code", {"code": "import time\ntime.sleep(1.5)\norder.append('first')", "session_id": python_session})
+        )
         await wait_until_running(client, python_session, 30, "the first execution to hold the session")
         fast = await client.call_tool("execute_code", {"code": "order.append('second')\norder", "session_id": python_session})
         assert slow.done(), "the second execution finished before the first one"
@@ -259,7 +302,9 @@ async def test_execute_command_streams_stdout_and_stderr_apart_and_returns_the_e
         assert not listing.is_error, listing.content[0].text
         assert listing.structured_content["exit_code"] == 0 and "usr\n" in listing.structured_content["stdout"]
 
-        mixed = await client.call_tool("execute_command", {"command": "echo out; echo err >&2; exit 3", "shell": True, "session_id": python_session})
+        mixed = await client.call_tool(
+            "execute_command", {"command": "echo out; echo err >&2; exit 3", "shell": True, "session_id": python_session}
+        )
         error = result_error(mixed)
         assert error["type"] == "RuntimeError" and "status 3" in error["message"]
         assert mixed.structured_content["stdout"] == "out\n" and mixed.structured_content["stderr"] == "err\n"
@@ -274,8 +319,9 @@ async def test_execute_command_never_pastes_args_into_shell_text(mcp_server, pyt
     async with Client(mcp_server) as client:
         result = await client.call_tool("execute_command", {"command": "printf", "args": ["%s\\n", *hostile], "session_id": python_session})
         assert result.structured_content["stdout"] == "".join(f"{arg}\n" for arg in hostile)
-        positional = await client.call_tool("execute_command", {"command": 'printf "%s|" "$@"', "args": hostile, "shell": True,
-                                                                "session_id": python_session})
+        positional = await client.call_tool(
+            "execute_command", {"command": 'printf "%s|" "$@"', "args": hostile, "shell": True, "session_id": python_session}
+        )
         assert positional.structured_content["stdout"] == "".join(f"{arg}|" for arg in hostile)
         check = await client.call_tool("execute_command", {"command": "ls", "args": ["/tmp/pwned"], "session_id": python_session})
         assert check.structured_content["exit_code"] != 0, "an argument was run by a shell"
@@ -296,7 +342,9 @@ async def test_execute_command_leaves_no_trace_in_namespace_or_history(mcp_serve
 
 async def test_execute_command_times_out_kills_the_process_and_keeps_the_session(mcp_server, python_session):
     async with Client(mcp_server) as client:
-        result = await client.call_tool("execute_command", {"command": "sleep", "args": ["30"], "timeout": 1.5, "session_id": python_session})
+        result = await client.call_tool(
+            "execute_command", {"command": "sleep", "args": ["30"], "timeout": 1.5, "session_id": python_session}
+        )
         assert result_error(result)["type"] == "ExecutionTimeout"
         ps = await client.call_tool("execute_command", {"command": "ps", "args": ["-eo", "args"], "session_id": python_session})
         assert "sleep 30" not in ps.structured_content["stdout"]
@@ -304,11 +352,14 @@ async def test_execute_command_times_out_kills_the_process_and_keeps_the_session
 
 async def test_execute_command_in_a_node_session(mcp_server, node_session):
     async with Client(mcp_server) as client:
-        result = await client.call_tool("execute_command", {"command": "sh", "args": ["-c", "echo from-node; echo oops >&2; exit 4"],
-                                                            "session_id": node_session})
+        result = await client.call_tool(
+            "execute_command", {"command": "sh", "args": ["-c", "echo from-node; echo oops >&2; exit 4"], "session_id": node_session}
+        )
         assert result.structured_content["stdout"] == "from-node\n" and result.structured_content["stderr"] == "oops\n"
         assert result.structured_content["exit_code"] == 4 and result_error(result)["type"] == "RuntimeError"
-        fine = await client.call_tool("execute_command", {"command": "node", "args": ["-e", "console.log(6*7)"], "session_id": node_session})
+        fine = await client.call_tool(
+            "execute_command", {"command": "node", "args": ["-e", "console.log(6*7)"], "session_id": node_session}
+        )
         assert fine.structured_content["stdout"] == "42\n" and fine.structured_content["exit_code"] == 0 and not fine.is_error
 
 
@@ -320,8 +371,12 @@ async def test_interrupt_and_restart_session(mcp_server):
         first = await client.call_tool("execute_code", {"code": "survives_interrupt = 1"})
         session_id = first.structured_content["session_id"]
         try:
-            result, _ = await progress_until(client, session_id, "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",
-                                             lambda p: any(m.startswith("sleeping") for m in p))
+            result, _ = await progress_until(
+                client,
+                session_id,
+                "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",
+                lambda p: any(m.startswith("sleeping") for m in p),
+            )
             error = result_error(result)
             assert error["type"] == "RuntimeError" and "interrupted" in error["message"]
             kept = await client.call_tool("execute_code", {"code": "survives_interrupt", "session_id": session_id})
@@ -350,8 +405,12 @@ async def test_get_volume_path_without_and_with_a_shared_volume(mcp_server, tmp_
     try:
         async with Client(server) as client:
             volume = await client.call_tool("get_volume_path", {})
-            assert volume.structured_content == {"volume_path": "/shared", "available": True, "error": None,
-                                                 "description": volume.structured_content["description"]}
+            assert volume.structured_content == {
+                "volume_path": "/shared",
+                "available": True,
+                "error": None,
+                "description": volume.structured_content["description"],
+            }
             assert str(shared) in volume.structured_content["description"]
             wrote = await client.call_tool("execute_code", {"code": "open('/shared/from-sandbox.txt', 'w').write('hello host')"})
             assert not wrote.is_error, wrote.content[0].text
@@ -443,7 +502,9 @@ async def test_a_kernel_that_dies_is_a_system_error(mcp_server):
         first = await client.call_tool("execute_code", {"code": "x = 1"})
         session_id = first.structured_content["session_id"]
         try:
-            died = await client.call_tool("execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id})
+            died = await client.call_tool(
+                "execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id}
+            )
             error = result_error(died)
             assert error["type"] == "SystemError" and "died" in error["message"]
             assert any("restart_session" in s for s in error["suggestions"])
@@ -467,7 +528,9 @@ async def test_out_of_memory_kernel_death_names_the_flavor(mcp_server):
         session_id = result.structured_content["session_id"]
         try:
             if result.structured_content.get("status") == "running":
-                result = await client.call_tool("get_execution_output", {"session_id": session_id, "execution_id": result.structured_content["execution_id"]})
+                result = await client.call_tool(
+                    "get_execution_output", {"session_id": session_id, "execution_id": result.structured_content["execution_id"]}
+                )
             error = result_error(result)
             assert error["type"] == "SystemError"
             assert "out of memory for flavor small (1024 MiB); try medium" in error["message"]
@@ -479,8 +542,9 @@ async def test_out_of_memory_kernel_death_names_the_flavor(mcp_server):
 async def test_progress_keeps_coming_while_the_code_prints_nothing(mcp_server, python_session):
     """Two heartbeats ("running for N s") arrive while a silent cell still runs."""
     async with Client(mcp_server) as client:
-        result, progress = await progress_until(client, python_session, "import time\ntime.sleep(300)",
-                                                lambda p: sum(m.startswith("running for") for m in p) >= 2)
+        result, progress = await progress_until(
+            client, python_session, "import time\ntime.sleep(300)", lambda p: sum(m.startswith("running for") for m in p) >= 2
+        )
     assert "interrupted" in result_error(result)["message"]
 
 

@@ -79,9 +79,16 @@ async def test_stdio_server_runs_code_and_stops_its_kernels_on_exit(tmp_path):
 
 
 async def test_stdio_server_stops_its_kernels_on_sigterm(tmp_path):
-    process = subprocess.Popen([str(VENV_BIN / "msb-mcp")], env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        [str(VENV_BIN / "msb-mcp")],
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
+
         def send(message: dict) -> None:
             process.stdin.write((json.dumps(message) + "\n").encode())
             process.stdin.flush()
@@ -94,8 +101,14 @@ async def test_stdio_server_stops_its_kernels_on_sigterm(tmp_path):
                 if message.get("id") == msg_id:
                     return message
 
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}},
+            }
+        )
         assert "result" in await asyncio.to_thread(receive, 1)
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "execute_code", "arguments": {"code": "1 + 1"}}})
@@ -115,8 +128,13 @@ async def test_stdio_server_stops_its_kernels_on_sigterm(tmp_path):
 @pytest.fixture(scope="module")
 def http_server():
     port = free_port()
-    process = subprocess.Popen([str(VENV_BIN / "msb-mcp"), "--http", f"127.0.0.1:{port}", "--token", TOKEN],
-                               env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        [str(VENV_BIN / "msb-mcp"), "--http", f"127.0.0.1:{port}", "--token", TOKEN],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         wait_for_port(port, process)
         yield f"http://127.0.0.1:{port}"
@@ -135,8 +153,9 @@ async def test_http_runs_tools_with_a_bearer_token(http_server):
         if response.request.method == "POST" and b'"tools/call"' in response.request.content:
             answered_as.append(response.headers.get("content-type", "").split(";")[0])
 
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(120),
-                                  event_hooks={"response": [record]}) as http:
+    async with httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(120), event_hooks={"response": [record]}
+    ) as http:
         async with Client(streamable_http_client(http_server + "/", http_client=http)) as client:
             first, progress = await call_with_progress(client, {"code": "over_http = 'yes'\n" + TICKS})
             assert not first.is_error, first.content[0].text
@@ -168,9 +187,12 @@ async def test_a_call_that_asks_for_no_progress_is_served_without_watching_for_n
         manager.handle_request = recorded
     await app.start()
     try:
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test",
-                                      headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
-                Client(streamable_http_client("http://test/", http_client=http)) as client:
+        async with (
+            httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(app=app), base_url="http://test", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as http,
+            Client(streamable_http_client("http://test/", http_client=http)) as client,
+        ):
             served.clear()
             first, progress = await call_with_progress(client, {"code": TICKS})
             assert not first.is_error and served[0] == "manager", (served, first.content[0].text)
@@ -191,18 +213,24 @@ async def test_http_refuses_missing_token_wrong_host_and_foreign_origin(http_ser
         assert no_token.status_code == 401 and "Bearer" in no_token.headers.get("www-authenticate", "")
         wrong_token = await http.post(http_server + "/", json=body, headers={**headers, "Authorization": "Bearer wrong"})
         assert wrong_token.status_code == 401
-        rebinding = await http.post(http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}",
-                                                                            "Host": f"attacker.example:{port}"})
+        rebinding = await http.post(
+            http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}", "Host": f"attacker.example:{port}"}
+        )
         assert rebinding.status_code == 421
-        foreign = await http.post(http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}",
-                                                                          "Origin": "http://attacker.example"})
+        foreign = await http.post(
+            http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}", "Origin": "http://attacker.example"}
+        )
         assert foreign.status_code == 403
-        local_origin = await http.post(http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}",
-                                                                               "Origin": f"http://localhost:{port}"})
+        local_origin = await http.post(
+            http_server + "/", json=body, headers={**headers, "Authorization": f"Bearer {TOKEN}", "Origin": f"http://localhost:{port}"}
+        )
         assert local_origin.status_code not in (401, 403, 421)
         # A 2026-era body nested past Python's recursion limit gets the SDK's parse error, not a crash.
-        nested = await http.post(http_server + "/", content=b"[" * 100_000, headers={
-            **headers, "Authorization": f"Bearer {TOKEN}", "MCP-Protocol-Version": "2026-07-28"})
+        nested = await http.post(
+            http_server + "/",
+            content=b"[" * 100_000,
+            headers={**headers, "Authorization": f"Bearer {TOKEN}", "MCP-Protocol-Version": "2026-07-28"},
+        )
         assert nested.status_code == 400 and nested.json()["error"]["code"] == -32700, nested.text
 
 
@@ -234,7 +262,9 @@ async def test_assistant_and_a_plain_jupyter_client_share_a_kernel_in_process():
             await asyncio.sleep(0.3)
             queued = await client.call_tool("execute_code", {"code": "print('assistant ran')", "session_id": kernel_id, "timeout": 1})
             if queued.structured_content["status"] == "running":
-                queued = await client.call_tool("get_execution_output", {"session_id": kernel_id, "execution_id": queued.structured_content["execution_id"]})
+                queued = await client.call_tool(
+                    "get_execution_output", {"session_id": kernel_id, "execution_id": queued.structured_content["execution_id"]}
+                )
             assert queued.structured_content["status"] == "ok", queued.content[0].text
             assert queued.structured_content["stdout"] == "assistant ran\n"
             assert (await notebook_cell).status == "ok", "the assistant's timeout interrupted the notebook user's cell"
@@ -258,8 +288,9 @@ class JupyterWebsocket:
         return cls(await jupyter_ws.connect(jupyter_ws.channels_url(base, kernel_id, uuid.uuid4().hex), token, 60))
 
     async def execute(self, code: str, timeout: float = 60) -> dict:
-        request = jupyter_ws.message("shell", "execute_request", jupyter_ws.execute_content(code),
-                                     session=self.session, username="notebook-user")
+        request = jupyter_ws.message(
+            "shell", "execute_request", jupyter_ws.execute_content(code), session=self.session, username="notebook-user"
+        )
         msg_id = request["header"]["msg_id"]
         self.ws.write_message(jupyter_ws.encode(request))
         outputs: dict = {"stdout": "", "result": None, "status": None}
@@ -298,15 +329,19 @@ async def test_assistant_and_a_notebook_user_share_variables_through_the_gateway
     headers = {"Authorization": f"token {TOKEN}"}
     async with httpx2.AsyncClient(base_url=gateway, headers=headers, timeout=120) as rest:
         # A notebook user opens analysis.ipynb: JupyterLab creates a session and its kernel over REST.
-        created = await rest.post("/api/sessions", json={"path": "analysis.ipynb", "name": "analysis.ipynb", "type": "notebook",
-                                                          "kernel": {"name": "msb-python-small"}})
+        created = await rest.post(
+            "/api/sessions",
+            json={"path": "analysis.ipynb", "name": "analysis.ipynb", "type": "notebook", "kernel": {"name": "msb-python-small"}},
+        )
         assert created.status_code == 201, created.text
         kernel_id = created.json()["kernel"]["id"]
         notebook = await JupyterWebsocket.connect(gateway, kernel_id, TOKEN)
         try:
             assert (await notebook.execute("dataset = [3, 1, 2]"))["status"] == "ok"
 
-            params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway, "--token", TOKEN], env=child_env())
+            params = StdioServerParameters(
+                command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway, "--token", TOKEN], env=child_env()
+            )
             async with Client(params) as assistant:
                 listed = await assistant.call_tool("get_sessions", {})
                 (summary,) = [s for s in listed.structured_content["sessions"] if s["id"] == kernel_id]
@@ -316,7 +351,9 @@ async def test_assistant_and_a_notebook_user_share_variables_through_the_gateway
                 assert read.structured_content["results"][0]["data"]["text/plain"] == "[1, 2, 3]", read.content[0].text
                 wrote = await assistant.call_tool("execute_code", {"code": "summary = sum(dataset)", "session_id": kernel_id})
                 assert not wrote.is_error
-                command = await assistant.call_tool("execute_command", {"command": "echo", "args": ["via gateway"], "session_id": kernel_id})
+                command = await assistant.call_tool(
+                    "execute_command", {"command": "echo", "args": ["via gateway"], "session_id": kernel_id}
+                )
                 assert command.structured_content["stdout"] == "via gateway\n" and command.structured_content["exit_code"] == 0
                 own = await assistant.call_tool("execute_code", {"code": "print('assistant kernel')"})
                 own_id = own.structured_content["session_id"]
@@ -343,8 +380,9 @@ async def test_assistant_and_a_notebook_user_share_variables_through_the_gateway
 
 
 async def test_gateway_sessions_time_out_and_report_a_dead_kernel(gateway):
-    params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway, "--token", TOKEN],
-                                   env=child_env(MSB_MCP_RUNNING_AFTER_SECONDS="20"))
+    params = StdioServerParameters(
+        command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway, "--token", TOKEN], env=child_env(MSB_MCP_RUNNING_AFTER_SECONDS="20")
+    )
     async with Client(params) as assistant:
         first = await assistant.call_tool("execute_code", {"code": "kept_at_gateway = 1"})
         session_id = first.structured_content["session_id"]
@@ -352,7 +390,9 @@ async def test_gateway_sessions_time_out_and_report_a_dead_kernel(gateway):
         assert result_error(slow)["type"] == "ExecutionTimeout"
         kept = await assistant.call_tool("execute_code", {"code": "kept_at_gateway", "session_id": session_id})
         assert kept.structured_content["results"][0]["data"]["text/plain"] == "1"
-        died = await assistant.call_tool("execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id})
+        died = await assistant.call_tool(
+            "execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id}
+        )
         error = result_error(died)
         assert error["type"] == "SystemError" and "died" in error["message"]
         bad = await assistant.call_tool("execute_code", {"code": "1", "session_id": "not-a-kernel-at-the-gateway"})
@@ -368,7 +408,9 @@ async def assistants_of(gateway_url: str, token: str) -> AsyncIterator[dict[str,
     async with contextlib.AsyncExitStack() as stack:
         http = await stack.enter_async_context(httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120))
         over_http = await stack.enter_async_context(Client(streamable_http_client(gateway_url + "/mcp", http_client=http)))
-        params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway_url, "--token", token], env=child_env())
+        params = StdioServerParameters(
+            command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway_url, "--token", token], env=child_env()
+        )
         over_stdio = await stack.enter_async_context(Client(params))
         yield {"/mcp": over_http, "msb-mcp --gateway": over_stdio}
 
@@ -435,7 +477,9 @@ async def test_a_kernel_killed_behind_the_gateway_is_reported_as_dead_with_its_s
                     assert words in error["message"], (how, words, error)
                 assert "NameError" not in after.content[0].text, (how, after.content[0].text)
                 assert any("run the code that set up its state again" in s for s in error["suggestions"]), (how, error)
-                fresh = await assistant.call_tool("execute_code", {"code": "print('fresh kernel', 'x_before' in globals())", "session_id": session_id})
+                fresh = await assistant.call_tool(
+                    "execute_code", {"code": "print('fresh kernel', 'x_before' in globals())", "session_id": session_id}
+                )
                 assert fresh.structured_content["stdout"] == "fresh kernel False\n", (how, fresh.content[0].text)
 
 
@@ -449,8 +493,9 @@ async def test_a_kernel_killed_for_memory_behind_the_gateway_names_the_flavor_an
                 session_id = first.structured_content["session_id"]
                 result = await assistant.call_tool("execute_code", {"code": code, "session_id": session_id, "timeout": 50})
                 while result.structured_content.get("status") == "running":
-                    result = await assistant.call_tool("get_execution_output", {"session_id": session_id,
-                                                                                "execution_id": result.structured_content["execution_id"]})
+                    result = await assistant.call_tool(
+                        "get_execution_output", {"session_id": session_id, "execution_id": result.structured_content["execution_id"]}
+                    )
                 stopped = await wait_for_stop_record(url, session_id)
                 assert stopped["status"] == "restarted" and "out of memory for flavor small" in stopped["reason"], stopped
                 error = result_error(result)

@@ -19,7 +19,9 @@ def test_the_kernelspec_name_is_built_and_parsed_in_one_place():
     assert len(every_choice()) == len(TEMPLATES) * len(FLAVORS)
 
 
-@pytest.mark.parametrize("name", [None, "", "python3", "msb-python", "msb-python-huge", "msb-ruby-small", "msb-python-small-x", "xmsb-python-small"])
+@pytest.mark.parametrize(
+    "name", [None, "", "python3", "msb-python", "msb-python-huge", "msb-ruby-small", "msb-python-small-x", "xmsb-python-small"]
+)
 def test_other_kernels_are_no_choice(name):
     assert KernelChoice.from_kernel_name(name) is None
 

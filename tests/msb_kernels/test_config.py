@@ -13,12 +13,12 @@ from msb_kernels.flavors import FLAVORS, get_flavor
 
 
 def test_flavors_are_the_documented_sizes():
-    assert {name: (f.cpus, f.memory_mib) for name, f in FLAVORS.items()} == {
-        "small": (1, 1024), "medium": (2, 2048), "large": (4, 4096)}
+    assert {name: (f.cpus, f.memory_mib) for name, f in FLAVORS.items()} == {"small": (1, 1024), "medium": (2, 2048), "large": (4, 4096)}
     assert get_flavor("Medium").memory_bytes == 2048 * 1024 * 1024
     assert FLAVORS["small"].out_of_memory_message() == "out of memory for flavor small (1024 MiB); try medium"
     assert FLAVORS["large"].out_of_memory_message() == (
-        "out of memory for flavor large (4096 MiB); free memory (del large objects) or restart the kernel")
+        "out of memory for flavor large (4096 MiB); free memory (del large objects) or restart the kernel"
+    )
 
 
 def test_defaults_are_the_documented_ones(monkeypatch):
@@ -75,15 +75,43 @@ SAMPLES: dict[str, tuple[str, object]] = {
 
 # A bad value for every setting that can have one, and the start of the advice the error must carry.
 BAD_VALUES: dict[str, str] = {
-    "default_flavor": "tiny", "session_timeout_seconds": "-1", "max_sessions": "0",
-    "shared_volume_path": "/no/such/dir", "shared_volume_guest_path": "/proc/x", "backend": "docker", "transport": "udp",
-    "max_processes": "8", "concurrent_starts": "0", "require_limits": "maybe", "fork_kernels": "often", "disk_reserve": "sometimes", "port_range": "9000-8000", "allow_network": "perhaps",
-    "python_image": " ", "node_image": " ", "boot_timeout_seconds": "0", "host": "a b", "port": "70000",
-    "capacity_memory_mib": "0", "capacity_cpus": "0", "cull_interval_seconds": "0",
-    "cull_connected": "sometimes", "cull_busy": "often", "offline_buffer_mib": "-1", "keep_kernels": "maybe", "adopt_grace_seconds": "-1", "pool_size": "python-huge=1",
-    "pool_counts_as_sessions": "2", "mcp_running_after_seconds": "0", "mcp_default_timeout_seconds": "-3",
-    "mcp_max_timeout_seconds": "zero", "mcp_max_output_chars": "10", "mcp_max_code_chars": "10",
-    "mcp_progress_interval_seconds": "60", "mcp_kept_executions": "0", "mcp_kernel_start_timeout_seconds": "0.5",
+    "default_flavor": "tiny",
+    "session_timeout_seconds": "-1",
+    "max_sessions": "0",
+    "shared_volume_path": "/no/such/dir",
+    "shared_volume_guest_path": "/proc/x",
+    "backend": "docker",
+    "transport": "udp",
+    "max_processes": "8",
+    "concurrent_starts": "0",
+    "require_limits": "maybe",
+    "fork_kernels": "often",
+    "disk_reserve": "sometimes",
+    "port_range": "9000-8000",
+    "allow_network": "perhaps",
+    "python_image": " ",
+    "node_image": " ",
+    "boot_timeout_seconds": "0",
+    "host": "a b",
+    "port": "70000",
+    "capacity_memory_mib": "0",
+    "capacity_cpus": "0",
+    "cull_interval_seconds": "0",
+    "cull_connected": "sometimes",
+    "cull_busy": "often",
+    "offline_buffer_mib": "-1",
+    "keep_kernels": "maybe",
+    "adopt_grace_seconds": "-1",
+    "pool_size": "python-huge=1",
+    "pool_counts_as_sessions": "2",
+    "mcp_running_after_seconds": "0",
+    "mcp_default_timeout_seconds": "-3",
+    "mcp_max_timeout_seconds": "zero",
+    "mcp_max_output_chars": "10",
+    "mcp_max_code_chars": "10",
+    "mcp_progress_interval_seconds": "60",
+    "mcp_kept_executions": "0",
+    "mcp_kernel_start_timeout_seconds": "0.5",
 }
 # A blank variable means unset (a token is then generated), so a blank token can only come from a config file.
 BAD_CONFIG_VALUES: dict[str, str] = {"token": " "}
@@ -154,14 +182,30 @@ def test_an_apps_traitlets_config_is_honoured():
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
-        ("MSB_DEFAULT_FLAVOR", "tiny", "MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large"),
-        ("MSB_SESSION_TIMEOUT_SECONDS", "-5", "MSB_SESSION_TIMEOUT_SECONDS (c.MsbSettings.session_timeout_seconds)=-5 is negative; use a whole number of seconds >= 0"),
+        (
+            "MSB_DEFAULT_FLAVOR",
+            "tiny",
+            "MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large",
+        ),
+        (
+            "MSB_SESSION_TIMEOUT_SECONDS",
+            "-5",
+            "MSB_SESSION_TIMEOUT_SECONDS (c.MsbSettings.session_timeout_seconds)=-5 is negative; use a whole number of seconds >= 0",
+        ),
         ("MSB_SESSION_TIMEOUT_SECONDS", "soon", "is not a whole number"),
         ("MSB_MAX_SESSIONS", "0", "MSB_MAX_SESSIONS (c.MsbSettings.max_sessions)=0 is less than 1; use a whole number >= 1"),
-        ("MSB_SHARED_VOLUME_PATH", "/no/such/dir", "MSB_SHARED_VOLUME_PATH (c.MsbSettings.shared_volume_path)='/no/such/dir' does not exist; create the directory first"),
+        (
+            "MSB_SHARED_VOLUME_PATH",
+            "/no/such/dir",
+            "MSB_SHARED_VOLUME_PATH (c.MsbSettings.shared_volume_path)='/no/such/dir' does not exist; create the directory first",
+        ),
         ("MSB_SHARED_VOLUME_GUEST_PATH", "shared", "is not an absolute path"),
         ("MSB_SHARED_VOLUME_GUEST_PATH", "/usr/lib", "would hide a directory the sandbox needs"),
-        ("MSB_BACKEND", "docker", "MSB_BACKEND (c.MsbSettings.backend)='docker' is not a backend; use one of auto, namespace, gvisor, microsandbox"),
+        (
+            "MSB_BACKEND",
+            "docker",
+            "MSB_BACKEND (c.MsbSettings.backend)='docker' is not a backend; use one of auto, namespace, gvisor, microsandbox",
+        ),
     ],
 )
 def test_bad_values_name_the_variable_and_the_accepted_values(monkeypatch, variable, value, message):
@@ -184,7 +228,10 @@ def test_cli_reports_a_bad_setting_without_a_traceback(command, tmp_path):
     result = subprocess.run([sys.executable, "-m", "msb_kernels.cli", *command], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "msb-kernels: error: MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large" in result.stderr
+    assert (
+        "msb-kernels: error: MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large"
+        in result.stderr
+    )
 
 
 @pytest.mark.parametrize(("backend", "refused", "accepted"), [("gvisor", "tcp", "ipc"), ("microsandbox", "ipc", "tcp")])

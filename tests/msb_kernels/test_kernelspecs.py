@@ -34,7 +34,9 @@ def test_jupyter_kernelspec_list_shows_the_sandboxed_kernels():
 def test_install_is_idempotent_and_uses_the_session_timeout(tmp_path):
     env = {**os.environ, "MSB_SESSION_TIMEOUT_SECONDS": "120"}
     for _ in range(2):
-        result = subprocess.run([str(VENV_BIN / "msb-kernels"), "install", "--prefix", str(tmp_path)], capture_output=True, text=True, env=env)
+        result = subprocess.run(
+            [str(VENV_BIN / "msb-kernels"), "install", "--prefix", str(tmp_path)], capture_output=True, text=True, env=env
+        )
         assert result.returncode == 0, result.stderr
     spec = json.loads((tmp_path / "share/jupyter/kernels/msb-python-medium/kernel.json").read_text())
     assert spec["metadata"]["cull_idle_timeout"] == 120
@@ -51,8 +53,12 @@ def test_nbclient_runs_the_example_notebook(tmp_path):
 
 def test_papermill_runs_the_example_notebook(tmp_path):
     output = tmp_path / "out.ipynb"
-    result = subprocess.run([str(VENV_BIN / "papermill"), str(REPO / "notebooks" / "hello.ipynb"), str(output), "-k", "msb-python-medium"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(VENV_BIN / "papermill"), str(REPO / "notebooks" / "hello.ipynb"), str(output), "-k", "msb-python-medium"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     executed = nbformat.read(output, as_version=4)
     assert "flavor: medium" in json.dumps(executed.cells[1]["outputs"])
@@ -60,14 +66,20 @@ def test_papermill_runs_the_example_notebook(tmp_path):
 
 def test_jupyter_console_talks_to_a_sandboxed_kernel():
     script = "import socket\nprint('console-says', 6 * 7, socket.gethostname())\nexit\n"
-    result = subprocess.run([str(VENV_BIN / "jupyter"), "console", "--kernel", "msb-python-small", "--simple-prompt"],
-                            input=script, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [str(VENV_BIN / "jupyter"), "console", "--kernel", "msb-python-small", "--simple-prompt"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert "console-says 42 sandbox" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def test_msb_kernels_run_prints_the_notebook_outputs():
-    result = subprocess.run([str(VENV_BIN / "msb-kernels"), "run", str(REPO / "notebooks" / "hello.ipynb")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "run", str(REPO / "notebooks" / "hello.ipynb")], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "state survives between cells: 42" in result.stdout
     assert "[+ image/png]" in result.stdout
@@ -94,12 +106,15 @@ async def test_node_kernel_runs_javascript_in_a_sandbox(start_kernel, node_backe
     assert result.status == "ok"
     assert "hi from node" in result.stdout and "40" in result.stdout
     assert "41" in (await execute(kc, "total * 2 + 1")).stdout  # state kept
-    probe = await execute(kc, (
-        "const fs = require('fs');\n"
-        f"let repo; try {{ fs.readFileSync({str(REPO / 'README.md')!r}); repo = 'readable'; }} catch (e) {{ repo = e.code; }}\n"
-        "console.log(JSON.stringify({root: fs.readdirSync('/').sort(), repo}));\n"
-        "console.log(require('os').hostname(), process.getuid(), require('os').release());"
-    ))
+    probe = await execute(
+        kc,
+        (
+            "const fs = require('fs');\n"
+            f"let repo; try {{ fs.readFileSync({str(REPO / 'README.md')!r}); repo = 'readable'; }} catch (e) {{ repo = e.code; }}\n"
+            "console.log(JSON.stringify({root: fs.readdirSync('/').sort(), repo}));\n"
+            "console.log(require('os').hostname(), process.getuid(), require('os').release());"
+        ),
+    )
     listing = json.loads(probe.stdout.splitlines()[0])
     assert "home" in listing["root"] and "sandbox 1000" in probe.stdout
     assert probe.stdout.split()[-1] == ("4.4.0" if node_backend == "gvisor" else os.uname().release), probe.stdout  # whose kernel
@@ -132,8 +147,10 @@ def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_pat
     path = f"{VENV_BIN}:/usr/sbin:/sbin"
     assert shutil.which("node", path=path) is None
     env = {**os.environ, "PATH": path}
-    code = ("import sys; from msb_kernels import templates; templates.node_prefix = lambda: __import__('pathlib').Path(sys.argv[1]);"
-            "from msb_kernels.cli import main; sys.exit(main(['install', '--prefix', sys.argv[1]]))")
+    code = (
+        "import sys; from msb_kernels import templates; templates.node_prefix = lambda: __import__('pathlib').Path(sys.argv[1]);"
+        "from msb_kernels.cli import main; sys.exit(main(['install', '--prefix', sys.argv[1]]))"
+    )
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "skipped node kernels: node is not installed (Python kernels are unaffected)" in result.stdout
@@ -146,11 +163,18 @@ def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_pat
 def test_papermill_runs_a_notebook_with_shell_escapes(tmp_path, transport):
     """Over the namespace sandbox's both transports (MSB_TRANSPORT=tcp: the relay, with CurveZMQ)."""
     notebook = nbformat.read(REPO / "tests" / "data" / "shell_escapes.ipynb", as_version=4)
-    notebook.cells.append(nbformat.v4.new_code_cell("import json; print('transport', json.load(open('/run/kernel/connection.json'))['transport'])"))
+    notebook.cells.append(
+        nbformat.v4.new_code_cell("import json; print('transport', json.load(open('/run/kernel/connection.json'))['transport'])")
+    )
     source, output = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
     nbformat.write(notebook, source)
-    result = subprocess.run([str(VENV_BIN / "papermill"), str(source), str(output), "-k", "msb-python-small"],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "MSB_TRANSPORT": transport})
+    result = subprocess.run(
+        [str(VENV_BIN / "papermill"), str(source), str(output), "-k", "msb-python-small"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MSB_TRANSPORT": transport},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     outputs = [json.dumps(cell.get("outputs", [])) for cell in nbformat.read(output, as_version=4).cells]
     assert "pip " in outputs[1] and "ipykernel==" in outputs[2]

@@ -40,8 +40,11 @@ async def test_a_new_session_gets_a_running_pooled_kernel_with_no_past(pooled_ma
     kc = pooled_manager.get_kernel(kernel_id).client()
     kc.start_channels()
     await kc.wait_for_ready(timeout=30)
-    fresh = await execute(kc, "[len(In), len(Out), sorted(k for k in globals() if not k.startswith('_') and k not in ('In', 'Out', 'get_ipython', 'exit', 'quit', 'open')),"
-                              " 'formatters' in get_ipython().display_formatter._trait_values]")  # read before this cell's result is shown
+    fresh = await execute(
+        kc,
+        "[len(In), len(Out), sorted(k for k in globals() if not k.startswith('_') and k not in ('In', 'Out', 'get_ipython', 'exit', 'quit', 'open')),"
+        " 'formatters' in get_ipython().display_formatter._trait_values]",
+    )  # read before this cell's result is shown
     # The pool's silent warm-up cell left no trace, and built what a first result needs.
     assert fresh.value == [2, 0, [], True] and fresh.reply["content"]["execution_count"] == 1
     await execute(kc, "secret = 'session one'")
@@ -76,8 +79,12 @@ async def test_jupyterlabs_start_variables_take_a_pooled_kernel_and_reach_it_on_
     pool = pooled_manager.pool
     await wait_for(lambda: pool.waiting() == 1)
     (pooled_id,) = pool.kernel_ids()
-    lab_env = {"KERNEL_LAUNCH_TIMEOUT": "40", "KERNEL_WORKING_DIR": "/home/alice/work", "KERNEL_USERNAME": "alice",
-               "JPY_SESSION_NAME": "/home/alice/work/report.ipynb"}
+    lab_env = {
+        "KERNEL_LAUNCH_TIMEOUT": "40",
+        "KERNEL_WORKING_DIR": "/home/alice/work",
+        "KERNEL_USERNAME": "alice",
+        "JPY_SESSION_NAME": "/home/alice/work/report.ipynb",
+    }
     kernel_id = await pooled_manager.start_kernel(kernel_name="msb-python-small", env={**os.environ, **lab_env})
     assert kernel_id == pooled_id
     km = pooled_manager.get_kernel(kernel_id)

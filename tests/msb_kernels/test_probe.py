@@ -28,7 +28,9 @@ def test_doctor_says_ok_only_after_a_kernel_started_and_answered():
     lines = result.stdout.splitlines()
     namespace = lines.index(next(line for line in lines if line.startswith("backend namespace: ")))
     assert lines[namespace].startswith("backend namespace: ok - "), lines[namespace]
-    assert lines[namespace + 1].startswith(f"  start: a kernel from {VENV_BIN / 'python'} started and answered 1+1 in "), lines[namespace + 1]
+    assert lines[namespace + 1].startswith(f"  start: a kernel from {VENV_BIN / 'python'} started and answered 1+1 in "), lines[
+        namespace + 1
+    ]
 
 
 async def test_the_probe_runs_once_per_backend_and_interpreter_and_never_counts_as_a_session(monkeypatch):
@@ -53,11 +55,13 @@ def broken_runsc(tmp_path):
     runsc = subprocess.run(["sh", "-c", "command -v runsc"], capture_output=True, text=True).stdout.strip()
     wrapper = tmp_path / "bin" / "runsc"
     wrapper.parent.mkdir()
-    wrapper.write_text(textwrap.dedent(f"""\
+    wrapper.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         [ "$1" = --version ] && exec {runsc} "$@"
         exec {runsc} --platform=no-such-platform "$@"
-        """))
+        """)
+    )
     wrapper.chmod(0o755)
     os.chmod(tmp_path, 0o755)
     return {"PATH": f"{wrapper.parent}:{os.environ['PATH']}", "MSB_BACKEND": "auto"}
@@ -76,10 +80,19 @@ def test_doctor_reports_a_backend_that_cannot_start_a_kernel_and_auto_skips_it(b
 @needs_runsc
 def test_a_kernel_under_auto_starts_in_the_next_backend_when_the_first_cannot_start_one(broken_runsc, tmp_path):
     notebook = tmp_path / "which.ipynb"
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "import json, os; print(json.dumps({'backend': os.environ['MSB_SANDBOX']}))")]), notebook)
-    result = subprocess.run([str(VENV_BIN / "msb-kernels"), "run", str(notebook)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **broken_runsc})
+    nbformat.write(
+        nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_code_cell("import json, os; print(json.dumps({'backend': os.environ['MSB_SANDBOX']}))")]
+        ),
+        notebook,
+    )
+    result = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "run", str(notebook)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **broken_runsc},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     seen = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
     assert seen == {"backend": "namespace"}

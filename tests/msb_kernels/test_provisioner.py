@@ -39,8 +39,7 @@ async def test_completion_inspection_history_and_is_complete(shared_kernel):
     assert reply["content"]["found"] and "len" in reply["content"]["data"]["text/plain"]
     reply = await kc.history(hist_access_type="tail", n=20, output=False, raw=True, reply=True, timeout=30)
     assert any("sandbox_marker_value = 7" in entry[2] for entry in reply["content"]["history"])
-    reply = await kc.history(hist_access_type="search", pattern="*marker_value =*", output=False, raw=True, reply=True,
-                             timeout=30)
+    reply = await kc.history(hist_access_type="search", pattern="*marker_value =*", output=False, raw=True, reply=True, timeout=30)
     assert [entry[2] for entry in reply["content"]["history"]] == ["import os\nsandbox_marker_value = 7"]
     searched = await execute(kc, "%history -g marker_value =")
     assert "sandbox_marker_value = 7" in searched.stdout
@@ -53,7 +52,9 @@ async def test_completion_inspection_history_and_is_complete(shared_kernel):
 async def test_ipython_keeps_its_history_in_memory_where_the_sandbox_home_would_lose_it(shared_kernel):
     _, kc = shared_kernel
     manager = "get_ipython().history_manager"
-    kept = await execute(kc, f"({manager}.hist_file, {manager}.save_thread, __import__('os').listdir({manager}.shell.profile_dir.location))")
+    kept = await execute(
+        kc, f"({manager}.hist_file, {manager}.save_thread, __import__('os').listdir({manager}.shell.profile_dir.location))"
+    )
     assert kept.value[0] == ":memory:" and kept.value[1] is None
     assert "history.sqlite" not in kept.value[2]
 
@@ -86,18 +87,23 @@ async def test_a_flush_with_nothing_to_send_costs_no_round_trip_and_output_keeps
     # Every cell's output arrives before its idle status (execute collects until idle), from the cell and from
     # a thread it waits for, flushed by the kernel at the end of the request and not by the code.
     for i in range(40):
-        cell = await execute(kc, f"import threading\nprint('cell {i}', end='')\n"
-                                 f"t = threading.Thread(target=print, args=(' thread {i}',)); t.start(); t.join()")
+        cell = await execute(
+            kc,
+            f"import threading\nprint('cell {i}', end='')\nt = threading.Thread(target=print, args=(' thread {i}',)); t.start(); t.join()",
+        )
         assert cell.stdout == f"cell {i} thread {i}\n", (i, cell.stdout)
 
 
 async def test_comms_round_trip(shared_kernel):
     _, kc = shared_kernel
-    await execute(kc, (
-        "def _echo_target(comm, open_msg):\n"
-        "    comm.on_msg(lambda msg: comm.send({'echo': msg['content']['data']['value'] * 2}))\n"
-        "get_ipython().kernel.comm_manager.register_target('msb-echo', _echo_target)"
-    ))
+    await execute(
+        kc,
+        (
+            "def _echo_target(comm, open_msg):\n"
+            "    comm.on_msg(lambda msg: comm.send({'echo': msg['content']['data']['value'] * 2}))\n"
+            "get_ipython().kernel.comm_manager.register_target('msb-echo', _echo_target)"
+        ),
+    )
     comm_id = uuid.uuid4().hex
     kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "msb-echo", "data": {}}))
     info = await kc.comm_info(reply=True, timeout=30)
@@ -131,7 +137,9 @@ async def test_shutdown_removes_the_sandbox(start_kernel, runtime_root):
     assert km.kernel_id not in live_sandboxes
 
 
-ALLOCATE = "try:\n    block = bytearray({mib} * 2**20)\n    del block\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')"
+ALLOCATE = (
+    "try:\n    block = bytearray({mib} * 2**20)\n    del block\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')"
+)
 
 
 @pytest.mark.parametrize("how", ["kernelspec", "KERNEL_FLAVOR"])

@@ -18,11 +18,26 @@ import pytest
 from tests.conftest import REPO
 
 # The machine's certificate settings, which a user's login shell would have: pip and npm need them to reach their indexes.
-PASSED_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
-              "PIP_FIND_LINKS", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+PASSED_ENV = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
 DPKG_FRONTEND_LOCK = "/var/lib/dpkg/lock-frontend"
-needs_root_apt = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("apt-get") is None or shutil.which("setpriv") is None,
-                                    reason="needs root, apt-get and setpriv (to hold apt's lock, or to become an unprivileged user)")
+needs_root_apt = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("apt-get") is None or shutil.which("setpriv") is None,
+    reason="needs root, apt-get and setpriv (to hold apt's lock, or to become an unprivileged user)",
+)
 
 
 class HeldAptLock:
@@ -45,15 +60,22 @@ class HeldAptLock:
 
 def installed_package() -> str:
     """A package apt-get install takes the lock for and then finds installed: no download, no change."""
-    return next(name for name in ("slirp4netns", "runsc", "iproute2", "bash")
-                if subprocess.run(["dpkg", "-s", name], capture_output=True).returncode == 0)
+    return next(
+        name
+        for name in ("slirp4netns", "runsc", "iproute2", "bash")
+        if subprocess.run(["dpkg", "-s", name], capture_output=True).returncode == 0
+    )
 
 
 @needs_root_apt
 def test_apt_install_waits_for_a_busy_package_manager_then_installs():
     with HeldAptLock() as lock:
-        process = subprocess.Popen(["bash", str(REPO / "scripts" / "apt-install"), installed_package()], stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "MSB_APT_LOCK_TIMEOUT": "120"})
+        process = subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "apt-install"), installed_package()],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "MSB_APT_LOCK_TIMEOUT": "120"},
+        )
         time.sleep(4)
         assert process.poll() is None, f"apt-install returned while apt's lock was held: {process.stderr.read()}"
         lock.release()
@@ -63,8 +85,13 @@ def test_apt_install_waits_for_a_busy_package_manager_then_installs():
 @needs_root_apt
 def test_apt_install_says_when_it_gives_up_on_the_lock():
     with HeldAptLock():
-        result = subprocess.run(["bash", str(REPO / "scripts" / "apt-install"), installed_package()], capture_output=True, text=True,
-                                env={**os.environ, "MSB_APT_LOCK_TIMEOUT": "1"}, timeout=300)
+        result = subprocess.run(
+            ["bash", str(REPO / "scripts" / "apt-install"), installed_package()],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MSB_APT_LOCK_TIMEOUT": "1"},
+            timeout=300,
+        )
     assert result.returncode == 1
     assert "another package manager held apt's lock for 1 s" in result.stderr and "MSB_APT_LOCK_TIMEOUT" in result.stderr, result.stderr
 
@@ -76,20 +103,34 @@ def test_a_user_without_root_bootstraps_from_their_home_and_runs_the_demo():
     home = Path(f"/home/msbt-{uuid.uuid4().hex[:8]}")
     checkout = home / "msb"
     try:
-        files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True).stdout
+        files = subprocess.run(
+            ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True
+        ).stdout
         for name in filter(None, files.decode().split("\0")):
             source = REPO / name
             if source.is_file():
                 (checkout / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, checkout / name)
         subprocess.run(["chown", "-R", "nobody:nogroup", str(home)], check=True)
-        env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-               **{name: os.environ[name] for name in PASSED_ENV if name in os.environ}}
+        env = {
+            "HOME": str(home),
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            **{name: os.environ[name] for name in PASSED_ENV if name in os.environ},
+        }
         as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        boot = subprocess.run([*as_nobody, "bash", "scripts/bootstrap.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
+        boot = subprocess.run(
+            [*as_nobody, "bash", "scripts/bootstrap.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=900
+        )
         assert boot.returncode == 0, boot.stderr[-3000:]
-        demo = subprocess.run([*as_nobody, str(checkout / ".venv" / "bin" / "msb-kernels"), "demo"], cwd=home, env=env,
-                              capture_output=True, text=True, timeout=300)
+        demo = subprocess.run(
+            [*as_nobody, str(checkout / ".venv" / "bin" / "msb-kernels"), "demo"],
+            cwd=home,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert demo.returncode == 0, f"{demo.stdout[-2000:]}\n{demo.stderr[-3000:]}"
         assert "user: 1000 | host: sandbox" in demo.stdout and "state survives between cells: 42" in demo.stdout, demo.stdout
         assert "flavor limits are only partly enforced: cgroups need root here" in demo.stderr, demo.stderr  # honest about it

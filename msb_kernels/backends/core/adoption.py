@@ -83,8 +83,10 @@ def socket_path(directory: Path, name: str = KEEPER_SOCKET) -> str:
     """A keeper socket: a sandbox's own in its state dir, or (KEEPERS_SOCKET) the keeper's in the runtime dir."""
     path = str(directory / name)
     if len(path) > UNIX_PATH_MAX:
-        raise SandboxError(f"the runtime dir's path is too long for a keeper socket ({path})",
-                           ["set MSB_RUNTIME_DIR to a shorter path, such as /run/msb-kernels"])
+        raise SandboxError(
+            f"the runtime dir's path is too long for a keeper socket ({path})",
+            ["set MSB_RUNTIME_DIR to a shorter path, such as /run/msb-kernels"],
+        )
     return path
 
 
@@ -97,26 +99,59 @@ def sweep_command() -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "msb_kernels.cli", "sweep"], env
 
 
-def keeper_plan(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
-                lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
-                sweep_env: dict[str, str] | None = None) -> dict:
+def keeper_plan(
+    state_dir: Path,
+    grace: float,
+    *,
+    sandbox_pid: int | None = None,
+    argv: list[str] | None = None,
+    lifeline_fd: int | None = None,
+    stderr_fd: int | None = None,
+    child_stderr_fd: int | None = None,
+    sweep_env: dict[str, str] | None = None,
+) -> dict:
     """What keeper_program.py is told: its socket and record, the grace period, what it holds, and the sweep it ends with."""
     sweep_argv, env = sweep_command()
-    return {"socket": socket_path(state_dir), "record": str(state_dir / ADOPTION_RECORD), "grace": grace, "sandbox_pid": sandbox_pid,
-            "argv": argv, "lifeline_fd": lifeline_fd, "stderr_fd": stderr_fd, "child_stderr_fd": child_stderr_fd,
-            "sweep_argv": sweep_argv, "sweep_env": {**env, **(sweep_env or {})}}
+    return {
+        "socket": socket_path(state_dir),
+        "record": str(state_dir / ADOPTION_RECORD),
+        "grace": grace,
+        "sandbox_pid": sandbox_pid,
+        "argv": argv,
+        "lifeline_fd": lifeline_fd,
+        "stderr_fd": stderr_fd,
+        "child_stderr_fd": child_stderr_fd,
+        "sweep_argv": sweep_argv,
+        "sweep_env": {**env, **(sweep_env or {})},
+    }
 
 
-async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None = None, argv: list[str] | None = None,
-                       lifeline_fd: int | None = None, stderr_fd: int | None = None, child_stderr_fd: int | None = None,
-                       sweep_env: dict[str, str] | None = None) -> tuple[int, int | None]:
+async def start_keeper(
+    state_dir: Path,
+    grace: float,
+    *,
+    sandbox_pid: int | None = None,
+    argv: list[str] | None = None,
+    lifeline_fd: int | None = None,
+    stderr_fd: int | None = None,
+    child_stderr_fd: int | None = None,
+    sweep_env: dict[str, str] | None = None,
+) -> tuple[int, int | None]:
     """Have the keeper of the runtime dir hold the sandbox in state_dir; return (the keeper's pid, the sandbox's pid).
 
     Called by a backend's create. The keeper holds sandbox_pid, or starts argv as its own child (whose stderr is
     child_stderr_fd), or, with neither (a microVM), holds only the grace period. The descriptors are the keeper's
     once this returns; the caller closes its own copies."""
-    plan = keeper_plan(state_dir, grace, sandbox_pid=sandbox_pid, argv=argv, lifeline_fd=lifeline_fd, stderr_fd=stderr_fd,
-                       child_stderr_fd=child_stderr_fd, sweep_env=sweep_env)
+    plan = keeper_plan(
+        state_dir,
+        grace,
+        sandbox_pid=sandbox_pid,
+        argv=argv,
+        lifeline_fd=lifeline_fd,
+        stderr_fd=stderr_fd,
+        child_stderr_fd=child_stderr_fd,
+        sweep_env=sweep_env,
+    )
     fds = [plan[name] for name in PLAN_FDS if plan.get(name) is not None]
     path = socket_path(state_dir.parent, KEEPERS_SOCKET)
     async with _keeper_lock(path):
@@ -130,7 +165,9 @@ async def start_keeper(state_dir: Path, grace: float, *, sandbox_pid: int | None
             except (OSError, EOFError) as exc:  # a keeper killed since: the next attempt starts a fresh one
                 _forget_keeper(path, connection)
                 if attempt == 2:
-                    raise SandboxError(f"cannot hand the sandbox to its keeper: {exc}", ["run `msb-kernels doctor` to check this host"]) from None
+                    raise SandboxError(
+                        f"cannot hand the sandbox to its keeper: {exc}", ["run `msb-kernels doctor` to check this host"]
+                    ) from None
             except BaseException:
                 _forget_keeper(path, connection)
                 raise
@@ -171,8 +208,19 @@ async def _connect_keeper(root: Path, path: str) -> socket.socket:
     log = os.open(root / KEEPERS_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-S", "-I", KEEPER, "--serve", path, "--detach", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+            sys.executable,
+            "-S",
+            "-I",
+            KEEPER,
+            "--serve",
+            path,
+            "--detach",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
     finally:
         os.close(log)
     assert process.stdout

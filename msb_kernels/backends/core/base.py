@@ -153,10 +153,13 @@ class SandboxBackend(abc.ABC):
         if requested == "auto":
             return cls.transports[0]
         if requested not in cls.transports:
-            raise ConfigError(f"MSB_TRANSPORT={requested}: the {cls.name} backend reaches its kernels only over "
-                              f"{' or '.join(cls.transports)}",
-                              [f"set MSB_TRANSPORT to auto or {' or '.join(cls.transports)}",
-                               "or pick a backend with that transport (MSB_BACKEND=namespace does ipc and tcp)"])
+            raise ConfigError(
+                f"MSB_TRANSPORT={requested}: the {cls.name} backend reaches its kernels only over {' or '.join(cls.transports)}",
+                [
+                    f"set MSB_TRANSPORT to auto or {' or '.join(cls.transports)}",
+                    "or pick a backend with that transport (MSB_BACKEND=namespace does ipc and tcp)",
+                ],
+            )
         return requested
 
     @abc.abstractmethod
@@ -220,8 +223,12 @@ class SandboxBackend(abc.ABC):
     def settings_env(self) -> dict[str, str]:
         """The settings that find this backend's sandboxes, as MSB_* variables, whatever config file or flag set them:
         for a process of ours that outlives this one (a keeper's closing sweep)."""
-        return {"MSB_BACKEND": self.name, "MSB_RUNTIME_DIR": str(self.settings.runtime_root()),
-                "MSB_SCRATCH_DIR": str(self.settings.scratch_root()), "MSB_TRANSPORT": self.transport}
+        return {
+            "MSB_BACKEND": self.name,
+            "MSB_RUNTIME_DIR": str(self.settings.runtime_root()),
+            "MSB_SCRATCH_DIR": str(self.settings.scratch_root()),
+            "MSB_TRANSPORT": self.transport,
+        }
 
     def stats(self) -> dict:
         """Backend counters for stats endpoints (for example host ports allocated and available)."""

@@ -67,10 +67,12 @@ def start_speed_note(hierarchy: CgroupHierarchy | None) -> str | None:
         return None
     # Moving a process into a cgroup takes the kernel's cgroup_threadgroup_rwsem for writing, which waits out an RCU
     # grace period unless another move has just done so: the first join of each start pays it.
-    return ("each kernel start waits out an RCU grace period while its sandbox joins its cgroups (6 to 8 ms of a start "
-            "on a 2-CPU VM). `echo 1 > /sys/kernel/rcu_expedited` (or the boot option rcupdate.rcu_expedited=1) takes "
-            "that off for the whole host: every RCU wait then interrupts all CPUs, which a host that runs kernels can "
-            "usually afford")
+    return (
+        "each kernel start waits out an RCU grace period while its sandbox joins its cgroups (6 to 8 ms of a start "
+        "on a 2-CPU VM). `echo 1 > /sys/kernel/rcu_expedited` (or the boot option rcupdate.rcu_expedited=1) takes "
+        "that off for the whole host: every RCU wait then interrupts all CPUs, which a host that runs kernels can "
+        "usually afford"
+    )
 
 
 class SandboxCgroup:
@@ -79,9 +81,7 @@ class SandboxCgroup:
     def __init__(self, hierarchy: CgroupHierarchy, sandbox_id: str):
         self.hierarchy = hierarchy
         self.sandbox_id = sandbox_id
-        self.paths: dict[str, Path] = {
-            controller: mount / GROUP_PARENT / sandbox_id for controller, mount in hierarchy.mounts.items()
-        }
+        self.paths: dict[str, Path] = {controller: mount / GROUP_PARENT / sandbox_id for controller, mount in hierarchy.mounts.items()}
 
     def create(self, flavor: Flavor, max_processes: int, *, memory_bytes: int | None = None) -> None:
         """memory_bytes: the group's memory limit where it holds more than the kernel (a gVisor Sentry); default the flavor's."""

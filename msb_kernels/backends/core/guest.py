@@ -10,9 +10,26 @@ SANDBOX_HOME = "/home/sandbox"
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Only what programs need from /etc; passwd, group, hosts and hostname are generated.
 ETC_ENTRIES = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone", "ssl",
-    "ca-certificates", "ca-certificates.conf", "fonts", "alternatives", "mime.types", "protocols",
-    "services", "os-release", "debian_version", "inputrc", "terminfo", "matplotlibrc", "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "nsswitch.conf",
+    "localtime",
+    "timezone",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "fonts",
+    "alternatives",
+    "mime.types",
+    "protocols",
+    "services",
+    "os-release",
+    "debian_version",
+    "inputrc",
+    "terminfo",
+    "matplotlibrc",
+    "gai.conf",
 )
 
 # The reaper init becomes once the kernel runs: small, so the sandbox adds little memory.

@@ -81,7 +81,7 @@ def receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
         (length,) = LENGTH.unpack_from(data)
         if length > MOST_PLAN_BYTES:
             raise ValueError(f"a plan of {length} bytes is over the limit of {MOST_PLAN_BYTES}")
-        body = bytearray(data[LENGTH.size:])
+        body = bytearray(data[LENGTH.size :])
         while len(body) < length:
             more = connection.recv(length - len(body))
             if not more:
@@ -110,8 +110,9 @@ class Kept:
         try:
             if plan.get("argv"):
                 # close_fds: runsc inherits nothing of the other sandboxes this process holds
-                self.child = subprocess.Popen(plan["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=plan["child_stderr_fd"], close_fds=True)
+                self.child = subprocess.Popen(
+                    plan["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=plan["child_stderr_fd"], close_fds=True
+                )
                 self.pid = self.child.pid
             else:
                 self.pid = plan.get("sandbox_pid")  # None: a microVM, which no host process of ours stands for
@@ -172,8 +173,14 @@ class Kept:
         if self.killed and self.owner is None and self.plan.get("sweep_argv"):
             log = os.open(os.path.join(os.path.dirname(self.path), SWEEP_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
-                sweep = subprocess.Popen(self.plan["sweep_argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=self.plan.get("sweep_env") or {}, close_fds=True)
+                sweep = subprocess.Popen(
+                    self.plan["sweep_argv"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env=self.plan.get("sweep_env") or {},
+                    close_fds=True,
+                )
             except OSError as exc:
                 print(f"the sweep after {self.path} did not start: {exc}", file=sys.stderr, flush=True)
             finally:

@@ -52,8 +52,7 @@ def port_is_free(port: int) -> bool:
 class PortManager:
     """Allocates PORTS_PER_KERNEL host ports per owner (a kernel id) from [first, last]."""
 
-    def __init__(self, first: int, last: int, per_owner: int = PORTS_PER_KERNEL, lock_dir: Path | None = None,
-                 start: int | None = None):
+    def __init__(self, first: int, last: int, per_owner: int = PORTS_PER_KERNEL, lock_dir: Path | None = None, start: int | None = None):
         if not 0 < first <= last <= 65535:
             raise ValueError(f"bad port range {first}-{last}")
         self.first, self.last, self.per_owner = first, last, per_owner
@@ -109,8 +108,11 @@ class PortManager:
                     f"no free host ports for another kernel: MSB_PORT_RANGE={self.first}-{self.last} has "
                     f"{len(chosen)} unbound port(s) left and a kernel needs {self.per_owner} "
                     f"({len(self._owners)} kernel(s) hold {len(taken)})",
-                    ["stop a session you no longer need", "widen MSB_PORT_RANGE (for example 8000-9000)",
-                     "free ports that other programs hold in that range"],
+                    [
+                        "stop a session you no longer need",
+                        "widen MSB_PORT_RANGE (for example 8000-9000)",
+                        "free ports that other programs hold in that range",
+                    ],
                 )
             self._next = self.first + (chosen[-1] + 1 - self.first) % self.size
             self._owners[owner] = chosen
@@ -140,8 +142,13 @@ class PortManager:
         """allocated: ports held by kernels; available: ports of the range no kernel holds."""
         with self._lock:
             allocated = sum(len(ports) for ports in self._owners.values())
-        return {"allocated": allocated, "available": self.size - allocated, "kernels": len(self._owners),
-                "range_first": self.first, "range_last": self.last}
+        return {
+            "allocated": allocated,
+            "available": self.size - allocated,
+            "kernels": len(self._owners),
+            "range_first": self.first,
+            "range_last": self.last,
+        }
 
 
 def host_ports(settings: MsbSettings) -> PortManager:

@@ -49,8 +49,14 @@ def read_states(root: Path, backend: str) -> list[SandboxRecord]:
             continue
         if data.get("backend", "namespace") != backend or data.get("sandbox_id") != state_file.parent.name:
             continue  # another backend's sandbox in the same runtime dir
-        record = SandboxRecord(data["sandbox_id"], backend, process_alive(data.get("owner_pid"), data.get("owner_start")),
-                               process_alive(data.get("init_pid"), data.get("init_start")), data.get("created", 0.0), data)
+        record = SandboxRecord(
+            data["sandbox_id"],
+            backend,
+            process_alive(data.get("owner_pid"), data.get("owner_start")),
+            process_alive(data.get("init_pid"), data.get("init_start")),
+            data.get("created", 0.0),
+            data,
+        )
         records.append(with_keeper(record, data, state_file.parent))
     return records
 
@@ -58,8 +64,7 @@ def read_states(root: Path, backend: str) -> list[SandboxRecord]:
 def with_keeper(record: SandboxRecord, state: dict, state_dir: Path) -> SandboxRecord:
     """Fill in whether a keeper holds the sandbox, and so whether it is adoptable: the one rule for every backend."""
     record.keeper_alive = process_alive(state.get("keeper_pid"), state.get("keeper_start"))
-    record.adoptable = (not record.owner_alive and record.running and record.keeper_alive
-                        and (state_dir / ADOPTION_RECORD).is_file())
+    record.adoptable = not record.owner_alive and record.running and record.keeper_alive and (state_dir / ADOPTION_RECORD).is_file()
     return record
 
 

@@ -78,8 +78,9 @@ T = TypeVar("T")
 
 
 class MicrosandboxSandbox(Sandbox):
-    def __init__(self, spec: SandboxSpec, backend: MicrosandboxBackend, vm: Any, job: Any, ports: list[int],
-                 keeper: KeeperLink | None = None):
+    def __init__(
+        self, spec: SandboxSpec, backend: MicrosandboxBackend, vm: Any, job: Any, ports: list[int], keeper: KeeperLink | None = None
+    ):
         super().__init__(spec)
         self.backend = backend
         self.vm = vm
@@ -172,8 +173,13 @@ class MicrosandboxSandbox(Sandbox):
             self.backend.release_ports(self.sandbox_id)
 
     def info(self) -> dict:
-        return {**super().info(), "backend": "microsandbox", "vm": self.name, "ports": self.ports,
-                "image": image_for(self.backend.settings, self.spec.template)}
+        return {
+            **super().info(),
+            "backend": "microsandbox",
+            "vm": self.name,
+            "ports": self.ports,
+            "image": image_for(self.backend.settings, self.spec.template),
+        }
 
 
 # -- the backend -------------------------------------------------------------------
@@ -253,12 +259,16 @@ class MicrosandboxBackend(SandboxBackend):
         try:
             for template in TEMPLATES:
                 image = image_for(settings, template)
-                lines.append(f"microVM image {template}: {image} "
-                             f"{'present' if image_present(image) else f'missing (msb-kernels image build {template})'}")
+                lines.append(
+                    f"microVM image {template}: {image} "
+                    f"{'present' if image_present(image) else f'missing (msb-kernels image build {template})'}"
+                )
         except MsbError as exc:
             lines.append(f"microVM images: cannot list them: {exc.message}")
-        lines.append(f"microVM ports: {settings.port_range} (5 per kernel); outbound network: "
-                     f"{'public internet' if settings.allow_network else 'denied'}")
+        lines.append(
+            f"microVM ports: {settings.port_range} (5 per kernel); outbound network: "
+            f"{'public internet' if settings.allow_network else 'denied'}"
+        )
         return lines
 
     def reserve_ports(self, sandbox_id: str) -> list[int]:
@@ -288,9 +298,17 @@ class MicrosandboxBackend(SandboxBackend):
 
     def _write_state(self, spec: SandboxSpec, **more: Any) -> None:
         """state.json: the VM's owner is here, not only in its labels, which cannot change when a gateway adopts it."""
-        record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(), "owner_pid": spec.owner_pid,
-                  "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-                  "flavor": spec.flavor.name, "template": spec.template, "vm": sandbox_name(spec.sandbox_id), **more}
+        record = {
+            "sandbox_id": spec.sandbox_id,
+            "backend": self.name,
+            "created": time.time(),
+            "owner_pid": spec.owner_pid,
+            "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+            "flavor": spec.flavor.name,
+            "template": spec.template,
+            "vm": sandbox_name(spec.sandbox_id),
+            **more,
+        }
         write_state(self.root / spec.sandbox_id, record)
 
     def remove_state(self, sandbox_id: str, *, keep_io_dir: bool) -> None:
@@ -306,8 +324,10 @@ class MicrosandboxBackend(SandboxBackend):
     async def create(self, spec: SandboxSpec) -> MicrosandboxSandbox:
         availability = self.availability()
         if not availability.ok:
-            raise BackendUnavailable(f"the microsandbox backend cannot run here: {availability.reason}",
-                                     ["run `msb-kernels doctor`", "or set MSB_BACKEND=namespace"])
+            raise BackendUnavailable(
+                f"the microsandbox backend cannot run here: {availability.reason}",
+                ["run `msb-kernels doctor`", "or set MSB_BACKEND=namespace"],
+            )
         from microsandbox import Sandbox as VM
 
         self._ensure_sweeper()
@@ -325,11 +345,15 @@ class MicrosandboxBackend(SandboxBackend):
             await self.destroy_vm(name, vm)
             self.remove_state(spec.sandbox_id, keep_io_dir=True)
             if isinstance(exc, asyncio.TimeoutError):
-                raise SandboxError(f"the microVM for kernel {spec.sandbox_id} did not boot within "
-                                   f"{self.settings.boot_timeout_seconds} s (MSB_BOOT_TIMEOUT_SECONDS)") from None
+                raise SandboxError(
+                    f"the microVM for kernel {spec.sandbox_id} did not boot within "
+                    f"{self.settings.boot_timeout_seconds} s (MSB_BOOT_TIMEOUT_SECONDS)"
+                ) from None
             if isinstance(exc, Exception):
-                raise SandboxError(f"cannot start the microVM for kernel {spec.sandbox_id}: {exc}",
-                                   [f"build the image: msb-kernels image build {spec.template}", "run `msb-kernels doctor`"]) from exc
+                raise SandboxError(
+                    f"cannot start the microVM for kernel {spec.sandbox_id}: {exc}",
+                    [f"build the image: msb-kernels image build {spec.template}", "run `msb-kernels doctor`"],
+                ) from exc
             raise
         return MicrosandboxSandbox(spec, self, vm, job, ports, keeper)
 
@@ -425,8 +449,9 @@ class MicrosandboxBackend(SandboxBackend):
             state, _ = trusted_json(state_dir / "state.json", private=False)
             if state is None or state.get("sandbox_id") != record.sandbox_id:
                 continue
-            record.details.update(owner_pid=state.get("owner_pid"), owner_start=state.get("owner_start"),
-                                  keeper_pid=state.get("keeper_pid"))
+            record.details.update(
+                owner_pid=state.get("owner_pid"), owner_start=state.get("owner_start"), keeper_pid=state.get("keeper_pid")
+            )
             record.owner_alive = owner_alive(state.get("owner_pid"), state.get("owner_start"))
             with_keeper(record, state, state_dir)
         return records

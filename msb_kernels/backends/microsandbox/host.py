@@ -80,5 +80,3 @@ def run_doctor(timeout: float = 30) -> tuple[bool, str, list[str]]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"msb doctor did not run: {exc}", []
     return parse_doctor(result.returncode, result.stdout + "\n" + result.stderr)
-
-

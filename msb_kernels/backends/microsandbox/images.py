@@ -61,9 +61,11 @@ class BuildResult:
     archive: Path | None = None
 
     def report(self) -> str:
-        return (f"built {self.tag} ({self.template}, {self.mode}) in {self.seconds:.0f} s: "
-                f"{self.size_bytes / 2**20:.0f} MiB archive, CurveZMQ {'yes' if self.curve else 'no'}; loaded with msb load"
-                + (f"; archive kept at {self.archive}" if self.archive else ""))
+        return (
+            f"built {self.tag} ({self.template}, {self.mode}) in {self.seconds:.0f} s: "
+            f"{self.size_bytes / 2**20:.0f} MiB archive, CurveZMQ {'yes' if self.curve else 'no'}; loaded with msb load"
+            + (f"; archive kept at {self.archive}" if self.archive else "")
+        )
 
 
 # -- Debian root filesystems --------------------------------------------------------
@@ -101,8 +103,15 @@ def host_suite() -> str:
     return DEFAULT_SUITE
 
 
-def debootstrap(rootfs: Path, packages: list[str], *, suite: str | None = None, mirror: str | None = None,
-                cache_dir: Path | None = None, log: Callable[[str], None] = print) -> None:
+def debootstrap(
+    rootfs: Path,
+    packages: list[str],
+    *,
+    suite: str | None = None,
+    mirror: str | None = None,
+    cache_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> None:
     """A minimal Debian (debootstrap minbase) in rootfs, then packages with apt inside it (apt resolves
     dependencies that debootstrap's --include cannot). Needs root and the debootstrap command."""
     tool = shutil.which("debootstrap") or next((p for p in ("/usr/sbin/debootstrap", "/sbin/debootstrap") if os.path.exists(p)), None)
@@ -122,8 +131,9 @@ def debootstrap(rootfs: Path, packages: list[str], *, suite: str | None = None, 
     try:
         env = ["env", "DEBIAN_FRONTEND=noninteractive", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
         _run_logged(["chroot", str(rootfs), *env, "apt-get", "update", "-q"], "apt-get update", log)
-        _run_logged(["chroot", str(rootfs), *env, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
-                    "apt-get install", log)
+        _run_logged(
+            ["chroot", str(rootfs), *env, "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages], "apt-get install", log
+        )
         _run_logged(["chroot", str(rootfs), *env, "apt-get", "clean"], "apt-get clean", log)
     finally:
         resolv.unlink(missing_ok=True)
@@ -142,8 +152,10 @@ def add_sandbox_user(rootfs: Path) -> None:
     """The unprivileged user kernels run as: sandbox, uid/gid 1000, home /home/sandbox."""
     etc = rootfs / "etc"
     etc.mkdir(parents=True, exist_ok=True)
-    for name, line in (("passwd", f"{GUEST_USER}:x:{GUEST_UID}:{GUEST_UID}:sandbox:{GUEST_HOME}:/bin/sh"),
-                       ("group", f"{GUEST_USER}:x:{GUEST_UID}:")):
+    for name, line in (
+        ("passwd", f"{GUEST_USER}:x:{GUEST_UID}:{GUEST_UID}:sandbox:{GUEST_HOME}:/bin/sh"),
+        ("group", f"{GUEST_USER}:x:{GUEST_UID}:"),
+    ):
         path = etc / name
         existing = path.read_text() if path.exists() else ("root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else "root:x:0:\n")
         if not any(entry.split(":", 1)[0] == GUEST_USER for entry in existing.splitlines()):
@@ -162,8 +174,10 @@ def install_tslab_from_host(rootfs: Path) -> None:
     from msb_kernels.templates import node_prefix, tslab_entry
 
     if not tslab_entry().exists():
-        raise SandboxError("tslab is not installed on this host, and an offline node image copies it from there",
-                           ["run `msb-kernels install` (it installs tslab with npm)", "or build with --online"])
+        raise SandboxError(
+            "tslab is not installed on this host, and an offline node image copies it from there",
+            ["run `msb-kernels install` (it installs tslab with npm)", "or build with --online"],
+        )
     target = rootfs / "opt" / "msb-kernels" / "node"
     shutil.copytree(node_prefix() / "node_modules", target / "node_modules", symlinks=True, dirs_exist_ok=True)
     bin_dir = rootfs / "usr" / "local" / "bin"
@@ -179,8 +193,11 @@ FROM_HOST = {"node": install_tslab_from_host}
 
 def ipykernel_speaks_curve(rootfs: Path) -> bool:
     """Whether the rootfs's ipykernel has CurveZMQ support (ipykernel's kernelapp knows curve_secretkey)."""
-    for pattern in ("usr/lib/python3*/dist-packages/ipykernel/kernelapp.py", "usr/local/lib/python3*/site-packages/ipykernel/kernelapp.py",
-                    "usr/lib/python3*/site-packages/ipykernel/kernelapp.py"):
+    for pattern in (
+        "usr/lib/python3*/dist-packages/ipykernel/kernelapp.py",
+        "usr/local/lib/python3*/site-packages/ipykernel/kernelapp.py",
+        "usr/lib/python3*/site-packages/ipykernel/kernelapp.py",
+    ):
         for path in rootfs.glob(pattern):
             if "curve_secretkey" in path.read_text(errors="replace"):
                 return True
@@ -260,7 +277,9 @@ def append_layer(base_archive: Path, layer_root: Path, template: str, tag: str, 
     with tempfile.TemporaryDirectory(dir=archive.parent) as scratch:
         scratch_dir = Path(scratch)
         with tarfile.open(base_archive) as base:
-            base.extractall(scratch_dir / "base", filter="data") if hasattr(tarfile, "data_filter") else base.extractall(scratch_dir / "base")
+            base.extractall(scratch_dir / "base", filter="data") if hasattr(tarfile, "data_filter") else base.extractall(
+                scratch_dir / "base"
+            )
         base_dir = scratch_dir / "base"
         manifest = json.loads((base_dir / "manifest.json").read_text())[0]
         base_config = json.loads((base_dir / manifest["Config"]).read_text())
@@ -315,9 +334,18 @@ def remove_image(tag: str) -> None:
 # -- the builds ------------------------------------------------------------------------------
 
 
-def build_offline(template: str, tag: str, *, work_dir: Path | None = None, packages: list[str] | None = None,
-                  suite: str | None = None, mirror: str | None = None, keep_archive: Path | None = None,
-                  prepare_rootfs: Callable[[Path], None] | None = None, log: Callable[[str], None] = print) -> BuildResult:
+def build_offline(
+    template: str,
+    tag: str,
+    *,
+    work_dir: Path | None = None,
+    packages: list[str] | None = None,
+    suite: str | None = None,
+    mirror: str | None = None,
+    keep_archive: Path | None = None,
+    prepare_rootfs: Callable[[Path], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> BuildResult:
     """debootstrap (or prepare_rootfs) -> user, tslab -> Docker-save archive -> msb load -> tag."""
     if template not in DEBIAN_PACKAGES:
         raise InvalidRequest(f"image template {template!r} is not one of {', '.join(DEBIAN_PACKAGES)}")
@@ -354,11 +382,21 @@ async def _online_layer(template: str, base: str, out: Path, timeout: float) -> 
     from msb_kernels.templates import TSLAB_VERSION
 
     name = f"msbk-build-{os.getpid()}"
-    vm = await VM.create(name, image=base, cpus=2, memory=2048, network=Network.allow_all(), pull_policy=PullPolicy.IF_MISSING,
-                         volumes={"/out": Volume.bind(str(out))}, replace=True)
+    vm = await VM.create(
+        name,
+        image=base,
+        cpus=2,
+        memory=2048,
+        network=Network.allow_all(),
+        pull_policy=PullPolicy.IF_MISSING,
+        volumes={"/out": Volume.bind(str(out))},
+        replace=True,
+    )
     try:
-        script = ("set -e; mkdir -p /out/layer/etc; " + ONLINE_INSTALL[template].format(tslab=TSLAB_VERSION) + "; "
-                  "cp /etc/passwd /etc/group /out/layer/etc/")
+        script = (
+            "set -e; mkdir -p /out/layer/etc; " + ONLINE_INSTALL[template].format(tslab=TSLAB_VERSION) + "; "
+            "cp /etc/passwd /etc/group /out/layer/etc/"
+        )
         output = await vm.shell(script, timeout=timeout)
         if output.exit_code != 0:
             raise SandboxError(f"the builder sandbox failed: {output.stderr_text.strip()[-800:]}")
@@ -370,8 +408,15 @@ async def _online_layer(template: str, base: str, out: Path, timeout: float) -> 
                 pass
 
 
-def build_online(template: str, tag: str, *, base: str | None = None, work_dir: Path | None = None,
-                 timeout: float = 1200, log: Callable[[str], None] = print) -> BuildResult:
+def build_online(
+    template: str,
+    tag: str,
+    *,
+    base: str | None = None,
+    work_dir: Path | None = None,
+    timeout: float = 1200,
+    log: Callable[[str], None] = print,
+) -> BuildResult:
     """base image + `pip install` (or npm) in a builder microVM -> one more layer -> msb load -> tag."""
     if template not in ONLINE_BASES:
         raise InvalidRequest(f"image template {template!r} is not one of {', '.join(ONLINE_BASES)}")
@@ -379,8 +424,10 @@ def build_online(template: str, tag: str, *, base: str | None = None, work_dir: 
 
     ok, reason, _ = run_doctor()
     if not ok:
-        raise SandboxError(f"an online build runs a builder microVM, and microVMs cannot run here: {reason}",
-                           ["build offline instead: msb-kernels image build " + template])
+        raise SandboxError(
+            f"an online build runs a builder microVM, and microVMs cannot run here: {reason}",
+            ["build offline instead: msb-kernels image build " + template],
+        )
     base = base or ONLINE_BASES[template]
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="msb-image-", dir=work_dir))

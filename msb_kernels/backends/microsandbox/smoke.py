@@ -32,12 +32,25 @@ async def _smoke(image: str) -> str:
     name = f"{SMOKE_PREFIX}{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     # Labelled like a kernel owned by this short-lived process, so a sweep removes it if we are killed.
-    labels = {SANDBOX_LABEL: "1", LABEL_KERNEL: name, LABEL_HOST: socket.gethostname(), LABEL_OWNER_PID: str(os.getpid()),
-              LABEL_OWNER_START: str(process_start_time(os.getpid()) or "")}
+    labels = {
+        SANDBOX_LABEL: "1",
+        LABEL_KERNEL: name,
+        LABEL_HOST: socket.gethostname(),
+        LABEL_OWNER_PID: str(os.getpid()),
+        LABEL_OWNER_START: str(process_start_time(os.getpid()) or ""),
+    }
     vm = None
     try:
-        vm = await VM.create(name, image=image, cpus=1, memory=SMOKE_MEMORY_MIB, network=Network.none(), labels=labels,
-                             replace=True, pull_policy=PullPolicy.NEVER)
+        vm = await VM.create(
+            name,
+            image=image,
+            cpus=1,
+            memory=SMOKE_MEMORY_MIB,
+            network=Network.none(),
+            labels=labels,
+            replace=True,
+            pull_policy=PullPolicy.NEVER,
+        )
         output = await vm.exec("python3", ["-c", "import ipykernel; print('ok')"], timeout=30)
         if "ok" not in output.stdout_text:
             raise RuntimeError(f"image {image} has no ipykernel: {output.stderr_text.strip()[-300:]}")
@@ -53,8 +66,9 @@ async def _smoke(image: str) -> str:
 def smoke_boot(image: str, timeout: float) -> tuple[bool, str]:
     """Boot a throwaway microVM from image in a subprocess, under timeout; (ok, what happened)."""
     try:
-        result = subprocess.run([sys.executable, "-m", "msb_kernels.backends.microsandbox.smoke", image],
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [sys.executable, "-m", "msb_kernels.backends.microsandbox.smoke", image], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return False, f"no microVM booted within {timeout:.0f} s (MSB_BOOT_TIMEOUT_SECONDS)"
     lines = (result.stdout.strip() or result.stderr.strip() or "no output").splitlines()

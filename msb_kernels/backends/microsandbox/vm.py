@@ -101,8 +101,9 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
     # and dies if it cannot. The dir is this kernel's own and the host only ever writes it.
     volumes = {GUEST_IO_DIR: Volume.bind(str(spec.io_dir), readonly=False, uid=GUEST_UID, gid=GUEST_UID)}
     if spec.shared_volume is not None:
-        volumes[spec.shared_volume.guest_path] = Volume.bind(str(spec.shared_volume.host_path), readonly=False,
-                                                             uid=GUEST_UID, gid=GUEST_UID)
+        volumes[spec.shared_volume.guest_path] = Volume.bind(
+            str(spec.shared_volume.host_path), readonly=False, uid=GUEST_UID, gid=GUEST_UID
+        )
     return {
         "image": image_for(settings, spec.template),
         "cpus": spec.flavor.cpus,
@@ -130,8 +131,17 @@ def record_from_handle(handle: Any, backend: str) -> SandboxRecord:
     owner_start = int(labels[LABEL_OWNER_START]) if labels.get(LABEL_OWNER_START, "").isdigit() else None
     kernel_id = labels.get(LABEL_KERNEL) or handle.name.removeprefix(NAME_PREFIX)
     status = str(getattr(handle, "status", ""))
-    details = {"vm": handle.name, "status": status, "labels": labels, "owner_pid": owner_pid, "owner_start": owner_start,
-               "host": labels.get(LABEL_HOST), "flavor": labels.get(LABEL_FLAVOR), "template": labels.get(LABEL_TEMPLATE)}
+    details = {
+        "vm": handle.name,
+        "status": status,
+        "labels": labels,
+        "owner_pid": owner_pid,
+        "owner_start": owner_start,
+        "host": labels.get(LABEL_HOST),
+        "flavor": labels.get(LABEL_FLAVOR),
+        "template": labels.get(LABEL_TEMPLATE),
+    }
     created = handle.created_at or float(labels.get(LABEL_CREATED) or 0)
-    return SandboxRecord(kernel_id, backend, owner_alive(owner_pid, owner_start), status in ("running", "starting", "draining"),
-                         created, details)
+    return SandboxRecord(
+        kernel_id, backend, owner_alive(owner_pid, owner_start), status in ("running", "starting", "draining"), created, details
+    )

@@ -77,9 +77,18 @@ if libc.unshare(flags) != 0:
 
 
 class NamespaceSandbox(HostCgroupSandbox):
-    def __init__(self, spec: SandboxSpec, backend: NamespaceBackend, state_dir: Path, process: PidfdProcess,
-                 cgroup: cgroups.SandboxCgroup | None, lifeline: int | None, stderr: KernelStderr | None = None,
-                 keeper: KeeperLink | None = None, forked: bool = False):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        backend: NamespaceBackend,
+        state_dir: Path,
+        process: PidfdProcess,
+        cgroup: cgroups.SandboxCgroup | None,
+        lifeline: int | None,
+        stderr: KernelStderr | None = None,
+        keeper: KeeperLink | None = None,
+        forked: bool = False,
+    ):
         super().__init__(spec, cgroup)
         self.backend = backend
         self.state_dir = state_dir
@@ -137,8 +146,13 @@ class NamespaceSandbox(HostCgroupSandbox):
         self.backend.remove_state(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
 
     def info(self) -> dict:
-        return {**super().info(), "backend": "namespace", "init_pid": self.init_pid, "limits": "cgroup" if self.cgroup else "rlimit",
-                "forked": self.forked}
+        return {
+            **super().info(),
+            "backend": "namespace",
+            "init_pid": self.init_pid,
+            "limits": "cgroup" if self.cgroup else "rlimit",
+            "forked": self.forked,
+        }
 
 
 class NamespaceBackend(SandboxBackend):
@@ -184,9 +198,10 @@ class NamespaceBackend(SandboxBackend):
             except OSError as exc:
                 for listener in bound:
                     listener.close()
-                raise SandboxError(f"cannot bind the kernel's host port on {self.host_ip}: {exc}",
-                                   ["start the kernel again (another program took that port)",
-                                    "or move MSB_PORT_RANGE to ports nothing else uses"]) from None
+                raise SandboxError(
+                    f"cannot bind the kernel's host port on {self.host_ip}: {exc}",
+                    ["start the kernel again (another program took that port)", "or move MSB_PORT_RANGE to ports nothing else uses"],
+                ) from None
             self._listeners[sandbox_id] = bound
         return self._listeners[sandbox_id]
 
@@ -213,8 +228,11 @@ class NamespaceBackend(SandboxBackend):
         result = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=10)
         if result.returncode != 0:
             why = result.stderr.strip() or "unknown error"
-            return Availability(False, f"cannot create namespaces ({why}); enable unprivileged user namespaces "
-                                       "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces>0) or run as root")
+            return Availability(
+                False,
+                f"cannot create namespaces ({why}); enable unprivileged user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces>0) or run as root",
+            )
         hierarchy, note = cgroups.detect()
         warnings = [] if hierarchy else [limits_warning(note)]
         no_disk = scratch.unavailable_reason()
@@ -244,16 +262,24 @@ class NamespaceBackend(SandboxBackend):
         if not availability.ok:
             raise BackendUnavailable(f"the namespace backend cannot run here: {availability.reason}")
         if self.hierarchy is None and self.settings.require_limits:
-            raise SandboxError(f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
-                               ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS to accept rlimits"])
+            raise SandboxError(
+                f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
+                ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS to accept rlimits"],
+            )
         listeners = self._bound_listeners(spec.sandbox_id) if self.ports else []
         state_dir = spec.io_dir.parent
         network_plan = network.network_plan(state_dir, self.rootful) if spec.allow_network else None
         (state_dir / "root").mkdir(exist_ok=True)
         (state_dir / "scratch").mkdir(exist_ok=True)
-        record = {"sandbox_id": spec.sandbox_id, "backend": self.name, "created": time.time(),
-                  "owner_pid": spec.owner_pid, "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-                  "flavor": spec.flavor.name, "template": spec.template}
+        record = {
+            "sandbox_id": spec.sandbox_id,
+            "backend": self.name,
+            "created": time.time(),
+            "owner_pid": spec.owner_pid,
+            "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+            "flavor": spec.flavor.name,
+            "template": spec.template,
+        }
         uid, gid = (uids.claim(spec.sandbox_id), uids.SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
         record["uid"] = uid
         write_state(state_dir, record)
@@ -330,8 +356,14 @@ class NamespaceBackend(SandboxBackend):
                 await formatting.finish()
             if keep:
                 try:
-                    keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sandbox_pid=process.pid, lifeline_fd=lifeline_write,
-                                                                stderr_fd=stderr_read, sweep_env=self.settings_env())
+                    keeper_pid, _ = await adoption.start_keeper(
+                        state_dir,
+                        spec.adopt_grace,
+                        sandbox_pid=process.pid,
+                        lifeline_fd=lifeline_write,
+                        stderr_fd=stderr_read,
+                        sweep_env=self.settings_env(),
+                    )
                     keeper = KeeperLink.own(state_dir, keeper_pid)
                 except BaseException:
                     process.kill()
@@ -360,13 +392,19 @@ class NamespaceBackend(SandboxBackend):
             lifeline_write = None
             if keeper.stderr_fd is not None:
                 os.close(keeper.stderr_fd)  # this process reads its own copy
-        record.update(init_pid=process.pid, init_start=process_start_time(process.pid), cgroup=cgroup is not None, forked=forked,
-                      ports=[listener.getsockname()[1] for listener in listeners])
+        record.update(
+            init_pid=process.pid,
+            init_start=process_start_time(process.pid),
+            cgroup=cgroup is not None,
+            forked=forked,
+            ports=[listener.getsockname()[1] for listener in listeners],
+        )
         write_state(state_dir, record)
         if self.rootful:
             uids.hand_over(uid, spec.sandbox_id, process.pid)
-        return NamespaceSandbox(spec, self, state_dir, process, cgroup, lifeline_write,
-                                KernelStderr(spec.sandbox_id, stderr_read), keeper, forked)
+        return NamespaceSandbox(
+            spec, self, state_dir, process, cgroup, lifeline_write, KernelStderr(spec.sandbox_id, stderr_read), keeper, forked
+        )
 
     async def adopt(self, spec: SandboxSpec) -> NamespaceSandbox:
         state_dir = spec.io_dir.parent
@@ -391,9 +429,16 @@ class NamespaceBackend(SandboxBackend):
                     return self._launched(report, exit_status), True
         # -S -I: no site-packages, no environment; the launcher needs only the standard library.
         launcher = await asyncio.create_subprocess_exec(
-            sys.executable, "-S", "-I", LAUNCHER,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env={"PATH": "/usr/bin:/bin"},
-            pass_fds=self._passed_fds(plan), start_new_session=True,
+            sys.executable,
+            "-S",
+            "-I",
+            LAUNCHER,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=self._passed_fds(plan),
+            start_new_session=True,
         )
         assert launcher.stdin and launcher.stdout
         try:
@@ -458,7 +503,9 @@ def _with_user_packages(spec: SandboxSpec) -> dict[str, str]:
 
 
 def limits_warning(note: str) -> str:
-    return (f"flavor limits are only partly enforced: {note}. Without cgroups, memory is capped per process "
-            "(RLIMIT_DATA), not for the whole sandbox, and page cache and tmpfs are not counted; CPU is pinned to "
-            "the flavor's number of cores rather than a quota; processes are capped per user (RLIMIT_NPROC). "
-            "Run msb-kernels as root on a host with cgroups for full limits.")
+    return (
+        f"flavor limits are only partly enforced: {note}. Without cgroups, memory is capped per process "
+        "(RLIMIT_DATA), not for the whole sandbox, and page cache and tmpfs are not counted; CPU is pinned to "
+        "the flavor's number of cores rather than a quota; processes are capped per user (RLIMIT_NPROC). "
+        "Run msb-kernels as root on a host with cgroups for full limits."
+    )

@@ -47,14 +47,28 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
 
 # What a started IPKernelApp has imported beyond ipykernel.kernelapp: about 60 ms of a start when left to the child.
 PRELOADED = (
-    "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.debugger", "ipykernel.comm",
-    "IPython.core.debugger", "IPython.core.oinspect", "IPython.extensions.storemagic", "IPython.utils.wildcard",
-    "IPython.core.completerlib", "sqlite3", "tornado.platform.asyncio", "tornado.queues", "tornado.locks", "pdb",
-    "faulthandler", "IPython.core.logger",
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.zmqshell",
+    "ipykernel.debugger",
+    "ipykernel.comm",
+    "IPython.core.debugger",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "IPython.utils.wildcard",
+    "IPython.core.completerlib",
+    "sqlite3",
+    "tornado.platform.asyncio",
+    "tornado.queues",
+    "tornado.locks",
+    "pdb",
+    "faulthandler",
+    "IPython.core.logger",
     # With MSB_TRANSPORT=tcp, jupyter_client's load_connection_info asks localinterfaces for a default ip even when
     # the file names one, and that imports psutil: 15 to 60 ms. Only the import is done here: the addresses are read
     # in the kernel's own network namespace, never the host's.
-    "psutil", "jupyter_client.localinterfaces",
+    "psutil",
+    "jupyter_client.localinterfaces",
 )
 REQUIRED = "ipykernel.kernelapp"
 # How long after a launcher takes a connection the server forks the next: a fork of this process takes a CPU for some
@@ -278,7 +292,7 @@ def _launcher(connection: socket.socket) -> None:
         for name in ("lifeline_fd", "scratch_ready_fd"):
             if plan.get(name) is not None:
                 plan[name] = fds.pop(0)
-        plan["listen_fds"] = fds[:len(plan.get("listen_fds") or [])]
+        plan["listen_fds"] = fds[: len(plan.get("listen_fds") or [])]
         report = nsinit.launch(plan, start_forked_kernel, reap_here)
     except Exception as exc:
         report = {"error": f"the fork server could not launch the sandbox: {exc}"}
@@ -348,7 +362,7 @@ def kernel_arguments(argv: list[str]) -> list[str]:
     index = argv.index("-m")
     if argv[index + 1] != "ipykernel_launcher":
         raise ValueError(f"{argv!r} does not run ipykernel_launcher")
-    return argv[index + 2:]
+    return argv[index + 2 :]
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ def forkable(argv: list[str]) -> Interpreter | None:
         index = argv.index("-m")
     except ValueError:
         return None
-    if index == 0 or argv[index + 1:index + 2] != [LAUNCHER_MODULE] or not os.path.isabs(argv[0]):
+    if index == 0 or argv[index + 1 : index + 2] != [LAUNCHER_MODULE] or not os.path.isabs(argv[0]):
         return None
     return Interpreter(argv[0], tuple(argv[1:index]))
 
@@ -88,8 +88,13 @@ class ForkServer:
             self.socket_path.unlink()
 
     def info(self) -> dict:
-        return {"python": self.interpreter.python, "options": list(self.interpreter.options), "pid": self.process.pid,
-                "started": self.started, "kernels_forked": self.forks}
+        return {
+            "python": self.interpreter.python,
+            "options": list(self.interpreter.options),
+            "pid": self.process.pid,
+            "started": self.started,
+            "kernels_forked": self.forks,
+        }
 
 
 class ForkServers:
@@ -114,8 +119,10 @@ class ForkServers:
                 connection = await self._connect(server)
             except OSError as exc:
                 if attempt == 2:
-                    raise SandboxError(f"cannot reach the fork server of {interpreter.python}: {exc}",
-                                       ["start the kernel again", "or set MSB_FORK_KERNELS=false"]) from None
+                    raise SandboxError(
+                        f"cannot reach the fork server of {interpreter.python}: {exc}",
+                        ["start the kernel again", "or set MSB_FORK_KERNELS=false"],
+                    ) from None
                 server.stop()  # dead or wedged: the next attempt starts a fresh one
                 continue
             try:
@@ -160,17 +167,30 @@ class ForkServers:
         python_dir = os.path.dirname(interpreter.python)
         # What a sandboxed kernel's environment holds, nothing of this process's: the server's environment block
         # stays in every forked kernel's memory (its /proc/self/environ), so no host variable may be in it.
-        env = {"PATH": f"{python_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/sandbox", "USER": "sandbox",
-               "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
-               "PYDEVD_DISABLE_FILE_VALIDATION": "1"}  # debugpy warns at import of frozen modules, into the server's log
+        env = {
+            "PATH": f"{python_dir}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/home/sandbox",
+            "USER": "sandbox",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "PYTHONUNBUFFERED": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        }  # debugpy warns at import of frozen modules, into the server's log
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(socket_path))  # in a directory only this user can enter
             listener.listen(128)
             with open(self.directory / f"{interpreter.name}.log", "ab") as log_file:
-                process = subprocess.Popen([interpreter.python, *interpreter.options, "-s", FORK_SERVER, str(listener.fileno())],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env, cwd="/",
-                                           start_new_session=True, pass_fds=[listener.fileno()])
+                process = subprocess.Popen(
+                    [interpreter.python, *interpreter.options, "-s", FORK_SERVER, str(listener.fileno())],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log_file,
+                    env=env,
+                    cwd="/",
+                    start_new_session=True,
+                    pass_fds=[listener.fileno()],
+                )
         finally:
             listener.close()
         try:

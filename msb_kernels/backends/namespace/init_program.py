@@ -99,7 +99,8 @@ def _guest_definitions() -> dict:
 
 _GUEST = _guest_definitions()
 SANDBOX_USER, SANDBOX_HOME, SYSTEM_DIRS, ETC_ENTRIES, REAPER = (
-    _GUEST[name] for name in ("SANDBOX_USER", "SANDBOX_HOME", "SYSTEM_DIRS", "ETC_ENTRIES", "REAPER"))
+    _GUEST[name] for name in ("SANDBOX_USER", "SANDBOX_HOME", "SYSTEM_DIRS", "ETC_ENTRIES", "REAPER")
+)
 # /dev/tty is the opening process's own controlling terminal: inside, always one of the sandbox's ptys.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
@@ -151,7 +152,12 @@ def _locked_flags(source: str) -> int:
     """Flags a read-only remount must keep, or an unprivileged remount fails with EPERM."""
     flag = os.statvfs(source).f_flag
     flags = 0
-    for st, ms in ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME)):
+    for st, ms in (
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+    ):
         if flag & st:
             flags |= ms
     return flags
@@ -244,7 +250,10 @@ def _build_root(plan: dict) -> None:
             os.symlink(os.readlink(source), root + source)
         elif os.path.exists(source):
             _bind(source, root + source, readonly=True)
-    _write(root + "/etc/passwd", f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\nnobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n")
+    _write(
+        root + "/etc/passwd",
+        f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\nnobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n",
+    )
     _write(root + "/etc/group", f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
     _write(root + "/etc/hostname", plan["hostname"] + "\n")
     _write(root + "/etc/hosts", f"127.0.0.1\tlocalhost {plan['hostname']}\n::1\tlocalhost ip6-localhost\n")
@@ -258,7 +267,12 @@ def _build_root(plan: dict) -> None:
     for name in DEVICES:
         _mountpoint(root + "/dev/" + name, False)
         _mount("/dev/" + name, root + "/dev/" + name, None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, root + "/dev/" + name)
     # A devpts of its own: the sandbox sees and gets only its own terminals, never the host's.
     os.makedirs(root + "/dev/pts")
@@ -305,7 +319,7 @@ def _netlink(message_type: int, flags: int, body: bytes) -> list[tuple[int, byte
             offset = 0
             while offset < len(data):
                 length, kind = struct.unpack_from("=IH", data, offset)
-                payload = data[offset + 16:offset + length]
+                payload = data[offset + 16 : offset + length]
                 if kind == NLMSG_DONE:
                     return replies
                 if kind == NLMSG_ERROR:
@@ -323,7 +337,7 @@ def _attributes(payload: bytes, offset: int) -> dict[int, bytes]:
         length, kind = struct.unpack_from("=HH", payload, offset)
         if length < 4:
             break
-        found[kind] = payload[offset + 4:offset + length]
+        found[kind] = payload[offset + 4 : offset + length]
         offset += (length + 3) & ~3
     return found
 
@@ -477,8 +491,15 @@ def exec_kernel(plan: dict, error_pipe: int) -> None:
         os._exit(127)
 
 
-def _run_init(plan: dict, status_pipe: int, network_ready: int | None, network_exit: int | None, cgroups_joined: int | None,
-              start_kernel: StartKernel, become_reaper: BecomeReaper) -> None:
+def _run_init(
+    plan: dict,
+    status_pipe: int,
+    network_ready: int | None,
+    network_exit: int | None,
+    cgroups_joined: int | None,
+    start_kernel: StartKernel,
+    become_reaper: BecomeReaper,
+) -> None:
     """pid 1 of the sandbox: build it, start the kernel, become the reaper."""
     try:
         os.setsid()

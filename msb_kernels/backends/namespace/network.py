@@ -52,8 +52,10 @@ def tun_unusable_reason(rootful: bool) -> str | None:
     except OSError:
         return f"{TUN_DEVICE} does not exist (load the tun module: modprobe tun)"
     if mode & 0o006 != 0o006:
-        return (f"{TUN_DEVICE} is mode {mode & 0o777:04o}, so only root opens it "
-                f"(as root: chmod 0666 {TUN_DEVICE}, the usual mode; or run msb-kernels as root)")
+        return (
+            f"{TUN_DEVICE} is mode {mode & 0o777:04o}, so only root opens it "
+            f"(as root: chmod 0666 {TUN_DEVICE}, the usual mode; or run msb-kernels as root)"
+        )
     return None
 
 
@@ -65,8 +67,10 @@ def describe(allowed: bool) -> str:
         return f"none (MSB_ALLOW_NETWORK=false: kernels have only loopback); with MSB_ALLOW_NETWORK=true it would be {provider}"
     if path is None:
         return f"none: MSB_ALLOW_NETWORK=true, but {HELPER} is missing, so namespace kernels cannot start; {INSTALL_HINT}"
-    return (f"{HELPER} ({path}), MSB_ALLOW_NETWORK=true: the public internet only; the host's addresses, its loopback "
-            f"and the LAN stay unreachable; DNS: {', '.join(host_nameservers()) or 'none (the host has no usable resolver)'}")
+    return (
+        f"{HELPER} ({path}), MSB_ALLOW_NETWORK=true: the public internet only; the host's addresses, its loopback "
+        f"and the LAN stay unreachable; DNS: {', '.join(host_nameservers()) or 'none (the host has no usable resolver)'}"
+    )
 
 
 def host_nameservers() -> list[str]:
@@ -86,8 +90,12 @@ def host_nameservers() -> list[str]:
                 except ValueError:
                     continue
                 # One inside slirp's network (a host that is itself a QEMU guest) would be slirp's alias here.
-                if (address.version == 4 and not address.is_loopback and str(address) not in own
-                        and address not in ipaddress.ip_network(SLIRP_NETWORK)):
+                if (
+                    address.version == 4
+                    and not address.is_loopback
+                    and str(address) not in own
+                    and address not in ipaddress.ip_network(SLIRP_NETWORK)
+                ):
                     servers.append(str(address))
         if servers:
             return list(dict.fromkeys(servers))
@@ -105,12 +113,17 @@ def network_plan(state_dir: Path, rootful: bool) -> dict:
     """The launch plan's "network" entry; raises SandboxError when no helper is installed."""
     path = helper_path()
     if path is None:
-        raise SandboxError(f"MSB_ALLOW_NETWORK=true, but {HELPER}, which gives namespace sandboxes their network, is not installed; "
-                           f"{INSTALL_HINT}, or unset MSB_ALLOW_NETWORK", [INSTALL_HINT, "or unset MSB_ALLOW_NETWORK to run kernels without network"])
+        raise SandboxError(
+            f"MSB_ALLOW_NETWORK=true, but {HELPER}, which gives namespace sandboxes their network, is not installed; "
+            f"{INSTALL_HINT}, or unset MSB_ALLOW_NETWORK",
+            [INSTALL_HINT, "or unset MSB_ALLOW_NETWORK to run kernels without network"],
+        )
     tun = tun_unusable_reason(rootful)
     if tun:
-        raise SandboxError(f"MSB_ALLOW_NETWORK=true, but {HELPER} cannot give this user's sandboxes a network: {tun}",
-                           [f"as root: chmod 0666 {TUN_DEVICE}", "or unset MSB_ALLOW_NETWORK to run kernels without network"])
+        raise SandboxError(
+            f"MSB_ALLOW_NETWORK=true, but {HELPER} cannot give this user's sandboxes a network: {tun}",
+            [f"as root: chmod 0666 {TUN_DEVICE}", "or unset MSB_ALLOW_NETWORK to run kernels without network"],
+        )
     return {
         "helper": [path, *HELPER_OPTIONS],
         "interface": INTERFACE,

@@ -60,14 +60,18 @@ def unavailable_reason() -> str | None:
 
 
 def disk_note(scratch_root: Path) -> str:
-    return (f"/tmp and /home/sandbox share an ext4 disk of the flavor's size, reserved in {scratch_root} "
-            "when the kernel starts and deleted when it stops; a write past it fails with ENOSPC")
+    return (
+        f"/tmp and /home/sandbox share an ext4 disk of the flavor's size, reserved in {scratch_root} "
+        "when the kernel starts and deleted when it stops; a write past it fails with ENOSPC"
+    )
 
 
 def memory_scratch_note(reason: str) -> str:
     sizes = ", ".join(f"{f.name} {f.memory_scratch_mib} MiB" for f in FLAVORS.values())
-    return (f"/tmp and /home/sandbox are RAM (tmpfs), not disk, because {reason}: they share half the flavor's memory "
-            f"({sizes}); a write past it fails with ENOSPC")
+    return (
+        f"/tmp and /home/sandbox are RAM (tmpfs), not disk, because {reason}: they share half the flavor's memory "
+        f"({sizes}); a write past it fails with ENOSPC"
+    )
 
 
 def image_path(scratch_root: Path, sandbox_id: str) -> Path:
@@ -82,8 +86,10 @@ def reserve_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
         os.chmod(path.parent, 0o700)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise SandboxError(f"cannot create the sandbox's disk in MSB_SCRATCH_DIR={path.parent}: {exc.strerror}",
-                           ["set MSB_SCRATCH_DIR to a writable directory on a disk"]) from None
+        raise SandboxError(
+            f"cannot create the sandbox's disk in MSB_SCRATCH_DIR={path.parent}: {exc.strerror}",
+            ["set MSB_SCRATCH_DIR to a writable directory on a disk"],
+        ) from None
     advice = ["free disk space there", "or set MSB_SCRATCH_DIR to a directory on a larger disk", "or pick a smaller flavor"]
     try:  # no await from the check to the reservation: starts in this process cannot both pass the check
         usage = shutil.disk_usage(path.parent)
@@ -96,21 +102,31 @@ def reserve_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
             os.ftruncate(fd, flavor.disk_bytes)
     except OSError as exc:
         remove_image(path)
-        raise SandboxError(f"cannot reserve the {flavor.disk_mib} MiB disk of flavor {flavor.name} in {path.parent}: {exc.strerror}",
-                           advice) from None
+        raise SandboxError(
+            f"cannot reserve the {flavor.disk_mib} MiB disk of flavor {flavor.name} in {path.parent}: {exc.strerror}", advice
+        ) from None
     finally:
         os.close(fd)
 
 
 async def format_image(path: Path) -> None:
     """An empty ext4 on the reserved file; the file is removed if that fails."""
-    mkfs = await asyncio.create_subprocess_exec(mkfs_path() or "mkfs.ext4", *MKFS_OPTIONS, str(path), stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={"PATH": SYSTEM_PATH})
+    mkfs = await asyncio.create_subprocess_exec(
+        mkfs_path() or "mkfs.ext4",
+        *MKFS_OPTIONS,
+        str(path),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={"PATH": SYSTEM_PATH},
+    )
     output, _ = await mkfs.communicate()
     if mkfs.returncode != 0:
         remove_image(path)
-        raise SandboxError(f"mkfs.ext4 could not format the sandbox's disk: {output.decode(errors='replace').strip()[-300:]}",
-                           ["run `msb-kernels doctor` to check this host"])
+        raise SandboxError(
+            f"mkfs.ext4 could not format the sandbox's disk: {output.decode(errors='replace').strip()[-300:]}",
+            ["run `msb-kernels doctor` to check this host"],
+        )
 
 
 class Formatting:

@@ -63,8 +63,9 @@ def claim(sandbox_id: str) -> int:
                 continue
             _write(uid, sandbox_id, os.getpid())
             return uid
-    raise SandboxError(f"no free host uid for another sandbox: {MAX_SANDBOXES} are held",
-                       ["stop sandboxes you no longer need (`msb-kernels list`)"])
+    raise SandboxError(
+        f"no free host uid for another sandbox: {MAX_SANDBOXES} are held", ["stop sandboxes you no longer need (`msb-kernels list`)"]
+    )
 
 
 def hand_over(uid: int, sandbox_id: str, init_pid: int) -> None:

@@ -34,7 +34,6 @@ from tests.kernel_helpers import (
 pytestmark = pytest.mark.asyncio
 
 
-
 def registered_variants() -> dict[str, tuple[str, str]]:
     """test id -> (MSB_BACKEND, MSB_TRANSPORT): every installed backend (the ``msb_kernels.backends`` entry points) on
     each transport it offers, its own first; so a new backend is tested by being installed."""
@@ -199,8 +198,10 @@ async def test_curve_encryption_over_tcp_or_when_asked(variant, start_kernel):
 
     backend, transport = variant
     if not await get_backend(load_settings()).supports_curve("python"):
-        pytest.skip(f"the {backend} backend's python kernel does not speak CurveZMQ (an offline Debian image has "
-                    "ipykernel 6.17; `msb-kernels image build python --online` installs one that does)")
+        pytest.skip(
+            f"the {backend} backend's python kernel does not speak CurveZMQ (an offline Debian image has "
+            "ipykernel 6.17; `msb-kernels image build python --online` installs one that does)"
+        )
     asked = {} if transport == "tcp" else {"transport_encryption": "auto"}
     km, kc = await start_kernel(env={"MSB_BACKEND": backend}, **asked)
     assert km.transport == transport

@@ -104,21 +104,26 @@ async def test_a_forked_kernel_holds_nothing_of_the_server_or_a_sibling(start_ke
 
     # Neither the server, the launcher it keeps forked ahead, nor a sibling can be named, signalled, traced or read.
     targets = [server["pid"], await waiting_launcher(server["pid"]), kernel_host_pid(km_b), km_b.provisioner.sandbox.init_pid]
-    attempts = (await execute(kc_a, (
-        "import ctypes, os\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "def attempt(pid):\n"
-        "    outcome = []\n"
-        "    try:\n"
-        "        os.kill(pid, 0)\n"
-        "        outcome.append('signalled')\n"
-        "    except OSError as exc:\n"
-        "        outcome.append(type(exc).__name__)\n"
-        "    outcome.append('ptrace ok' if libc.ptrace(16, pid, 0, 0) == 0 else os.strerror(ctypes.get_errno()))\n"
-        "    outcome.append(os.path.exists(f'/proc/{pid}/mem'))\n"
-        "    return outcome\n"
-        f"[attempt(pid) for pid in {targets!r}]"
-    ))).value
+    attempts = (
+        await execute(
+            kc_a,
+            (
+                "import ctypes, os\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "def attempt(pid):\n"
+                "    outcome = []\n"
+                "    try:\n"
+                "        os.kill(pid, 0)\n"
+                "        outcome.append('signalled')\n"
+                "    except OSError as exc:\n"
+                "        outcome.append(type(exc).__name__)\n"
+                "    outcome.append('ptrace ok' if libc.ptrace(16, pid, 0, 0) == 0 else os.strerror(ctypes.get_errno()))\n"
+                "    outcome.append(os.path.exists(f'/proc/{pid}/mem'))\n"
+                "    return outcome\n"
+                f"[attempt(pid) for pid in {targets!r}]"
+            ),
+        )
+    ).value
     assert all(outcome == ["ProcessLookupError", "No such process", False] for outcome in attempts), attempts
     assert os.path.exists(f"/proc/{server['pid']}")
 
@@ -202,8 +207,14 @@ async def test_the_fork_server_ends_with_the_process_that_started_it():
 def parsed(app_class: type, arguments: list[str]) -> dict:
     app = app_class()
     app.parse_command_line(arguments)
-    return {"cli_config": app.cli_config, "config": app.config, "extra_args": app.extra_args, "argv": app.argv,
-            "connection_file": app.connection_file, "exec_files": app.exec_files}
+    return {
+        "cli_config": app.cli_config,
+        "config": app.config,
+        "extra_args": app.extra_args,
+        "argv": app.argv,
+        "connection_file": app.connection_file,
+        "exec_files": app.exec_files,
+    }
 
 
 async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_does(start_kernel):
@@ -223,9 +234,13 @@ async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_
     fast = forkserver.kernel_app_class()
     assert fast.__name__ == "IPKernelApp" and issubclass(fast, IPKernelApp)
     assert parsed(fast, guest_argv) == parsed(IPKernelApp, guest_argv)
-    for other in (["-f", "/k.json", "--debug"], ["-f", "/k.json", "script.py"], ["--IPKernelApp.exec_files=/s.py"],
-                  ["-f", "/k.json", "--IPKernelApp.exec_files=/a.py", "--IPKernelApp.exec_files=/b.py"],
-                  ["-f", "/k.json", "--HistoryManager.hist_file=:memory:", "--HistoryManager.hist_file=/h.sqlite"],
-                  ["-f", "/k.json", "--HistoryManager.enabled=False"]):
+    for other in (
+        ["-f", "/k.json", "--debug"],
+        ["-f", "/k.json", "script.py"],
+        ["--IPKernelApp.exec_files=/s.py"],
+        ["-f", "/k.json", "--IPKernelApp.exec_files=/a.py", "--IPKernelApp.exec_files=/b.py"],
+        ["-f", "/k.json", "--HistoryManager.hist_file=:memory:", "--HistoryManager.hist_file=/h.sqlite"],
+        ["-f", "/k.json", "--HistoryManager.enabled=False"],
+    ):
         assert forkserver._provisioner_command_line(other) is None, other
         assert parsed(fast, other) == parsed(IPKernelApp, other)

@@ -37,20 +37,27 @@ def test_auto_picks_gvisor_over_namespaces_and_says_why(monkeypatch):
     name, why = choose_backend("auto")
     assert name == "gvisor" and why.startswith("picked gvisor: gVisor (runsc version"), why
     assert "microsandbox:" in why  # and why not the microVM
-    doctor = subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "MSB_BACKEND": "auto"})
+    doctor = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=120, env={**os.environ, "MSB_BACKEND": "auto"}
+    )
     assert "backend gvisor: ok - gVisor (runsc version" in doctor.stdout, doctor.stdout
     assert "picked gvisor" in doctor.stdout, doctor.stdout
     assert doctor.stdout.rstrip().endswith("-> kernels reached over ipc (MSB_TRANSPORT=auto)"), doctor.stdout
-    doctor = subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "MSB_BACKEND": "auto", "MSB_TRANSPORT": "tcp"})
+    doctor = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MSB_BACKEND": "auto", "MSB_TRANSPORT": "tcp"},
+    )
     assert doctor.returncode == 1 and "MSB_TRANSPORT=tcp: the gvisor backend reaches its kernels only over ipc" in doctor.stdout
 
 
 async def test_code_runs_on_gvisors_kernel_not_the_hosts(start_kernel):
     km, kc = await start_kernel()
-    seen = (await execute(kc, "import ctypes, os, platform; (platform.release(), os.getuid(), "
-                              "ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))")).value  # PR_GET_NO_NEW_PRIVS
+    seen = (
+        await execute(kc, "import ctypes, os, platform; (platform.release(), os.getuid(), ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))")
+    ).value  # PR_GET_NO_NEW_PRIVS
     assert seen is not None
     assert seen[0] == "4.4.0" and seen[0] != os.uname().release, "the kernel sees the host's Linux, not gVisor's"
     assert seen[1] == 1000 and seen[2] == 1
@@ -101,7 +108,10 @@ async def test_cpu_time_is_capped_by_the_sandboxs_cgroup(start_kernel):
 async def test_writes_outside_the_allowed_dirs_fail_and_shell_escapes_work(start_kernel):
     _, kc = await start_kernel()
     venv_file = os.path.join(sys.prefix, "msb-escape")
-    code = write_attempts(['/msb-escape', '/usr/msb-escape', '/etc/msb-escape', '/run/msb-escape', venv_file], ['/tmp/ok', '~/ok', '/run/kernel/ok', '/dev/shm/ok'])
+    code = write_attempts(
+        ["/msb-escape", "/usr/msb-escape", "/etc/msb-escape", "/run/msb-escape", venv_file],
+        ["/tmp/ok", "~/ok", "/run/kernel/ok", "/dev/shm/ok"],
+    )
     blocked, allowed = (await execute(kc, code)).value
     assert all(outcome in ("OSError", "PermissionError", "FileNotFoundError") for outcome in blocked.values()), blocked
     assert set(allowed.values()) == {"written"}, allowed
@@ -119,8 +129,9 @@ def test_papermill_runs_a_notebook_with_shell_escapes_under_gvisor(tmp_path):
     notebook.cells.append(nbformat.v4.new_code_cell("import platform; print('kernel release', platform.release())"))
     source, output = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
     nbformat.write(notebook, source)
-    result = subprocess.run([str(VENV_BIN / "papermill"), str(source), str(output), "-k", "msb-python-small"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(VENV_BIN / "papermill"), str(source), str(output), "-k", "msb-python-small"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     outputs = [json.dumps(cell.get("outputs", [])) for cell in nbformat.read(output, as_version=4).cells]
     assert "pip " in outputs[1] and "warmest: Rome" in outputs[5] and "bash sees 3 lines" in outputs[6]
@@ -143,8 +154,11 @@ async def test_jupyter_server_and_the_mcp_inspector_share_a_gvisor_kernel_throug
         try:
             (pooled,) = pooled_ids(gateway, await pool_ready(gateway))
             started = time.monotonic()
-            created = await lab.request("POST", "/api/sessions", {"path": "work/gvisor.ipynb", "type": "notebook",
-                                                                  "name": "gvisor.ipynb", "kernel": {"name": "msb-python-small"}})
+            created = await lab.request(
+                "POST",
+                "/api/sessions",
+                {"path": "work/gvisor.ipynb", "type": "notebook", "name": "gvisor.ipynb", "kernel": {"name": "msb-python-small"}},
+            )
             took = time.monotonic() - started
             assert created.code == 201, created.body
             kernel_id = created.json["kernel"]["id"]
@@ -153,9 +167,14 @@ async def test_jupyter_server_and_the_mcp_inspector_share_a_gvisor_kernel_throug
             notebook = await KernelSocket.open(lab, kernel_id)
             seen = await notebook.execute("import platform; shared = 'set in the notebook'; print(platform.release())")
             assert seen.stdout == "4.4.0\n", seen.messages
-            inspector = Inspector([gateway.url + "/mcp"], inspector_env(
-                NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=gateway.token,
-                MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl")))
+            inspector = Inspector(
+                [gateway.url + "/mcp"],
+                inspector_env(
+                    NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}",
+                    MSB_TEST_BEARER_TOKEN=gateway.token,
+                    MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl"),
+                ),
+            )
             result = (await inspector.call("execute_code", code="print(shared, platform.release())", session_id=kernel_id)).structured
             assert result.get("stdout") == "set in the notebook 4.4.0\n", result
             assert (await notebook.execute("print(shared)")).stdout == "set in the notebook\n"
@@ -229,7 +248,10 @@ async def test_the_kernels_user_cannot_kill_the_sandboxes_init(start_kernel):
     ended the sandbox. Init is gVisor's root holding only CAP_KILL; the kernel runs with no capability at all."""
     km, kc = await start_kernel()
     await execute(kc, "kept = 'my state'")
-    seen = (await execute(kc, """
+    seen = (
+        await execute(
+            kc,
+            """
 status = lambda pid: dict(l.split(":", 1) for l in open(f"/proc/{pid}/status").read().splitlines() if ":" in l)
 import os, signal
 outcomes = []
@@ -241,7 +263,9 @@ for signum in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
         outcomes.append(type(exc).__name__)
 init, me = status(1), status("self")
 (outcomes, init["Uid"].split()[0], init["CapEff"].strip(), me["CapEff"].strip(), me["CapBnd"].strip(), me["CapPrm"].strip())
-""")).value
+""",
+        )
+    ).value
     assert seen == (["PermissionError"] * 3, "0", "0000000000000020", "0" * 16, "0" * 16, "0" * 16), seen
     assert await km.is_alive() and (await execute(kc, "kept")).result == "'my state'"
     # init still passes the host's signals on: an interrupt stops a busy cell

@@ -58,8 +58,11 @@ def _backends_here() -> list:
     for name in ("namespace", "gvisor", "microsandbox"):
         cls = backend_classes().get(name)
         availability = cls.availability() if cls else None
-        reason = None if availability is not None and availability.ok else \
-            f"{name} backend cannot run on this host: {availability.reason if availability else 'not installed'}"
+        reason = (
+            None
+            if availability is not None and availability.ok
+            else f"{name} backend cannot run on this host: {availability.reason if availability else 'not installed'}"
+        )
         params.append(pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=reason or "")))
     return params
 
@@ -98,12 +101,23 @@ def user_venvs():
 def _run(venv: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
     """msb-kernels from that venv, as its user runs it: its own kernelspecs (installed into it), nothing of the suite's."""
     env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "PYTHONPATH")}
-    env.update(MSB_BACKEND=backend, MSB_RUNTIME_DIR=tempfile.mkdtemp(prefix="msbt-rt-", dir="/tmp"),
-               PATH=f"{venv}/bin:/usr/local/bin:/usr/bin:/bin")
+    env.update(
+        MSB_BACKEND=backend,
+        MSB_RUNTIME_DIR=tempfile.mkdtemp(prefix="msbt-rt-", dir="/tmp"),
+        PATH=f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+    )
     try:
-        subprocess.run([str(venv / "bin" / "python"), "-m", "msb_kernels.cli", "install"], env=env, capture_output=True, timeout=120, check=True)
-        return subprocess.run([str(venv / "bin" / "python"), "-m", "msb_kernels.cli", *args], env=env, capture_output=True, text=True,
-                              timeout=240, cwd=venv.parent)
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "msb_kernels.cli", "install"], env=env, capture_output=True, timeout=120, check=True
+        )
+        return subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "msb_kernels.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=venv.parent,
+        )
     finally:
         shutil.rmtree(env["MSB_RUNTIME_DIR"], ignore_errors=True)
 
@@ -135,5 +149,3 @@ def test_the_demo_runs_from_a_venv_in_tmp_and_in_a_home_directory_with_auto(plac
     assert result.returncode == 0, f"{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
     assert "state survives between cells: 42" in result.stdout and "done in" in result.stdout
     assert "Traceback" not in result.stderr and "failed its start probe" not in result.stderr, result.stderr[-2000:]
-
-

@@ -70,8 +70,11 @@ async def test_past_the_grace_period_the_keeper_drops_the_record_and_sweeps(runt
     state_dir = sandbox_dir(runtime_root, "vm")
     keeper_pid, _ = await start_keeper(state_dir, 1, sweep_env={"MSB_RUNTIME_DIR": str(runtime_root / "rt")})
     KeeperLink.own(state_dir, keeper_pid).close()
-    await wait_until(lambda: not (state_dir / ADOPTION_RECORD).exists() and not (state_dir / KEEPER_SOCKET).exists(), 30,
-                     "the keeper to drop the sandbox's record and socket")
+    await wait_until(
+        lambda: not (state_dir / ADOPTION_RECORD).exists() and not (state_dir / KEEPER_SOCKET).exists(),
+        30,
+        "the keeper to drop the sandbox's record and socket",
+    )
     log = state_dir / "keeper.log"  # the sweep's output, for an operator looking into a sandbox left behind
     await wait_until(lambda: log.exists() and "orphaned sandbox" in log.read_text(), 60, "the sweep to report")
     assert "Traceback" not in (state_dir / "keeper.log").read_text()
@@ -128,8 +131,9 @@ async def test_a_sandbox_the_keeper_cannot_hold_is_refused_and_its_descriptors_c
         with pytest.raises(SandboxError, match="the keeper cannot hold the sandbox"):
             await start_keeper(runtime_root / "missing", 60, sandbox_pid=os.getpid(), lifeline_fd=lifeline_write)
         os.close(lifeline_write)
-        assert select.select([lifeline_read], [], [], 10)[0] and os.read(lifeline_read, 1) == b"", \
+        assert select.select([lifeline_read], [], [], 10)[0] and os.read(lifeline_read, 1) == b"", (
             "the keeper kept the refused sandbox's lifeline open"
+        )
     finally:
         os.close(lifeline_read)
     assert pid_alive(keeper_pid)

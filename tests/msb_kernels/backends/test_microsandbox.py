@@ -53,11 +53,16 @@ CAN_BOOT = MicrosandboxBackend.availability().ok
 
 def spec(tmp_path: Path, flavor: str = "small", template: str = "python", shared: bool = False) -> SandboxSpec:
     return SandboxSpec(
-        sandbox_id="k-" + uuid.uuid4().hex[:8], flavor=FLAVORS[flavor], template=template,
-        argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "/run/kernel/connection.json"] if template == "python"
+        sandbox_id="k-" + uuid.uuid4().hex[:8],
+        flavor=FLAVORS[flavor],
+        template=template,
+        argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "/run/kernel/connection.json"]
+        if template == "python"
         else ["/usr/bin/node", "/x/node_modules/tslab/bin/tslab", "kernel", "--config-path", "/run/kernel/connection.json", "--js"],
-        env={"PATH": "/host/venv/bin:/usr/bin", "HOME": "/home/sandbox", "MSB_FLAVOR": flavor}, io_dir=tmp_path / "io",
-        shared_volume=SharedVolume(tmp_path, "/shared") if shared else None, owner_pid=os.getpid(),
+        env={"PATH": "/host/venv/bin:/usr/bin", "HOME": "/home/sandbox", "MSB_FLAVOR": flavor},
+        io_dir=tmp_path / "io",
+        shared_volume=SharedVolume(tmp_path, "/shared") if shared else None,
+        owner_pid=os.getpid(),
     )
 
 
@@ -76,8 +81,10 @@ def test_doctor_detection_agrees_with_msb_doctor_and_the_cpu():
 def test_parse_doctor_takes_the_error_and_its_hints_not_the_warnings():
     ok, reason, hints = parse_doctor(DOCTOR.returncode, DOCTOR.stdout + DOCTOR.stderr)
     assert ok == (DOCTOR.returncode == 0)
-    text = ("  ✗ CPU virt            not found\nwarn: MSB_HOME does not support reflink clones\n  → use a reflink fs\n"
-            "error: CPU virtualization is not available\n  → no vmx (Intel) or svm (AMD) flag in /proc/cpuinfo\n")
+    text = (
+        "  ✗ CPU virt            not found\nwarn: MSB_HOME does not support reflink clones\n  → use a reflink fs\n"
+        "error: CPU virtualization is not available\n  → no vmx (Intel) or svm (AMD) flag in /proc/cpuinfo\n"
+    )
     assert parse_doctor(1, text) == (False, "CPU virtualization is not available", ["no vmx (Intel) or svm (AMD) flag in /proc/cpuinfo"])
     assert parse_doctor(1, "  ✗ KVM access          permission denied\n")[1] == "KVM access: permission denied"
     assert parse_doctor(0, "")[0] is True
@@ -111,8 +118,13 @@ async def test_msb_backend_microsandbox_refuses_to_start_a_kernel(start_kernel, 
 
 
 def test_cli_doctor_prints_the_report():
-    result = subprocess.run([str(Path(sys.executable).parent / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "MSB_BACKEND": "auto"})
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "msb-kernels"), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MSB_BACKEND": "auto"},
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "backend microsandbox: " in out and "msb doctor: " in out
@@ -164,8 +176,11 @@ def test_network_opt_in_allows_the_public_internet_only(tmp_path):
     allowed_spec.allow_network = True  # what the provisioner sets from MSB_ALLOW_NETWORK
     policy = create_kwargs(allowed_spec, MsbSettings(), [])["network"].policy
     assert policy.default_egress == Action.DENY and policy.default_ingress == Action.ALLOW
-    allowed = {(rule.destination.value, rule.protocol, rule.port) for rule in policy.rules
-               if rule.action == Action.ALLOW and rule.direction == Direction.EGRESS}
+    allowed = {
+        (rule.destination.value, rule.protocol, rule.port)
+        for rule in policy.rules
+        if rule.action == Action.ALLOW and rule.direction == Direction.EGRESS
+    }
     assert (DestGroup.PUBLIC.value, None, None) in allowed
     assert not {DestGroup.HOST.value, DestGroup.PRIVATE.value} & {d for d, _, p in allowed if p is None}
 
@@ -202,6 +217,7 @@ def test_ports_come_from_the_range_and_show_in_stats(monkeypatch):
 
 def copy_host_binaries(*binaries: str):
     """A minimal real rootfs: host binaries and the shared libraries they load."""
+
     def prepare(rootfs: Path) -> None:
         for binary in binaries:
             real = Path(binary).resolve()
@@ -217,6 +233,7 @@ def copy_host_binaries(*binaries: str):
         kernelapp = rootfs / "usr/lib/python3/dist-packages/ipykernel/kernelapp.py"
         kernelapp.parent.mkdir(parents=True)
         shutil.copy2(ipykernel.kernelapp.__file__, kernelapp)
+
     return prepare
 
 
@@ -318,11 +335,17 @@ async def test_sweep_removes_orphans_and_keeps_owned_sandboxes(tiny_image, tmp_p
 
     async def make(key: str) -> None:
         pid, start = owners[key]
-        labels = {SANDBOX_LABEL: "1", LABEL_KERNEL: names[key].removeprefix("msbk-"), LABEL_HOST: here,
-                  LABEL_OWNER_PID: str(pid), LABEL_OWNER_START: str(start)}
+        labels = {
+            SANDBOX_LABEL: "1",
+            LABEL_KERNEL: names[key].removeprefix("msbk-"),
+            LABEL_HOST: here,
+            LABEL_OWNER_PID: str(pid),
+            LABEL_OWNER_START: str(start),
+        }
         try:  # boots where it can; here the boot fails, and the record stays
-            await asyncio.wait_for(VM.create(names[key], image=tag, memory=128, cpus=1, labels=labels, detached=True,
-                                             network=Network.none(), replace=True), 90)
+            await asyncio.wait_for(
+                VM.create(names[key], image=tag, memory=128, cpus=1, labels=labels, detached=True, network=Network.none(), replace=True), 90
+            )
         except Exception:
             pass
 
@@ -361,16 +384,27 @@ async def test_an_adopted_vm_belongs_to_the_owner_its_state_names_not_its_labels
     first_gateway.wait()
     kernel_id = f"test-adopted-{uuid.uuid4().hex[:8]}"
     name = sandbox_name(kernel_id)
-    labels = {SANDBOX_LABEL: "1", LABEL_KERNEL: kernel_id, LABEL_HOST: __import__("socket").gethostname(),
-              LABEL_OWNER_PID: str(first_gateway.pid), LABEL_OWNER_START: "1"}
+    labels = {
+        SANDBOX_LABEL: "1",
+        LABEL_KERNEL: kernel_id,
+        LABEL_HOST: __import__("socket").gethostname(),
+        LABEL_OWNER_PID: str(first_gateway.pid),
+        LABEL_OWNER_START: "1",
+    }
     try:  # boots where it can; here the boot fails, and the record stays
-        await asyncio.wait_for(VM.create(name, image=tag, memory=128, cpus=1, labels=labels, detached=True,
-                                         network=Network.none(), replace=True), 90)
+        await asyncio.wait_for(
+            VM.create(name, image=tag, memory=128, cpus=1, labels=labels, detached=True, network=Network.none(), replace=True), 90
+        )
     except Exception:
         pass
     state_dir = backend.io_dir_for(kernel_id).parent
-    adopter = {"sandbox_id": kernel_id, "backend": "microsandbox", "vm": name,
-               "owner_pid": os.getpid(), "owner_start": process_start_time(os.getpid())}
+    adopter = {
+        "sandbox_id": kernel_id,
+        "backend": "microsandbox",
+        "vm": name,
+        "owner_pid": os.getpid(),
+        "owner_start": process_start_time(os.getpid()),
+    }
     write_state(state_dir, adopter)
     try:
         (record,) = [r for r in await asyncio.to_thread(backend.list_sandboxes) if r.details.get("vm") == name]

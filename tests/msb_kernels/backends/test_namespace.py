@@ -32,7 +32,10 @@ async def test_only_loopback_exists_in_the_sandbox(shared_kernel):
 async def test_writes_outside_the_allowed_dirs_fail(shared_kernel):
     _, kc = shared_kernel
     venv_file = os.path.join(sys.prefix, "msb-escape")
-    code = write_attempts(['/msb-escape', '/usr/msb-escape', '/etc/msb-escape', '/root/msb-escape', '/run/msb-escape', venv_file], ['/tmp/ok', '~/ok', '/run/kernel/ok', '/dev/shm/ok'])
+    code = write_attempts(
+        ["/msb-escape", "/usr/msb-escape", "/etc/msb-escape", "/root/msb-escape", "/run/msb-escape", venv_file],
+        ["/tmp/ok", "~/ok", "/run/kernel/ok", "/dev/shm/ok"],
+    )
     blocked, allowed = (await execute(kc, code)).value
     assert all(outcome in ("OSError", "PermissionError") for outcome in blocked.values()), blocked
     assert set(allowed.values()) == {"written"}, allowed
@@ -89,7 +92,10 @@ async def test_other_kernels_processes_and_sockets_are_invisible(start_kernel):
         key_a = json.load(handle)["key"]
     guest_key = (await execute(kc_a, "import json; json.load(open('/run/kernel/connection.json'))['key']")).result
     assert guest_key == repr(key_a)
-    signal_attempt = await execute(kc_a, f"import os, signal\ntry:\n    os.kill({max(host_pids(km_b))}, signal.SIGKILL)\nexcept OSError as exc:\n    print(type(exc).__name__)")
+    signal_attempt = await execute(
+        kc_a,
+        f"import os, signal\ntry:\n    os.kill({max(host_pids(km_b))}, signal.SIGKILL)\nexcept OSError as exc:\n    print(type(exc).__name__)",
+    )
     assert signal_attempt.stdout.strip() in ("ProcessLookupError", "PermissionError")
     assert await km_b.is_alive()
     assert (await execute(kc_b, "1 + 1")).result == "2"
@@ -151,8 +157,7 @@ async def test_tcp_transport_keeps_the_hosts_sockets_out_of_the_kernels_reach(st
     ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port]
     assert not any(port_is_free(port) for port in ports)
     outcomes = (await execute(kc, RELAY_PROBE)).value
-    assert outcomes == {"list_fds": "EACCES", "ptrace": "EPERM", "kill": "done", "pidfd_getfd": "EPERM",
-                        "foreign_sockets": []}, outcomes
+    assert outcomes == {"list_fds": "EACCES", "ptrace": "EPERM", "kill": "done", "pidfd_getfd": "EPERM", "foreign_sockets": []}, outcomes
     await km.shutdown_kernel(now=True)
     assert all(port_is_free(port) for port in ports)
     assert km.provisioner.backend.ports.owned(km.kernel_id) == []
@@ -351,8 +356,15 @@ async def test_sweep_stops_a_running_sandbox_whose_owner_died(runtime_root):
     backend = get_backend(load_settings())
     stand_in_owner = subprocess.Popen(["sleep", "60"])
     sandbox_id = str(uuid.uuid4())
-    spec = SandboxSpec(sandbox_id, FLAVORS["small"], "python", ["sleep", "600"], {"PATH": "/usr/bin:/bin"},
-                       backend.io_dir_for(sandbox_id), owner_pid=stand_in_owner.pid)
+    spec = SandboxSpec(
+        sandbox_id,
+        FLAVORS["small"],
+        "python",
+        ["sleep", "600"],
+        {"PATH": "/usr/bin:/bin"},
+        backend.io_dir_for(sandbox_id),
+        owner_pid=stand_in_owner.pid,
+    )
     sandbox = await backend.create(spec)
     try:
         assert await sandbox.poll() is None

@@ -178,8 +178,13 @@ async def test_sandbox_dns_servers_are_neither_the_host_nor_slirps_aliases(monke
 
 async def test_doctor_says_what_provides_the_network(monkeypatch):
     if network.helper_path() is not None:
-        doctor = subprocess.run([str(Path(sys.executable).with_name("msb-kernels")), "doctor"], capture_output=True, text=True,
-                                env={**os.environ, "MSB_ALLOW_NETWORK": "true"}, timeout=120)
+        doctor = subprocess.run(
+            [str(Path(sys.executable).with_name("msb-kernels")), "doctor"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MSB_ALLOW_NETWORK": "true"},
+            timeout=120,
+        )
         line = next(line for line in doctor.stdout.splitlines() if line.startswith("namespace network:"))
         assert f"slirp4netns ({network.helper_path()})" in line and "MSB_ALLOW_NETWORK=true" in line, line
     monkeypatch.setattr(network, "helper_path", lambda: None)
@@ -199,10 +204,13 @@ def _wheel(name: str, module: str, source: str) -> tuple[str, bytes]:
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: msb-kernels-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    record = "".join(
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for path, data in files.items()
-    ) + f"{dist}/RECORD,,\n"
+    record = (
+        "".join(
+            f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+            for path, data in files.items()
+        )
+        + f"{dist}/RECORD,,\n"
+    )
     files[f"{dist}/RECORD"] = record.encode()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -240,12 +248,18 @@ def package_index(tmp_path) -> Iterator[tuple[str, str, str]]:
         _ip("-n", namespace, "addr", "add", f"{index_side}/30", "dev", index_link)
         _ip("-n", namespace, "link", "set", index_link, "up")
         _ip("-n", namespace, "link", "set", "lo", "up")
-        server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "http.server", "8080",
-                                   "--bind", index_side, "--directory", str(root)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, sys.executable, "-m", "http.server", "8080", "--bind", index_side, "--directory", str(root)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
-        while subprocess.run(["ip", "netns", "exec", namespace, "ss", "-Htln", "sport = :8080"],
-                             capture_output=True, text=True).stdout.strip() == "":
+        while (
+            subprocess.run(
+                ["ip", "netns", "exec", namespace, "ss", "-Htln", "sport = :8080"], capture_output=True, text=True
+            ).stdout.strip()
+            == ""
+        ):
             assert time.monotonic() < deadline, "the test index did not start"
             time.sleep(0.05)
         yield f"http://{index_side}:8080/simple/", host_side, name
@@ -278,7 +292,9 @@ def _configured_indexes() -> list[str]:
     """The package indexes pip on this host is configured with (pip config and PIP_*INDEX_URL)."""
     result = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
     values = [os.environ.get("PIP_INDEX_URL", ""), os.environ.get("PIP_EXTRA_INDEX_URL", "")]
-    values += [line.partition("=")[2].strip().strip("'\"") for line in result.stdout.splitlines() if line.partition("=")[0].endswith("index-url")]
+    values += [
+        line.partition("=")[2].strip().strip("'\"") for line in result.stdout.splitlines() if line.partition("=")[0].endswith("index-url")
+    ]
     return [url for value in values for url in value.split()]
 
 

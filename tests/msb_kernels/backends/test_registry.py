@@ -21,7 +21,8 @@ def test_the_built_in_backends_are_entry_points_of_this_package():
     assert {name: registered.get(name) for name in ("namespace", "gvisor", "microsandbox")} == {
         "namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
         "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
-        "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend"}
+        "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend",
+    }
     assert list(backend_classes()) == sorted(backend_classes(), key=lambda name: backend_classes()[name].auto_order)
 
 
@@ -29,9 +30,25 @@ def test_the_built_in_backends_are_entry_points_of_this_package():
 def test_a_backend_installed_from_another_package_is_tested_by_the_contract_suite():
     """tests/data/toy_backend: one module and one entry point. Installed (on the path), the contract suite picks it up."""
     env = {**os.environ, "PYTHONPATH": f"{TOY}{os.pathsep}{REPO}", "MSB_TESTS_STRICT_SKIPS": "0"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "toy", "-rA",
-                             str(REPO / "tests" / "msb_kernels" / "backends" / "test_contract.py")],
-                            capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "toy",
+            "-rA",
+            str(REPO / "tests" / "msb_kernels" / "backends" / "test_contract.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     ran = [line for line in result.stdout.splitlines() if line.startswith("PASSED") and "[toy]" in line]
     assert len(ran) >= 8, result.stdout[-4000:]

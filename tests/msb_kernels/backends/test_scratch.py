@@ -24,8 +24,9 @@ from msb_kernels.flavors import FLAVORS
 from tests.kernel_helpers import execute
 
 SMALL = FLAVORS["small"]
-needs_disk = pytest.mark.skipif(scratch.unavailable_reason() is not None,
-                                reason=f"disk-backed scratch is unavailable here: {scratch.unavailable_reason()}")
+needs_disk = pytest.mark.skipif(
+    scratch.unavailable_reason() is not None, reason=f"disk-backed scratch is unavailable here: {scratch.unavailable_reason()}"
+)
 
 FILL = (
     "import errno, os\n"

@@ -86,8 +86,12 @@ def unprivileged_python() -> Path:
         created = subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], capture_output=True, text=True)
         if created.returncode != 0:
             pytest.skip(f"the system Python cannot make a venv: {created.stderr.strip()[-300:]}")
-        installed = subprocess.run([str(venv / "bin/pip"), "install", "-q", "jupyter_client>=8.6", "ipykernel>=6.29", "traitlets", "pyzmq"],
-                                   capture_output=True, text=True, timeout=600)
+        installed = subprocess.run(
+            [str(venv / "bin/pip"), "install", "-q", "jupyter_client>=8.6", "ipykernel>=6.29", "traitlets", "pyzmq"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if installed.returncode != 0:
             pytest.skip(f"cannot install kernel packages for the system Python: {installed.stderr.strip()[-300:]}")
         (venv / ".ready").touch()
@@ -98,7 +102,8 @@ def unprivileged_python() -> Path:
     (site / "msb_kernels-0.0.0.dist-info").mkdir(exist_ok=True)
     (site / "msb_kernels-0.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: msb-kernels\nVersion: 0.0.0\n")
     (site / "msb_kernels-0.0.0.dist-info" / "entry_points.txt").write_text(
-        "[jupyter_client.kernel_provisioners]\nmsb-sandbox = msb_kernels.provisioner:SandboxProvisioner\n")
+        "[jupyter_client.kernel_provisioners]\nmsb-sandbox = msb_kernels.provisioner:SandboxProvisioner\n"
+    )
     subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
     return venv / "bin" / "python"
 
@@ -117,10 +122,22 @@ def run_as_nobody(python: Path, home: Path, **env: str) -> tuple[dict, str]:
     shutil.chown(home, "nobody", "nogroup")
     (home / "run.py").write_text(SCRIPT)
     shutil.chown(home / "run.py", "nobody", "nogroup")  # readable by nobody whatever root's umask
-    environment = {"PATH": "/usr/bin:/bin", "HOME": str(home), "JUPYTER_PATH": f"{home}/share/jupyter",
-                   "MSB_RUNTIME_DIR": f"{home}/rt", "JUPYTER_RUNTIME_DIR": f"{home}/jr", **env}
-    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), str(home / "run.py")],
-                            capture_output=True, text=True, env=environment, cwd=home, timeout=180)
+    environment = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "JUPYTER_PATH": f"{home}/share/jupyter",
+        "MSB_RUNTIME_DIR": f"{home}/rt",
+        "JUPYTER_RUNTIME_DIR": f"{home}/jr",
+        **env,
+    }
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), str(home / "run.py")],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=home,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
@@ -172,9 +189,16 @@ def test_unprivileged_user_gets_the_network_but_not_the_host(unprivileged_python
 def test_doctor_says_scratch_is_ram_without_root(unprivileged_python, nobody_home):
     nobody_home.mkdir()
     shutil.chown(nobody_home, "nobody", "nogroup")
-    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(unprivileged_python), "-m", "msb_kernels.cli", "doctor"],
-                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(nobody_home)}, cwd=nobody_home, timeout=120)
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(unprivileged_python), "-m", "msb_kernels.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(nobody_home)},
+        cwd=nobody_home,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert ("disk (namespace backend): /tmp and /home/sandbox are RAM (tmpfs), not disk, because loop-mounted disk images "
-            "need root") in result.stdout, result.stdout
+    assert (
+        "disk (namespace backend): /tmp and /home/sandbox are RAM (tmpfs), not disk, because loop-mounted disk images need root"
+    ) in result.stdout, result.stdout
     assert f"{FLAVORS['small'].memory_scratch_mib} MiB" in result.stdout

@@ -113,8 +113,15 @@ class HttpServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    async def request(self, method: str, path: str, body: Any = None, token: str | None = "default",
-                      headers: dict | None = None, timeout: float = START_TIMEOUT) -> Response:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = "default",
+        headers: dict | None = None,
+        timeout: float = START_TIMEOUT,
+    ) -> Response:
         all_headers = dict(headers or {})
         token = self.token if token == "default" else token
         if token is not None:
@@ -122,8 +129,7 @@ class HttpServer:
         data = None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
         if data is None and method in ("POST", "PUT", "PATCH"):
             data = ""
-        request = HTTPRequest(self.url + path, method=method, body=data, headers=all_headers,
-                              request_timeout=timeout, connect_timeout=10)
+        request = HTTPRequest(self.url + path, method=method, body=data, headers=all_headers, request_timeout=timeout, connect_timeout=10)
         response = await AsyncHTTPClient().fetch(request, raise_error=False)
         if response.code == 599:
             raise ConnectionError(f"{method} {path}: {response.error}")
@@ -168,8 +174,7 @@ class Gateway(HttpServer):
 def _start_process(argv: list[str], env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "wb")
     try:
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(TEST_BASE))
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(TEST_BASE))
     finally:
         log.close()
 
@@ -186,8 +191,13 @@ async def _wait_for_http(server: HttpServer, path: str, token: str | None) -> No
     await wait_until(up, START_TIMEOUT, f"{server.url}{path}", interval=0.25)
 
 
-async def launch_gateway(extra_env: dict | None = None, runtime_dir: Path | None = None, args: list[str] | None = None,
-                         port: int | None = None, token: str | None = None) -> Gateway:
+async def launch_gateway(
+    extra_env: dict | None = None,
+    runtime_dir: Path | None = None,
+    args: list[str] | None = None,
+    port: int | None = None,
+    token: str | None = None,
+) -> Gateway:
     """port and token: a gateway that takes over from another, where its clients expect it."""
     number = next(_counter)
     runtime_dir = runtime_dir or TEST_BASE / f"g{number}"  # short: ipc socket paths must fit in 107 bytes
@@ -234,11 +244,21 @@ async def launch_jupyter_server(gateway: Gateway, app: str = "server") -> HttpSe
     (root / "work").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSB_", "JUPYTER_GATEWAY"))}
     log_path = TEST_BASE / f"jupyter-{app}-{port}.log"
-    argv = [str(VENV_BIN / "jupyter"), app, "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
-            f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
-            f"--gateway-url={gateway.url}", f"--GatewayClient.auth_token={gateway.token}",
-            "--GatewayClient.request_timeout=90", "--GatewayClient.connect_timeout=60",
-            f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}"]  # as the banner says
+    argv = [
+        str(VENV_BIN / "jupyter"),
+        app,
+        "--no-browser",
+        "--allow-root",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--ServerApp.root_dir={root}",
+        f"--IdentityProvider.token={token}",
+        f"--gateway-url={gateway.url}",
+        f"--GatewayClient.auth_token={gateway.token}",
+        "--GatewayClient.request_timeout=90",
+        "--GatewayClient.connect_timeout=60",
+        f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
+    ]  # as the banner says
     server = HttpServer(port, token, _start_process(argv, env, log_path), log_path)
     await _wait_for_http(server, "/api/status", token=token)
     return server
@@ -261,8 +281,7 @@ class Reply:
 
     @property
     def stdout(self) -> str:
-        return "".join(m["content"]["text"] for m in self.messages
-                       if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+        return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
 
     @property
     def error(self) -> dict | None:
@@ -283,8 +302,7 @@ class KernelSocket:
         self.session = uuid.uuid4().hex
 
     @classmethod
-    async def open(cls, server: HttpServer, kernel_id: str, session_id: str | None = None,
-                   token: str | None = "default") -> KernelSocket:
+    async def open(cls, server: HttpServer, kernel_id: str, session_id: str | None = None, token: str | None = "default") -> KernelSocket:
         """Connect with the server's token, another ``token``, or none (``token=None``).
 
         session_id: the client's session; Lab reuses one when it reconnects (random if not given).

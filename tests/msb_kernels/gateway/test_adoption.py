@@ -32,8 +32,9 @@ NO_POOL = {"MSB_POOL_SIZE": "python-small=0"}
 
 async def take_over(gateway: Gateway, extra_env: dict | None = None, args: list[str] | None = None) -> Gateway:
     """The next `msb-kernels serve` on the same runtime dir, port and token, as a restart by an operator would be."""
-    return await launch_gateway({**NO_POOL, **(extra_env or {})}, runtime_dir=gateway.runtime_dir, args=args,
-                                port=gateway.port, token=gateway.token)
+    return await launch_gateway(
+        {**NO_POOL, **(extra_env or {})}, runtime_dir=gateway.runtime_dir, args=args, port=gateway.port, token=gateway.token
+    )
 
 
 def keeper_pids(gateway: Gateway) -> list[int]:
@@ -41,8 +42,7 @@ def keeper_pids(gateway: Gateway) -> list[int]:
 
 
 def msb_list(gateway: Gateway) -> str:
-    return subprocess.run([str(VENV_BIN / "msb-kernels"), "list"], env=gateway.env, capture_output=True, text=True,
-                          timeout=60).stdout
+    return subprocess.run([str(VENV_BIN / "msb-kernels"), "list"], env=gateway.env, capture_output=True, text=True, timeout=60).stdout
 
 
 async def until_reconnected(notebook: KernelSocket, code: str, timeout: float = 90) -> str:
@@ -79,8 +79,11 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
     second = None
     lab = await launch_jupyter_server(first)
     try:
-        created = await lab.request("POST", "/api/sessions", {"path": "work/kept.ipynb", "type": "notebook", "name": "kept.ipynb",
-                                                              "kernel": {"name": "msb-python-medium"}})
+        created = await lab.request(
+            "POST",
+            "/api/sessions",
+            {"path": "work/kept.ipynb", "type": "notebook", "name": "kept.ipynb", "kernel": {"name": "msb-python-medium"}},
+        )
         assert created.code == 201, created.body
         kernel_id = created.json["kernel"]["id"]
         notebook = await KernelSocket.open(lab, kernel_id)
@@ -99,9 +102,14 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
         assert "adopted 1 running kernel(s)" in second.log(), second.log()[-3000:]
         assert await until_reconnected(notebook, "print(kept)") == "set before the crash\n"
 
-        inspector = Inspector([second.url + "/mcp"], inspector_env(
-            NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=second.token,
-            MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl")))
+        inspector = Inspector(
+            [second.url + "/mcp"],
+            inspector_env(
+                NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}",
+                MSB_TEST_BEARER_TOKEN=second.token,
+                MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl"),
+            ),
+        )
         result = (await inspector.call("execute_code", code="print(kept)", session_id=kernel_id)).structured
         assert result.get("stdout") == "set before the crash\n", result
 
@@ -222,10 +230,18 @@ async def test_a_busy_kernel_is_adopted_and_its_lost_ending_is_reported():
         kernel_id = (await lab.request("POST", "/api/kernels", {"name": "msb-python-small"})).json["id"]
         notebook = await KernelSocket.open(lab, kernel_id)
         await notebook.execute("state = 'kept'")
-        msg_id = notebook.send("execute_request", {"code": "import time\nprint('before', flush=True)\ntime.sleep(4)\n"
-                                                           "print('during the restart', flush=True)\ntime.sleep(25)\nprint('after')",
-                                                   "silent": False, "store_history": True, "user_expressions": {},
-                                                   "allow_stdin": False, "stop_on_error": True})
+        msg_id = notebook.send(
+            "execute_request",
+            {
+                "code": "import time\nprint('before', flush=True)\ntime.sleep(4)\n"
+                "print('during the restart', flush=True)\ntime.sleep(25)\nprint('after')",
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+        )
         await notebook.wait_for(msg_id, lambda m: m["msg_type"] == "stream" and "before" in m["content"]["text"], 60)
         first.process.kill()
         first.process.wait(10)
@@ -265,7 +281,8 @@ async def test_adoption_trusts_only_records_no_sandbox_could_have_written():
         state_dir = first.runtime_dir / kernel_ids[0]
         seen = await notebook.execute(
             f"import os\nprint(os.path.exists({str(first.runtime_dir)!r}), os.path.exists({str(state_dir)!r}),"
-            " sorted(os.listdir('/run/kernel')))")
+            " sorted(os.listdir('/run/kernel')))"
+        )
         notebook.close()
         assert seen.stdout.startswith("False False ["), seen.stdout  # the state dirs are not in the sandbox at all
         assert ADOPTION_RECORD not in seen.stdout and KEEPER_SOCKET not in seen.stdout

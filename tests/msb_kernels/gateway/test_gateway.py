@@ -48,8 +48,11 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
     assert specs["kernelspecs"]["msb-python-medium"]["spec"]["metadata"]["msb"]["flavor"] == "medium"
 
     # start a kernel for a notebook (a Jupyter session, as JupyterLab opens one)
-    created = await js.request("POST", "/api/sessions", {"path": "work/analysis.ipynb", "type": "notebook",
-                                                         "name": "analysis.ipynb", "kernel": {"name": "msb-python-small"}})
+    created = await js.request(
+        "POST",
+        "/api/sessions",
+        {"path": "work/analysis.ipynb", "type": "notebook", "name": "analysis.ipynb", "kernel": {"name": "msb-python-small"}},
+    )
     assert created.code == 201, created.body
     session_id, kernel_id = created.json["id"], created.json["kernel"]["id"]
     assert [k["id"] for k in (await gateway.request("GET", "/api/kernels")).json] == [kernel_id]
@@ -68,8 +71,17 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
     assert entry["notebook_path"].endswith("work/analysis.ipynb")  # jupyter_server sends the full path
 
     # interrupt a long cell
-    msg_id = ws.send("execute_request", {"code": "import time\ntime.sleep(120)", "silent": False, "store_history": True,
-                                         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    msg_id = ws.send(
+        "execute_request",
+        {
+            "code": "import time\ntime.sleep(120)",
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        },
+    )
     await ws.wait_for(msg_id, lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "busy", 30)
 
     async def stats_say_running() -> bool:
@@ -114,8 +126,10 @@ async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
     kernel_id = await gateway.start_kernel("msb-python-small", env={"KERNEL_FLAVOR": "medium", "NOT_KERNEL": "x"})
     try:
         ws = await KernelSocket.open(gateway, kernel_id)
-        reply = await ws.execute("import os\nprint(os.environ['MSB_FLAVOR'], os.environ.get('NOT_KERNEL'), "
-                                 "os.environ.get('MSB_TOKEN'), os.environ.get('KERNEL_FLAVOR'))")
+        reply = await ws.execute(
+            "import os\nprint(os.environ['MSB_FLAVOR'], os.environ.get('NOT_KERNEL'), "
+            "os.environ.get('MSB_TOKEN'), os.environ.get('KERNEL_FLAVOR'))"
+        )
         assert reply.stdout.split() == ["medium", "None", "None", "medium"]  # the gateway's token stays out
         ws.close()
         stats = await gateway.stats()
@@ -182,6 +196,7 @@ async def test_activity_and_execution_state_follow_only_the_kernels_signed_messa
     def state_is(expected: str) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:
             return (await state())[0] == expected
+
         return check
 
     try:
@@ -239,9 +254,18 @@ async def test_a_second_socket_of_the_same_session_is_answered(gateway: Gateway,
 async def test_every_endpoint_but_health_needs_the_token(gateway: Gateway) -> None:
     health = await gateway.request("GET", "/api/msb/health", token=None)
     assert health.code == 200 and health.json["status"] == "ok"
-    for method, path in (("GET", "/api"), ("GET", "/api/kernels"), ("GET", "/api/kernelspecs"), ("GET", "/api/sessions"),
-                         ("GET", "/api/msb/stats"), ("POST", "/api/kernels"), ("GET", "/api/status"),
-                         ("GET", "/api/no/such/thing"), ("GET", "/login"), ("POST", "/mcp")):
+    for method, path in (
+        ("GET", "/api"),
+        ("GET", "/api/kernels"),
+        ("GET", "/api/kernelspecs"),
+        ("GET", "/api/sessions"),
+        ("GET", "/api/msb/stats"),
+        ("POST", "/api/kernels"),
+        ("GET", "/api/status"),
+        ("GET", "/api/no/such/thing"),
+        ("GET", "/login"),
+        ("POST", "/mcp"),
+    ):
         for token in (None, "wrong-token"):
             response = await gateway.request(method, path, token=token)
             assert response.code in (401, 403, 404), (method, path, token, response.code)
@@ -265,8 +289,7 @@ async def test_every_endpoint_but_health_needs_the_token(gateway: Gateway) -> No
 
 
 async def test_max_sessions_and_capacity_refusals(gateway_factory) -> None:
-    gateway = await gateway_factory(extra_env={"MSB_MAX_SESSIONS": "2", "MSB_CAPACITY_MEMORY_MIB": "3072",
-                                               "MSB_CAPACITY_CPUS": "8"})
+    gateway = await gateway_factory(extra_env={"MSB_MAX_SESSIONS": "2", "MSB_CAPACITY_MEMORY_MIB": "3072", "MSB_CAPACITY_CPUS": "8"})
     medium = await gateway.start_kernel("msb-python-medium")
     refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-medium"})
     assert refused.code == 429, refused.body
@@ -361,8 +384,12 @@ async def test_a_clean_stop_leaves_no_sandbox(gateway_factory, signum: int, tmp_
     ws = await KernelSocket.open(gateway, kernel_id)
     await ws.execute("import subprocess\nchild = subprocess.Popen(['sleep', '600'])")  # something more to stop
     stubborn = await KernelSocket.open(gateway, stubborn_id)
-    busy = stubborn.send("execute_request", jupyter_ws.execute_content(
-        "import signal\nfor s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\nprint('busy', flush=True)\nwhile True: pass"))
+    busy = stubborn.send(
+        "execute_request",
+        jupyter_ws.execute_content(
+            "import signal\nfor s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\nprint('busy', flush=True)\nwhile True: pass"
+        ),
+    )
     await stubborn.wait_for(busy, lambda m: m["msg_type"] == "stream", 60)
     assert gateway.stop(signum, timeout=20) == 0, gateway.log()[-3000:]
     assert not gateway.sandboxes(), "a sandbox outlived the server"
@@ -400,8 +427,13 @@ async def test_a_second_gateway_on_the_same_runtime_dir_is_refused(gateway_facto
     """It stops at once, saying whose dir it is and what to do, and the first one's kernel is unharmed."""
     first = await gateway_factory()
     kernel_id = await first.start_kernel()
-    second = subprocess.run([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(free_port())], capture_output=True, text=True,
-                            timeout=60, env={**first.env, "MSB_TOKEN": "another"})
+    second = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "serve", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**first.env, "MSB_TOKEN": "another"},
+    )
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
     assert f"another msb-kernels serve (pid {first.process.pid}) already uses the runtime dir {first.runtime_dir}" in second.stderr
     assert "MSB_RUNTIME_DIR" in second.stderr
@@ -410,10 +442,14 @@ async def test_a_second_gateway_on_the_same_runtime_dir_is_refused(gateway_facto
 
 
 def test_bad_settings_stop_the_start_with_a_clear_message(tmp_path: Path) -> None:
-    for variable, value in (("MSB_CAPACITY_CPUS", "many"), ("MSB_PORT", "99999"), ("MSB_CULL_BUSY", "maybe"),
-                            ("MSB_MAX_SESSIONS", "0")):
-        result = subprocess.run([str(VENV_BIN / "msb-kernels"), "serve"], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, variable: value, "MSB_RUNTIME_DIR": str(TEST_BASE / "bad")})
+    for variable, value in (("MSB_CAPACITY_CPUS", "many"), ("MSB_PORT", "99999"), ("MSB_CULL_BUSY", "maybe"), ("MSB_MAX_SESSIONS", "0")):
+        result = subprocess.run(
+            [str(VENV_BIN / "msb-kernels"), "serve"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, variable: value, "MSB_RUNTIME_DIR": str(TEST_BASE / "bad")},
+        )
         assert result.returncode == 2, (variable, result.stderr)
         assert variable in result.stderr and "Traceback" not in result.stderr, result.stderr
 
@@ -447,8 +483,11 @@ async def test_a_closed_websockets_messages_are_replayed_at_its_return_and_dropp
     away = uuid.uuid4().hex
     user = await KernelSocket.open(gateway, kernel_id, session_id=away)
     assert (await user.execute("1+1")).result == "2"
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http, \
-            Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as assistant:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http,
+        Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as assistant,
+    ):
+
         async def run(code: str) -> str:
             result = await assistant.call_tool("execute_code", {"code": code, "session_id": kernel_id})
             assert not result.is_error, result.content[0].text
@@ -475,13 +514,20 @@ async def test_a_closed_websockets_messages_are_replayed_at_its_return_and_dropp
 
 async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> None:
     assert "MCP streamable HTTP at" in gateway.log()
-    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
-               "Authorization": f"Bearer {gateway.token}"}
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
-                             "clientInfo": {"name": "gateway-test", "version": "0"}}}
-    refused = await gateway.request("POST", "/mcp", initialize, token=None,
-                                    headers={k: v for k, v in headers.items() if k != "Authorization"})
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {gateway.token}",
+    }
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "gateway-test", "version": "0"}},
+    }
+    refused = await gateway.request(
+        "POST", "/mcp", initialize, token=None, headers={k: v for k, v in headers.items() if k != "Authorization"}
+    )
     assert refused.code == 401 and b"Authorization: Bearer" in refused.body, (refused.code, refused.body)
     response = await gateway.request("POST", "/mcp", initialize, token=None, headers=headers)
     assert response.code == 200, response.body
@@ -497,8 +543,9 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
     cookie = status.headers.get("Set-Cookie", "").split(";")[0]
     assert cookie.startswith("username-"), status.headers
     call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_flavors", "arguments": {}}}
-    by_cookie = await gateway.request("POST", "/mcp", call, token=None,
-                                      headers={**{k: v for k, v in headers.items() if k != "Authorization"}, "Cookie": cookie})
+    by_cookie = await gateway.request(
+        "POST", "/mcp", call, token=None, headers={**{k: v for k, v in headers.items() if k != "Authorization"}, "Cookie": cookie}
+    )
     assert by_cookie.code == 401, (by_cookie.code, by_cookie.body)
 
     # An accepted call is API activity (ServerApp.shutdown_no_activity_timeout reads it); a refused one is not.
@@ -515,9 +562,13 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
     # a kernel started over the Jupyter API is an MCP session too: one process, one set of kernels
     kernel_id = await gateway.start_kernel()
     try:
-        listed = await gateway.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                                                        "params": {"name": "get_sessions", "arguments": {}}},
-                                       token=None, headers=headers)
+        listed = await gateway.request(
+            "POST",
+            "/mcp",
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "get_sessions", "arguments": {}}},
+            token=None,
+            headers=headers,
+        )
         assert listed.code == 200, listed.body
         assert kernel_id in json.dumps(_jsonrpc(listed)), listed.body[:2000]
     finally:
@@ -527,8 +578,10 @@ async def test_mcp_bridge_is_served_on_the_same_kernels(gateway: Gateway) -> Non
 async def test_mcp_over_the_gateway_streams_progress_to_the_official_client(gateway: Gateway) -> None:
     """The official Python client (2026-era requests) over /mcp: a call with a progress callback gets its output as
     it runs, and a plain call on the same session is answered too (as JSON, by the manager that awaits it)."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=httpx2.Timeout(120)) as http, \
-            Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as client:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=httpx2.Timeout(120)) as http,
+        Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as client,
+    ):
         ticking, progress = await call_with_progress(client, {"code": TICKS})
         assert ticking.structured_content["status"] == "ok", ticking.content[0].text
         assert any(m.startswith("tick") for m in progress), progress
@@ -539,6 +592,7 @@ async def test_mcp_over_the_gateway_streams_progress_to_the_official_client(gate
 
 async def test_a_new_session_is_served_from_the_warm_pool(gateway_factory) -> None:
     gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "1"})
+
     async def pool_ready() -> dict | None:
         stats = await gateway.stats()
         return stats if stats["pool"]["waiting"]["msb-python-small"] == 1 else None

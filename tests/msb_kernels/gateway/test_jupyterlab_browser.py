@@ -26,8 +26,10 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-GET_CHROMIUM = ("install Debian's chromium and its driver: `apt-get install -y chromium chromium-driver` "
-                "(`source scripts/bootstrap.sh test` does it when run as root)")
+GET_CHROMIUM = (
+    "install Debian's chromium and its driver: `apt-get install -y chromium chromium-driver` "
+    "(`source scripts/bootstrap.sh test` does it when run as root)"
+)
 KERNEL_TIMEOUT = 180.0  # a sandbox start, through two servers, on a loaded 2-core machine
 OUTPUT_TIMEOUT = 90.0
 PYTHON = "Python 3 (sandbox, small)"
@@ -86,11 +88,14 @@ class LabPage:
 
     def new_notebook(self, display_name: str) -> None:
         """Click the kernel's card under Notebook in the launcher; wait until the kernel is idle."""
-        card = self.wait(lambda: self.find(f'.jp-LauncherCard[data-category="Notebook"][title="{display_name}"]'),
-                         f"the launcher card {display_name!r}")
+        card = self.wait(
+            lambda: self.find(f'.jp-LauncherCard[data-category="Notebook"][title="{display_name}"]'), f"the launcher card {display_name!r}"
+        )
         card[0].click()
-        self.wait(lambda: [e for e in self.find(".jp-NotebookPanel .jp-Toolbar-kernelName") if e.text == display_name],
-                  f"a notebook with the kernel {display_name!r}")
+        self.wait(
+            lambda: [e for e in self.find(".jp-NotebookPanel .jp-Toolbar-kernelName") if e.text == display_name],
+            f"a notebook with the kernel {display_name!r}",
+        )
         self.wait_for_kernel("idle")
 
     def kernel_status(self) -> str | None:
@@ -98,8 +103,7 @@ class LabPage:
         return indicators[0].get_attribute("data-status") if indicators else None
 
     def wait_for_kernel(self, status: str) -> None:
-        self.wait(lambda: self.kernel_status() == status, f"the kernel status {status!r} (it is {self.kernel_status()!r})",
-                  KERNEL_TIMEOUT)
+        self.wait(lambda: self.kernel_status() == status, f"the kernel status {status!r} (it is {self.kernel_status()!r})", KERNEL_TIMEOUT)
 
     def run(self, code: str) -> WebElement:
         """Type code into the last cell and press Shift+Enter; return that cell."""
@@ -171,10 +175,12 @@ def test_a_python_notebook_shows_output_stderr_and_a_plot(page: LabPage) -> None
     assert page.wait_for_text(cell, STDERR, "careful").strip() == "careful"
 
     cell = page.run("import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()")
-    image = page.wait(lambda: cell.find_elements(By.CSS_SELECTOR, '.jp-OutputArea-output[data-mime-type="image/png"] img'),
-                      "the plot's image")[0]
-    width = page.wait(lambda: page.driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image),
-                      "the plot's image to load")
+    image = page.wait(
+        lambda: cell.find_elements(By.CSS_SELECTOR, '.jp-OutputArea-output[data-mime-type="image/png"] img'), "the plot's image"
+    )[0]
+    width = page.wait(
+        lambda: page.driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image), "the plot's image to load"
+    )
     assert width > 100, f"the plot is {width} px wide"
     assert page.prompt(cell) == "[2]:"
 

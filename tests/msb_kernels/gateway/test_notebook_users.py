@@ -26,8 +26,12 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 VENV_BIN = Path(sys.executable).parent
 # What JupyterLab's server puts in a start request besides the notebook's path (jupyter_server/gateway/managers.py):
 # KERNEL_LAUNCH_TIMEOUT always, KERNEL_WORKING_DIR for a notebook's directory, KERNEL_USERNAME where set.
-LAB_START_ENV = {"KERNEL_LAUNCH_TIMEOUT": "40", "KERNEL_WORKING_DIR": "/home/alice/work", "KERNEL_USERNAME": "alice",
-                 "JPY_SESSION_NAME": "/home/alice/work/report.ipynb"}
+LAB_START_ENV = {
+    "KERNEL_LAUNCH_TIMEOUT": "40",
+    "KERNEL_WORKING_DIR": "/home/alice/work",
+    "KERNEL_USERNAME": "alice",
+    "JPY_SESSION_NAME": "/home/alice/work/report.ipynb",
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +63,9 @@ def pooled_ids(gateway: Gateway, stats: dict) -> set[str]:
 @asynccontextmanager
 async def assistants(gateway: Gateway) -> AsyncIterator[dict[str, Client]]:
     """An MCP client of the gateway's own /mcp, and one of `msb-mcp --gateway` (the gateway client)."""
-    params = StdioServerParameters(command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway.url, "--token", gateway.token],
-                                   env=dict(os.environ))
+    params = StdioServerParameters(
+        command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway.url, "--token", gateway.token], env=dict(os.environ)
+    )
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http:
         async with Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as over_http, Client(params) as over_stdio:
             yield {"/mcp": over_http, "msb-mcp --gateway": over_stdio}
@@ -82,8 +87,11 @@ async def test_jupyterlab_starts_are_served_from_the_pool_unless_they_change_the
     stats = await pool_ready(pooled_gateway)
     (pooled,) = pooled_ids(pooled_gateway, stats)
     started = time.monotonic()
-    created = await lab.request("POST", "/api/sessions", {"path": "work/pooled.ipynb", "type": "notebook", "name": "pooled.ipynb",
-                                                          "kernel": {"name": "msb-python-small"}})
+    created = await lab.request(
+        "POST",
+        "/api/sessions",
+        {"path": "work/pooled.ipynb", "type": "notebook", "name": "pooled.ipynb", "kernel": {"name": "msb-python-small"}},
+    )
     took = time.monotonic() - started
     assert created.code == 201, created.body
     kernel_id = created.json["kernel"]["id"]
@@ -112,13 +120,17 @@ async def test_jupyterlab_starts_are_served_from_the_pool_unless_they_change_the
 async def test_notebook_paths_follow_the_session_model_in_stats_and_get_sessions(pooled_gateway: Gateway, lab) -> None:
     gateway = pooled_gateway
     # A JupyterLab notebook: JupyterLab's server keeps the session and sends the path once, as JPY_SESSION_NAME.
-    from_lab = await lab.request("POST", "/api/sessions", {"path": "work/lab.ipynb", "type": "notebook", "name": "lab.ipynb",
-                                                           "kernel": {"name": "msb-python-small"}})
+    from_lab = await lab.request(
+        "POST", "/api/sessions", {"path": "work/lab.ipynb", "type": "notebook", "name": "lab.ipynb", "kernel": {"name": "msb-python-small"}}
+    )
     assert from_lab.code == 201, from_lab.body
     lab_kernel = from_lab.json["kernel"]["id"]
     # A session on the gateway itself, renamed as JupyterLab renames a notebook.
-    created = await gateway.request("POST", "/api/sessions", {"path": "work/draft.ipynb", "type": "notebook", "name": "draft.ipynb",
-                                                              "kernel": {"name": "msb-python-small"}})
+    created = await gateway.request(
+        "POST",
+        "/api/sessions",
+        {"path": "work/draft.ipynb", "type": "notebook", "name": "draft.ipynb", "kernel": {"name": "msb-python-small"}},
+    )
     assert created.code == 201, created.body
     session_id, kernel_id = created.json["id"], created.json["kernel"]["id"]
     try:
@@ -140,8 +152,11 @@ async def test_notebook_paths_follow_the_session_model_in_stats_and_get_sessions
 
 
 async def test_an_assistants_runs_leave_the_notebooks_counter_and_history_alone(pooled_gateway: Gateway, lab) -> None:
-    created = await lab.request("POST", "/api/sessions", {"path": "work/shared.ipynb", "type": "notebook", "name": "shared.ipynb",
-                                                          "kernel": {"name": "msb-python-small"}})
+    created = await lab.request(
+        "POST",
+        "/api/sessions",
+        {"path": "work/shared.ipynb", "type": "notebook", "name": "shared.ipynb", "kernel": {"name": "msb-python-small"}},
+    )
     assert created.code == 201, created.body
     kernel_id = created.json["kernel"]["id"]
     notebook = await KernelSocket.open(lab, kernel_id)
@@ -150,8 +165,9 @@ async def test_an_assistants_runs_leave_the_notebooks_counter_and_history_alone(
         count = first.reply["content"]["execution_count"]
         async with assistants(pooled_gateway) as clients:
             for name, client in clients.items():
-                ran = await client.call_tool("execute_code", {"session_id": kernel_id,
-                                                              "code": "total = sum(data)\nprint('assistant-output')\ntotal"})
+                ran = await client.call_tool(
+                    "execute_code", {"session_id": kernel_id, "code": "total = sum(data)\nprint('assistant-output')\ntotal"}
+                )
                 assert not ran.is_error and "assistant-output" in ran.structured_content["stdout"], (name, ran.content[0].text)
         # Like a JupyterLab console with "Show All Kernel Activity": the assistant's code and output reach every client.
         seen: list[str] = []
@@ -193,8 +209,10 @@ async def test_serve_says_what_serves_kernels_and_how_jupyterlab_connects(gatewa
     gateway = await gateway_factory(extra_env={"MSB_TOKEN": None})  # a generated token: jupyter_server's paste-this-URL case
     banner = await wait_until(lambda: "listening on" in gateway.log() and gateway.log(), 30, "the banner")
     token = banner.split("  token: ", 1)[1].split()[0]
-    assert f"jupyter lab --gateway-url={gateway.url} --GatewayClient.auth_token=<token> " \
-           "--GatewayClient.allowed_envs=JPY_SESSION_NAME,KERNEL_FLAVOR" in banner
+    assert (
+        f"jupyter lab --gateway-url={gateway.url} --GatewayClient.auth_token=<token> "
+        "--GatewayClient.allowed_envs=JPY_SESSION_NAME,KERNEL_FLAVOR" in banner
+    )
     assert "every kernel runs in a namespace sandbox" in banner
     for misleading in ("Serving notebooks from local directory", "copy and paste", "twice to skip confirmation"):
         assert misleading not in banner, misleading
@@ -208,8 +226,17 @@ async def test_a_kernels_own_output_stays_out_of_the_gateways_log(pooled_gateway
     reply = await ws.execute("import os\nos.system('echo kernel-stderr-marker >&2')\nraise ValueError('user-code-error')")
     assert reply.error["evalue"] == "user-code-error"
     # A restart while busy: ipykernel prints a traceback of its own as its sockets close.
-    ws.send("execute_request", {"code": "import time\ntime.sleep(60)", "silent": False, "store_history": True,
-                                "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    ws.send(
+        "execute_request",
+        {
+            "code": "import time\ntime.sleep(60)",
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        },
+    )
     await asyncio.sleep(1)
     assert (await gateway.request("POST", f"/api/kernels/{kernel_id}/restart", timeout=90)).code == 200
     ws.close()

@@ -38,8 +38,9 @@ async def _pool_waiting(gateway: Gateway) -> str:
 
 @pytest.mark.parametrize("counts", [True, False], ids=["counts", "does-not-count"])
 async def test_pooled_kernels_count_toward_the_limit_only_when_asked(gateway_factory, counts: bool) -> None:
-    gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "2",
-                                               "MSB_POOL_COUNTS_AS_SESSIONS": "true" if counts else "false"})
+    gateway = await gateway_factory(
+        extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "2", "MSB_POOL_COUNTS_AS_SESSIONS": "true" if counts else "false"}
+    )
     await _pool_waiting(gateway)
     await gateway.start_kernel("msb-python-medium")  # not from the pool: one session, one waiting kernel
     second = await gateway.request("POST", "/api/kernels", {"name": "msb-python-medium"})
@@ -50,8 +51,14 @@ async def test_pooled_kernels_count_toward_the_limit_only_when_asked(gateway_fac
 
 
 async def test_pooled_kernels_are_never_culled(gateway_factory) -> None:
-    gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_SESSION_TIMEOUT_SECONDS": "2",
-                                               "MSB_CULL_INTERVAL_SECONDS": "1", "MSB_MAX_SESSIONS": "3"})
+    gateway = await gateway_factory(
+        extra_env={
+            "MSB_POOL_SIZE": "python-small=1",
+            "MSB_SESSION_TIMEOUT_SECONDS": "2",
+            "MSB_CULL_INTERVAL_SECONDS": "1",
+            "MSB_MAX_SESSIONS": "3",
+        }
+    )
     pooled = await _pool_waiting(gateway)
     # A session kernel started after the pooled one is culled; by then the pooled one was idle longer.
     session = await gateway.start_kernel("msb-python-medium")
@@ -64,13 +71,23 @@ async def test_pooled_kernels_are_never_culled(gateway_factory) -> None:
 @pytest.mark.parametrize("cull_busy_and_connected", [False, True], ids=["defaults", "cull-busy-and-connected"])
 async def test_culling_of_busy_and_connected_kernels_follows_the_settings(gateway_factory, cull_busy_and_connected: bool) -> None:
     flag = "true" if cull_busy_and_connected else "false"
-    gateway = await gateway_factory(extra_env={"MSB_SESSION_TIMEOUT_SECONDS": "3", "MSB_CULL_INTERVAL_SECONDS": "1",
-                                               "MSB_CULL_BUSY": flag, "MSB_CULL_CONNECTED": flag})
+    gateway = await gateway_factory(
+        extra_env={"MSB_SESSION_TIMEOUT_SECONDS": "3", "MSB_CULL_INTERVAL_SECONDS": "1", "MSB_CULL_BUSY": flag, "MSB_CULL_CONNECTED": flag}
+    )
     busy = await gateway.start_kernel()
     connected = await gateway.start_kernel()
     busy_socket = await KernelSocket.open(gateway, busy)
-    busy_socket.send("execute_request", {"code": "import time\ntime.sleep(600)", "silent": False, "store_history": True,
-                                         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    busy_socket.send(
+        "execute_request",
+        {
+            "code": "import time\ntime.sleep(600)",
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        },
+    )
     idle_socket = await KernelSocket.open(gateway, connected)
     # Started last, so once the culler has taken it, it has also weighed the other two past their timeout.
     sentinel = await gateway.start_kernel()
@@ -91,18 +108,24 @@ async def test_culling_of_busy_and_connected_kernels_follows_the_settings(gatewa
 
 async def test_mcp_refuses_foreign_hosts_and_origins(gateway: Gateway) -> None:
     """DNS rebinding: a page on another site must not drive /mcp through the user's browser."""
-    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
-    base = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
-            "Authorization": f"Bearer {gateway.token}"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    base = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json", "Authorization": f"Bearer {gateway.token}"}
     accepted = await gateway.request("POST", "/mcp", body, token=None, headers=base)
     assert accepted.code == 200, accepted.body
-    for extra in ({"Host": "evil.example"}, {"Host": f"evil.example:{gateway.port}"},
-                  {"Origin": "http://evil.example"}, {"Origin": f"http://127.0.0.1.evil.example:{gateway.port}"}):
+    for extra in (
+        {"Host": "evil.example"},
+        {"Host": f"evil.example:{gateway.port}"},
+        {"Origin": "http://evil.example"},
+        {"Origin": f"http://127.0.0.1.evil.example:{gateway.port}"},
+    ):
         refused = await gateway.request("POST", "/mcp", body, token=None, headers={**base, **extra})
         assert refused.code in (403, 421), (extra, refused.code, refused.body)
-    same_origin = await gateway.request("POST", "/mcp", body, token=None,
-                                        headers={**base, "Origin": f"http://127.0.0.1:{gateway.port}"})
+    same_origin = await gateway.request("POST", "/mcp", body, token=None, headers={**base, "Origin": f"http://127.0.0.1:{gateway.port}"})
     assert same_origin.code == 200, same_origin.body
 
 
