@@ -130,7 +130,7 @@ def kernel_app_class() -> type:
     """IPKernelApp, except that the command line the provisioner writes for a Python kernel (PROVISIONER_SETTINGS) is
     taken without building traitlets' argparse parser for every configurable class: 10 to 13 ms of each start. Any
     other command line is parsed as usual. The subclass keeps the name, so logs and config sections read as before;
-    tests/msb_kernels/backends/test_forkserver.py checks it against traitlets' own parse of the provisioner's command
+    tests/msb_kernels/backends/namespace/test_forkserver.py checks it against traitlets' own parse of the provisioner's command
     line."""
     from ipykernel import kernelapp
     from traitlets.config import Config

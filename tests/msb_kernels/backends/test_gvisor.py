@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO, VENV_BIN
 from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, interrupt_busy_loop, write_attempts
-from tests.msb_kernels.backends.test_namespace import FORK_BOMB, SPINNERS
+from tests.msb_kernels.backends.namespace.test_backend import FORK_BOMB, SPINNERS
 from tests.skips import needs_cgroups, needs_runsc
 
 pytestmark = [pytest.mark.slow, needs_runsc]
