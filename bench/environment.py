@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
@@ -80,3 +82,13 @@ def machine() -> dict:
         "jupyter_client": jupyter_client.__version__,
         "user": "root" if os.geteuid() == 0 else "unprivileged",
     }
+
+
+async def settle(quiet_load: float = 0.5, most_seconds: float = 3.0) -> None:
+    """Wait until the CPUs are about idle again (the 1-second run queue, from /proc/loadavg's running count)."""
+    deadline = time.perf_counter() + most_seconds
+    while time.perf_counter() < deadline:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1  # this process is running
+        if running <= quiet_load:
+            return
+        await asyncio.sleep(0.05)

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.environment import available_mib, machine
+from bench.environment import available_mib, machine, settle
 from bench.kernels import (
-    descendants,
     drain_iopub,
     execute_rtt,
     execute_to_idle,
@@ -24,8 +23,8 @@ from bench.kernels import (
     start_kernel,
     start_kernel_again_if_it_dies,
     stop_kernel,
-    uss_bytes,
 )
+from bench.memory import fork_servers, gateway_session_pss, memory_at_scale
 from bench.servers import KernelSocket, start_gateway, start_plain_jupyter_server
 from bench.stats import summary
 
@@ -110,7 +109,7 @@ class Bench:
             "flavors": by_flavor,
             "backend": self.args.backend,
             "fork_kernels": os.environ.get("MSB_FORK_KERNELS", "true"),
-            "fork_servers": _fork_servers(),
+            "fork_servers": fork_servers(),
         }
 
     async def mcp_new_session(self) -> None:
@@ -364,7 +363,7 @@ class Bench:
                     "uss_mib_median": statistics.median(uss) / MiB,
                 }
                 if key == "msb":
-                    memory["fork_server_pss_mib"] = sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB
+                    memory["fork_server_pss_mib"] = sum(pss_bytes(server["pid"]) for server in fork_servers()) / MiB
                 deadline = time.perf_counter() + seconds
 
                 async def worker(kc: Any, deadline: float = deadline) -> int:
@@ -491,74 +490,3 @@ class Bench:
                     await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live[first : first + 50]))
         self.figures["capacity"] = capacity
         self.figures["cost_growth"] = growth
-
-
-def _fork_servers() -> list[dict]:
-    """The fork servers of this process's backend for the run's runtime dir."""
-    from msb_kernels.backends import get_backend
-    from msb_kernels.config import load_settings
-
-    return get_backend(load_settings()).stats().get("fork_servers", [])
-
-
-async def gateway_session_pss(gateway: Any, runtime_dir: Path, kernel_id: str, more: int = 9) -> dict:
-    """PSS and USS of an idle gateway session's sandbox, and what it costs the keeper that holds it for adoption. The
-    gateway holds one session here, so the fork server's shared pages weigh on its PSS as they would not with many.
-    The keeper is one process for all of a gateway's sessions: a session's share of it is what one more session adds
-    to its USS, measured from 1 to 1 + more sessions."""
-    import json
-
-    await asyncio.sleep(2)  # idle
-    state = json.loads((runtime_dir / kernel_id / "state.json").read_text())
-    pids = descendants(state["init_pid"])
-    keeper = state.get("keeper_pid")
-    figures = {
-        "sandbox_mib": sum(pss_bytes(pid) for pid in pids) / MiB,
-        "sandbox_uss_mib": sum(uss_bytes(pid) for pid in pids) / MiB,
-        "forked": bool(state.get("forked")),
-        "keeper_uss_mib": 0.0,
-        "keeper_per_session_mib": 0.0,
-    }
-    if keeper is None:
-        return figures
-    alone = uss_bytes(keeper) / MiB
-    extra = [(await gateway.request("POST", "/api/kernels", {"name": MSB}))["id"] for _ in range(more)]
-    try:
-        await asyncio.sleep(2)
-        keepers = {json.loads((runtime_dir / kid / "state.json").read_text()).get("keeper_pid") for kid in extra}
-        held = uss_bytes(keeper) / MiB
-    finally:
-        for kid in extra:
-            await gateway.request("DELETE", f"/api/kernels/{kid}")
-    figures.update(
-        keeper_uss_mib=alone,
-        keeper_pss_mib=pss_bytes(keeper) / MiB,
-        keeper_shared=keepers == {keeper},
-        keeper_sessions=1 + more,
-        keeper_uss_held_mib=held,
-        keeper_per_session_mib=max(0.0, held - alone) / more,
-    )
-    return figures
-
-
-def memory_at_scale(managers: list[Any], available_before_mib: float, sample: int = 20) -> dict:
-    """With every session live: the host memory they took, per session, and the PSS and USS of a sample of them."""
-    per_session = [(m["pss"] / MiB, m["uss"] / MiB) for m in map(kernel_memory, managers[:sample])]
-    return {
-        "sessions": len(managers),
-        "sampled": len(per_session),
-        "pss_mib_median": statistics.median(p for p, _ in per_session) if per_session else 0.0,
-        "uss_mib_median": statistics.median(u for _, u in per_session) if per_session else 0.0,
-        "host_mib_per_session": (available_before_mib - available_mib()) / max(1, len(managers)),
-        "fork_servers_pss_mib": sum(pss_bytes(server["pid"]) for server in _fork_servers()) / MiB,
-    }
-
-
-async def settle(quiet_load: float = 0.5, most_seconds: float = 3.0) -> None:
-    """Wait until the CPUs are about idle again (the 1-second run queue, from /proc/loadavg's running count)."""
-    deadline = time.perf_counter() + most_seconds
-    while time.perf_counter() < deadline:
-        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1  # this process is running
-        if running <= quiet_load:
-            return
-        await asyncio.sleep(0.05)

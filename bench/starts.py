@@ -23,8 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: the harness imports itself as the package bench
     sys.path.insert(0, str(REPO))
 
-from bench.environment import isolate  # noqa: E402
-from bench.figures import settle  # noqa: E402
+from bench.environment import isolate, settle  # noqa: E402
 from bench.kernels import start_kernel, stop_kernel  # noqa: E402
 from bench.stats import summary  # noqa: E402
 

@@ -1,0 +1,99 @@
+"""A running namespace sandbox: init (pid 1) as a pidfd, its cgroup, its lifeline to the owner (or the keeper that
+holds it), and its stderr; what the provisioner polls, signals and cleans up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from msb_kernels.backends.core import cgroups
+from msb_kernels.backends.core.adoption import KeeperLink
+from msb_kernels.backends.core.base import SandboxSpec
+from msb_kernels.backends.core.processes import PidfdProcess
+from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
+
+if TYPE_CHECKING:
+    from msb_kernels.backends.namespace.backend import NamespaceBackend
+
+
+class NamespaceSandbox(HostCgroupSandbox):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        backend: NamespaceBackend,
+        state_dir: Path,
+        process: PidfdProcess,
+        cgroup: cgroups.SandboxCgroup | None,
+        lifeline: int | None,
+        stderr: KernelStderr | None = None,
+        keeper: KeeperLink | None = None,
+        forked: bool = False,
+    ):
+        super().__init__(spec, cgroup)
+        self.backend = backend
+        self.state_dir = state_dir
+        self.process = process  # init, pid 1 of the sandbox: the whole pid namespace goes with it
+        self.init_pid = process.pid
+        self.lifeline = lifeline  # None when a keeper holds it
+        self.keeper = keeper
+        self.stderr = stderr
+        self.forked = forked  # the kernel is a fork of a fork server (forkservers.py), not an exec
+
+    async def poll(self) -> int | None:
+        return self.process.returncode
+
+    async def wait(self) -> int | None:
+        return await self.process.wait()
+
+    async def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def kill(self) -> None:
+        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None  # killing the dead (a restart) changes no reason
+        self.process.kill()
+
+    async def terminate(self) -> None:
+        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
+        self.process.send_signal(signal.SIGTERM)
+
+    def ended_with(self) -> int | None:
+        return self.process.returncode
+
+    def kernel_listening(self, port: int) -> bool:
+        """tcp: whether a socket in the sandbox's network namespace listens on port (its /proc/<init>/net/tcp)."""
+        try:
+            table = Path(f"/proc/{self.init_pid}/net/tcp").read_text()
+        except OSError:
+            return True  # gone, or unreadable: nothing to wait for
+        listening = f":{port:04X} 00000000:0000 0A"
+        return any(listening in line for line in table.splitlines())
+
+    async def cleanup(self, keep_io_dir: bool = False) -> None:
+        if self.process.returncode is None:
+            await self.kill()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wait(), 5)
+        self.latch_exit_reason()
+        if self.lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lifeline)
+            self.lifeline = None
+        if self.keeper is not None:
+            self.keeper.close()  # after the sandbox ended: the keeper sees that first, and only exits
+        self.process.close()
+        if self.stderr is not None:
+            self.stderr.close()
+        self.backend.remove_state(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
+
+    def info(self) -> dict:
+        return {
+            **super().info(),
+            "backend": "namespace",
+            "init_pid": self.init_pid,
+            "limits": "cgroup" if self.cgroup else "rlimit",
+            "forked": self.forked,
+        }
