@@ -46,6 +46,18 @@ class KernelChoice:
         return f"{self.template.name}-{self.flavor.name}"
 
 
+# The names notebooks from elsewhere carry in their metadata (ipykernel's python3, IJavascript's and tslab's),
+# and the template each means. The gateway serves each as its kernelspec of the default flavor, so such a
+# notebook opens in a sandbox without a kernel-picker dialog. Locally they stay the user's own kernelspecs.
+CONVENTIONAL_NAMES = {"python3": "python", "python": "python", "javascript": "node", "jslab": "node", "nodejs": "node"}
+
+
+def conventional_choice(name: str | None, default_flavor: str) -> KernelChoice | None:
+    """The choice a conventional kernel name stands for on the gateway (python3 -> msb-python-<default flavor>); else None."""
+    template = CONVENTIONAL_NAMES.get((name or "").lower())
+    return KernelChoice.of(template, default_flavor) if template else None
+
+
 def every_choice() -> list[KernelChoice]:
     return [KernelChoice(template, flavor) for template in TEMPLATES.values() for flavor in FLAVORS.values()]
 

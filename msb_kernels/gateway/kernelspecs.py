@@ -7,6 +7,8 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 
+from msb_kernels.choice import CONVENTIONAL_NAMES, conventional_choice
+from msb_kernels.config import load_settings
 from msb_kernels.kernelspecs import PROVISIONER_NAME
 
 
@@ -19,12 +21,42 @@ def _is_sandboxed(resource_dir: str) -> bool:
 
 
 class MsbKernelSpecManager(KernelSpecManager):
-    """Only kernelspecs that run in a sandbox: a plain python3 spec would run on the host."""
+    """Only kernelspecs that run in a sandbox: a plain python3 spec would run on the host.
 
-    def find_kernel_specs(self) -> dict[str, str]:
+    The conventional names (choice.CONVENTIONAL_NAMES: python3, javascript, ...) are served too, each as the
+    sandboxed kernelspec of the default flavor, so that a notebook from elsewhere starts in a sandbox as it
+    opens, where JupyterLab would otherwise ask which of the flavors to use."""
+
+    def _conventional(self, kernel_name: str) -> str | None:
+        """The msb kernelspec a conventional name stands for here, if it is installed."""
+        choice = conventional_choice(kernel_name, load_settings(self.config).default_flavor)
+        if choice is None:
+            return None
+        return choice.kernel_name if choice.kernel_name in self._sandboxed_specs() else None
+
+    def _sandboxed_specs(self) -> dict[str, str]:
         return {name: path for name, path in super().find_kernel_specs().items() if _is_sandboxed(path)}
 
+    def find_kernel_specs(self) -> dict[str, str]:
+        """The sandboxed kernelspecs, and the first conventional name of each template (python3, javascript): one more
+        launcher card each. The others (python, jslab, nodejs) start kernels too, unlisted."""
+        specs = self._sandboxed_specs()
+        listed: dict[str, str] = {}
+        for name, template in CONVENTIONAL_NAMES.items():
+            listed.setdefault(template, name)
+        for name in listed.values():
+            target = self._conventional(name)
+            if target is not None:
+                specs[name] = specs[target]
+        return specs
+
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        target = self._conventional(kernel_name)
+        if target is not None:
+            spec = self.get_kernel_spec(target)
+            spec.display_name = spec.display_name.replace(f", {spec.metadata['msb']['flavor']})", ")")  # "Python 3 (sandbox)"
+            spec.metadata["msb"]["stands_for"] = target
+            return spec
         spec = super().get_kernel_spec(kernel_name)
         if spec.metadata.get("kernel_provisioner", {}).get("provisioner_name") != PROVISIONER_NAME:
             raise NoSuchKernel(kernel_name)

@@ -23,7 +23,7 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
-from msb_kernels.choice import KernelChoice, parse_pool_sizes
+from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
@@ -83,6 +83,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         if kernel_id is not None and kernel_id in self:
             return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
         kernel_name = kwargs.pop("kernel_name", None) or self.default_kernel_name
+        conventional = conventional_choice(kernel_name, self.msb_settings.default_flavor)
+        if conventional is not None:  # python3 and its kind start the msb kernelspec they stand for (pool, stats, MCP)
+            kernel_name = conventional.kernel_name
         env = kwargs.get("env") or {}
         flavor, template = self.flavor_for(kernel_name, env)
         from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)

@@ -37,7 +37,9 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
     # kernelspecs: only sandboxed ones, with their flavors
     specs = (await js.request("GET", "/api/kernelspecs")).json
     assert {"msb-python-small", "msb-python-medium", "msb-python-large"} <= set(specs["kernelspecs"])
-    assert all(name.startswith("msb-") for name in specs["kernelspecs"]), "a kernelspec that runs outside a sandbox is offered"
+    assert all(
+        spec["spec"]["metadata"]["kernel_provisioner"]["provisioner_name"] == "msb-sandbox" for spec in specs["kernelspecs"].values()
+    ), "a kernelspec that runs outside a sandbox is offered"
     # jupyter_server takes the gateway's default from its first fetch on (it answers its own the first time)
     assert (await js.request("GET", "/api/kernelspecs")).json["default"] == "msb-python-small"
     assert specs["kernelspecs"]["msb-python-medium"]["spec"]["metadata"]["msb"]["flavor"] == "medium"

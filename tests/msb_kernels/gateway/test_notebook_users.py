@@ -245,3 +245,33 @@ async def test_a_kernels_own_output_stays_out_of_the_gateways_log(pooled_gateway
     log = gateway.log()
     for kernels_own in ("kernel-stderr-marker", "Traceback", "user-code-error", "ZMQError"):
         assert kernels_own not in log, f"{kernels_own!r} in the gateway's log:\n{log[-3000:]}"
+
+
+async def test_a_notebook_from_elsewhere_naming_python3_starts_in_a_sandbox(pooled_gateway: Gateway, lab) -> None:
+    """Notebooks in the wild name ipykernel's python3 (or javascript, jslab): through the gateway each gets the sandboxed
+    kernel of the default flavor, from the pool, and the listing says what it stands for."""
+    specs = (await lab.request("GET", "/api/kernelspecs")).json["kernelspecs"]
+    assert specs["python3"]["spec"]["display_name"] == "Python 3 (sandbox)", specs["python3"]
+    assert specs["python3"]["spec"]["metadata"]["msb"]["stands_for"] == "msb-python-small"
+    assert specs["python3"]["spec"]["metadata"]["kernel_provisioner"]["provisioner_name"] == "msb-sandbox"
+    assert "python" not in specs and "jslab" not in specs, "one listed name per language: no launcher card twice over"
+    if TEMPLATES["node"].unavailable_reason() is None:
+        assert specs["javascript"]["spec"]["metadata"]["msb"]["stands_for"] == "msb-node-small"
+    stats = await pool_ready(pooled_gateway)
+    (pooled,) = pooled_ids(pooled_gateway, stats)
+    created = await lab.request(
+        "POST", "/api/sessions", {"path": "work/wild.ipynb", "type": "notebook", "name": "wild.ipynb", "kernel": {"name": "python3"}}
+    )
+    assert created.code == 201, created.body
+    kernel_id = created.json["kernel"]["id"]
+    assert kernel_id == pooled and created.json["kernel"]["name"] == "msb-python-small", created.json
+    socket = await KernelSocket.open(lab, kernel_id)
+    seen = await socket.execute("import os; print(os.environ['MSB_SANDBOX'], os.environ['MSB_FLAVOR'], os.getuid())")
+    (backend,) = [k["backend"] for k in (await pooled_gateway.stats())["kernels"] if k["id"] == kernel_id]
+    assert seen.stdout.split() == [backend, "small", "1000"], seen.messages
+    socket.connection.close()
+    unlisted = await pooled_gateway.start_kernel("python", env=LAB_START_ENV)  # resolved, though not listed
+    assert [k["kernel_name"] for k in (await pooled_gateway.stats())["kernels"] if k["id"] == unlisted] == ["msb-python-small"]
+    assert (await pooled_gateway.request("POST", "/api/kernels", {"name": "no-such-kernel"})).code == 404
+    assert (await pooled_gateway.request("DELETE", f"/api/kernels/{unlisted}")).code == 204
+    assert (await lab.request("DELETE", f"/api/sessions/{created.json['id']}")).code == 204
