@@ -83,6 +83,15 @@ class StopSessionResponse(ToolResult):
     message: str | None = None
 
 
+class FileResponse(ToolResult):
+    session_id: str
+    path: str = Field(description="the file's absolute path inside the sandbox")
+    size: int = Field(description="bytes")
+    sha256: str = Field(description="of the file's bytes, as the sandbox read them")
+    encoding: Literal["text", "base64"] | None = Field(None, description="download_file: how content is written")
+    content: str | None = Field(None, description="download_file: the file, as UTF-8 text or base64")
+
+
 class VolumePathResponse(ToolResult):
     volume_path: str
     description: str

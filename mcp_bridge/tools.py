@@ -8,6 +8,7 @@ names the models.py model that is its outputSchema. A tool reaches the shared st
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +18,13 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
+from mcp_bridge import files
 from mcp_bridge.arguments import check_size, check_timeout, requested, resolve_session
 from mcp_bridge.commands import command_argv, new_marker
 from mcp_bridge.models import (
     ChoicesResponse,
     ExecutionResponse,
+    FileResponse,
     FlavorInfo,
     LanguageInfo,
     SessionListResponse,
@@ -221,6 +224,79 @@ async def restart_session(session_id: SessionId, ctx: Context) -> Annotated[Call
         session_id=session_id, success=True, message=f"session {session_id} restarted with a fresh kernel; earlier variables are gone"
     )
     return model_result(response, response.message)
+
+
+FilePath = Annotated[
+    str, Field(description="a path in the sandbox: under /tmp, /home/sandbox (relative paths start there) or the shared volume")
+]
+Encoding = Annotated[str, Field(description="text (UTF-8) or base64 (any bytes)", json_schema_extra={"enum": ["text", "base64"]})]
+
+
+@tool(
+    "Write a file into a session's sandbox (its /tmp, home or the shared volume), as UTF-8 text or base64 bytes, "
+    "up to the flavor's disk. Missing directories are made; an existing file is replaced only with overwrite=true."
+)
+async def upload_file(
+    session_id: SessionId,
+    path: FilePath,
+    content: Annotated[str, Field(description="the file's content, in the given encoding")],
+    ctx: Context,
+    encoding: Encoding = "text",
+    overwrite: Annotated[bool, Field(description="replace a file already at path")] = False,
+) -> Annotated[CallToolResult, FileResponse]:
+    bridge = bridge_of(ctx)
+    data = decode_content(content, encoding)
+    info = await bridge.sessions.info(session_id)
+    answer = await files.upload(bridge, info, path, data, overwrite)
+    response = FileResponse(session_id=info.id, path=answer["path"], size=answer["size"], sha256=answer["sha256"])
+    return model_result(response, f"wrote {response.size} bytes to {response.path} (sha256 {response.sha256})")
+
+
+@tool(
+    "Read a file from a session's sandbox (its /tmp, home or the shared volume), up to the flavor's disk: as text when "
+    "it is UTF-8 (or encoding=text), else base64.",
+    ToolAnnotations(read_only_hint=True),
+)
+async def download_file(
+    session_id: SessionId,
+    path: FilePath,
+    ctx: Context,
+    encoding: Annotated[
+        str | None, Field(description="text or base64; default: text if the file is UTF-8", json_schema_extra={"enum": ["text", "base64"]})
+    ] = None,
+) -> Annotated[CallToolResult, FileResponse]:
+    bridge = bridge_of(ctx)
+    if encoding not in (None, "text", "base64"):
+        raise InvalidRequest(f"encoding={encoding!r} is not one of: text, base64", ["omit it to get text when the file is UTF-8"])
+    info = await bridge.sessions.info(session_id)
+    data, answer = await files.download(bridge, info, path)
+    content, used = encode_content(data, encoding, path)
+    response = FileResponse(
+        session_id=info.id, path=answer["path"], size=answer["size"], sha256=answer["sha256"], encoding=used, content=content
+    )
+    text = content if used == "text" else f"{response.size} bytes of {response.path}, base64 in structured content"
+    return model_result(response, text)
+
+
+def decode_content(content: str, encoding: str) -> bytes:
+    if encoding == "text":
+        return content.encode()
+    if encoding == "base64":
+        try:
+            return base64.b64decode(content, validate=True)
+        except ValueError:
+            raise InvalidRequest("content is not valid base64", ["send encoding='text' for text, or base64 of the bytes"]) from None
+    raise InvalidRequest(f"encoding={encoding!r} is not one of: text, base64", ["use text for UTF-8 text, base64 for any bytes"])
+
+
+def encode_content(data: bytes, encoding: str | None, path: str) -> tuple[str, str]:
+    if encoding in (None, "text"):
+        try:
+            return data.decode(), "text"
+        except UnicodeDecodeError:
+            if encoding == "text":
+                raise InvalidRequest(f"{path} is not UTF-8 text", ["ask for encoding='base64'"]) from None
+    return base64.b64encode(data).decode(), "base64"
 
 
 @tool("Where the shared volume (files shared with the user) is inside the sandboxes.", ToolAnnotations(read_only_hint=True))

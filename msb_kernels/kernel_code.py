@@ -175,3 +175,79 @@ NODE_COMMAND_RUNNER = r"""await new Promise((resolve) => {
     done(code === null ? 130 : code);
   });
 })"""
+
+
+# upload_file / download_file (mcp_bridge/files.py): one step of a transfer, run silently in a Python kernel, inside
+# its sandbox, as its user. REQUEST is the step as JSON; the answer is one JSON line before the marker. A path must
+# resolve (symlinks in its directories followed) under one of the request's roots; the file itself is never followed
+# if it is a symlink, and only regular files are read. An upload goes to a temporary file beside the target, opened
+# O_EXCL|O_NOFOLLOW, and is renamed over it at the end: a symlink planted at the target is replaced, never written
+# through. The sandbox is the boundary either way; these checks make a stray path a clear error, not a surprise.
+PYTHON_FILE_STEP = r"""
+def _msb_file_step(request, marker):
+    import base64, hashlib, json, os, stat, sys
+    answer = {}
+    try:
+        roots = [os.path.realpath(root) for root in request["roots"]]
+        given = request["path"]
+        path = os.path.normpath(given if os.path.isabs(given) else os.path.join(os.path.expanduser("~"), given))
+        directory = os.path.realpath(os.path.dirname(path))
+        target = os.path.join(directory, os.path.basename(path))
+        if not any(target.startswith(r.rstrip("/") + "/") for r in roots):
+            raise PermissionError(13, "outside the session's files (" + ", ".join(request["roots"]) + ")", given)
+        step = request["step"]
+        temporary = os.path.join(directory, ".msb-upload-" + request.get("nonce", ""))
+        if step == "write":
+            if not request["offset"]:
+                os.makedirs(directory, exist_ok=True)
+            flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if request["offset"] else os.O_CREAT | os.O_EXCL)
+            fd = os.open(temporary, flags, 0o644)
+            try:
+                data = base64.b64decode(request["data"])
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            answer = {"written": request["offset"] + len(data)}
+        elif step == "commit":
+            if os.path.isdir(target) and not os.path.islink(target):
+                raise IsADirectoryError(21, "a directory is there", given)
+            if os.path.lexists(target) and not request["overwrite"]:
+                raise FileExistsError(17, "a file is there already (pass overwrite=true to replace it)", given)
+            os.rename(temporary, target)
+            step = "stat"
+        elif step == "abort":
+            if os.path.lexists(temporary):
+                os.unlink(temporary)
+            answer = {"aborted": True}
+        if step in ("stat", "read"):
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    raise IsADirectoryError(21, "not a regular file", given)
+                if info.st_size > request["max_bytes"]:
+                    raise OSError(27, "%d bytes, more than the %d one call may move" % (info.st_size, request["max_bytes"]), given)
+                answer = {"path": target, "size": info.st_size}
+                if step == "stat" or request["offset"] == 0:
+                    digest = hashlib.sha256()
+                    while chunk := os.read(fd, 1 << 20):
+                        digest.update(chunk)
+                    answer["sha256"] = digest.hexdigest()
+                if step == "read":
+                    os.lseek(fd, request["offset"], os.SEEK_SET)
+                    data, wanted = b"", request["length"]
+                    while len(data) < wanted and (chunk := os.read(fd, wanted - len(data))):
+                        data += chunk
+                    answer["data"] = base64.b64encode(data).decode()
+            finally:
+                os.close(fd)
+    except (OSError, ValueError) as exc:
+        answer = {"error": type(exc).__name__, "errno": getattr(exc, "errno", None), "message": getattr(exc, "strerror", None) or str(exc)}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.write("%s:0\n" % marker)
+    sys.stdout.flush()
+
+_msb_file_step(REQUEST, MARKER)
+"""

@@ -104,6 +104,13 @@ class Template(abc.ABC):
         Called by mcp_bridge's execute_command. The user's variables and history stay as they were.
         """
 
+    def file_step_code(self, request: dict, marker: str) -> str | None:
+        """Code for an execute request that does one step of a file transfer (mcp_bridge.files) and prints its answer
+        as a JSON line, then ``marker:0``; None where this language's kernels cannot move files yet.
+
+        Called by mcp_bridge's upload_file and download_file. The user's variables and history stay as they were."""
+        return None
+
     @abc.abstractmethod
     def error_of(self, reply_error: dict, stderr: str) -> KernelError:
         """What a failed execution was. Called by mcp_bridge when a reply's status is "error".
@@ -140,6 +147,10 @@ class PythonTemplate(Template):
         # Its own globals dict, so the runner's names never land in the user's namespace.
         source = kernel_code.PYTHON_COMMAND_RUNNER + f"\nrun({list(argv)!r}, {marker!r})\n"
         return f"exec(compile({source!r}, '<msb-command>', 'exec'), {{'__name__': '__msb_command__'}})"
+
+    def file_step_code(self, request: dict, marker: str) -> str:
+        source = kernel_code.PYTHON_FILE_STEP.replace("_msb_file_step(REQUEST, MARKER)", f"_msb_file_step({request!r}, {marker!r})")
+        return f"exec(compile({source!r}, '<msb-file>', 'exec'), {{'__name__': '__msb_file__'}})"
 
     def error_of(self, reply_error: dict, stderr: str) -> KernelError:
         ename = reply_error.get("ename") or "Error"

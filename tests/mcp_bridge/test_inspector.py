@@ -138,6 +138,21 @@ async def test_tools_are_listed_with_output_schemas(inspector):
         assert tool["outputSchema"]["type"] == "object" and "error" in tool["outputSchema"]["properties"], tool["name"]
 
 
+async def test_a_file_goes_into_a_sandbox_and_back_through_the_typescript_client(http_inspector):
+    """Over the gateway's /mcp, where a session outlives one Inspector run (each run is a process of its own)."""
+    inspector = http_inspector
+    started = await inspector.call("execute_code", code="print('ready')")
+    session = started.structured["session_id"]
+    written = await inspector.call("upload_file", session_id=session, path="notes/hello.txt", content="hello from the inspector")
+    assert written.structured["path"] == "/home/sandbox/notes/hello.txt" and written.structured["size"] == 24, written.result
+    seen = await inspector.call("execute_code", code="print(open('notes/hello.txt').read())", session_id=session)
+    assert seen.structured["stdout"] == "hello from the inspector\n", seen.result
+    read = await inspector.call("download_file", session_id=session, path="/home/sandbox/notes/hello.txt")
+    assert read.structured["content"] == "hello from the inspector" and read.structured["encoding"] == "text", read.result
+    assert read.structured["sha256"] == written.structured["sha256"]
+    await inspector.call("stop_session", session_id=session)
+
+
 async def test_unknown_session_reaches_the_client_as_session_not_found(inspector):
     printed = await inspector.call("execute_code", code="1", session_id="no-such-session")
     error = printed.error

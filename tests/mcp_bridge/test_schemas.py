@@ -75,6 +75,8 @@ async def test_every_tool_and_every_request_error_fits_the_output_schema(mcp_ser
             "get_sessions": {},
             "interrupt_session": {"session_id": python_session},
             "get_volume_path": {"session_id": python_session},
+            "upload_file": {"session_id": python_session, "path": "/tmp/fits.txt", "content": "fits", "overwrite": True},
+            "download_file": {"session_id": python_session, "path": "/tmp/fits.txt"},
             "list_flavors": {},
             "list_languages": {},
             "restart_session": None,  # below, on a session of its own
