@@ -8,23 +8,19 @@ import contextlib
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from msb_kernels.backends.core import cgroups
 from msb_kernels.backends.core.adoption import KeeperLink
-from msb_kernels.backends.core.base import SandboxSpec
+from msb_kernels.backends.core.base import SandboxBackend, SandboxSpec
 from msb_kernels.backends.core.processes import PidfdProcess
 from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
-
-if TYPE_CHECKING:
-    from msb_kernels.backends.namespace.backend import NamespaceBackend
 
 
 class NamespaceSandbox(HostCgroupSandbox):
     def __init__(
         self,
         spec: SandboxSpec,
-        backend: NamespaceBackend,
+        backend: SandboxBackend,  # the NamespaceBackend that made it (its remove_state, forks)
         state_dir: Path,
         process: PidfdProcess,
         cgroup: cgroups.SandboxCgroup | None,

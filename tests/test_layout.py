@@ -1,0 +1,71 @@
+"""The shape of the code (issue 26): no import cycles between modules, no arrow from the MCP bridge into the gateway,
+and no module over 500 lines but the namespace init, which runs by path inside the sandbox before any import path
+exists (each file it loaded there would cost every start)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("msb_kernels", "mcp_bridge")
+LONG_ALLOWED = {"msb_kernels/backends/namespace/init_program.py"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports() -> dict[str, set[str]]:
+    """Each module's imports of the project's modules, function-level ones included."""
+    found = modules()
+    edges: dict[str, set[str]] = {name: set() for name in found}
+    for name, path in found.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                while target and target not in found:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def test_no_module_imports_itself_through_others():
+    edges = imports()
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in visiting:
+            raise AssertionError("import cycle: " + " -> ".join([*visiting[visiting.index(name) :], name]))
+        if name in done:
+            return
+        visiting.append(name)
+        for target in sorted(edges[name]):
+            visit(target)
+        visiting.pop()
+        done.add(name)
+
+    for name in sorted(edges):
+        visit(name)
+
+
+def test_the_mcp_bridge_never_imports_the_gateway():
+    arrows = sorted((name, target) for name, targets in imports().items() for target in targets)
+    assert [a for a in arrows if a[0].startswith("mcp_bridge") and a[1].startswith("msb_kernels.gateway")] == []
+
+
+def test_no_module_is_over_500_lines():
+    long = {str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in modules().values()}
+    assert {path: n for path, n in long.items() if n > 500 and path not in LONG_ALLOWED} == {}
