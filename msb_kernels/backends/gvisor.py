@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from msb_kernels.backends.core import adoption, cgroups, hostpaths
@@ -44,6 +43,7 @@ from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
     make_io_dir,
+    new_state,
     read_states,
     remove_state_dir,
     take_orphans,
@@ -378,16 +378,7 @@ class GVisorBackend(SandboxBackend):
                 cgroup.destroy(timeout=0)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
         bundle = self._bundle(spec, state_dir, f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None)
-        record = {
-            "sandbox_id": spec.sandbox_id,
-            "backend": self.name,
-            "created": time.time(),
-            "owner_pid": spec.owner_pid,
-            "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-            "flavor": spec.flavor.name,
-            "template": spec.template,
-            "cgroup": cgroup is not None,
-        }
+        record = new_state(self.name, spec, cgroup=cgroup is not None)
         # runsc with SIGKILL as its parent-death signal: runsc run is attached, so when its parent dies, even by
         # kill -9, the whole sandbox goes with it. Its parent is this process, or the sandbox's keeper.
         argv = [

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,21 @@ if TYPE_CHECKING:
     from msb_kernels.backends.core.cgroups import SandboxCgroup
 
 log = logging.getLogger("msb_kernels")
+
+
+def new_state(backend: str, spec: SandboxSpec, **more: object) -> dict:
+    """What every backend's state.json starts with: the sandbox, its backend, flavor and template, and who owns it
+    (owner_pid and its start time, so a reused pid is never taken for the owner). Called by each backend's create."""
+    return {
+        "sandbox_id": spec.sandbox_id,
+        "backend": backend,
+        "created": time.time(),
+        "owner_pid": spec.owner_pid,
+        "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+        "flavor": spec.flavor.name,
+        "template": spec.template,
+        **more,
+    }
 
 
 def write_state(state_dir: Path, record: dict) -> None:

@@ -32,7 +32,6 @@ import shutil
 import signal
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,7 +48,7 @@ from msb_kernels.backends.core.base import (
 )
 from msb_kernels.backends.core.ports import host_ports
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
-from msb_kernels.backends.core.state import own_kept_sandbox, record_owner, with_keeper, write_state
+from msb_kernels.backends.core.state import new_state, own_kept_sandbox, record_owner, with_keeper, write_state
 from msb_kernels.backends.microsandbox.host import run_doctor
 from msb_kernels.backends.microsandbox.images import image_supports_curve
 from msb_kernels.backends.microsandbox.smoke import smoke_boot
@@ -298,17 +297,7 @@ class MicrosandboxBackend(SandboxBackend):
 
     def _write_state(self, spec: SandboxSpec, **more: Any) -> None:
         """state.json: the VM's owner is here, not only in its labels, which cannot change when a gateway adopts it."""
-        record = {
-            "sandbox_id": spec.sandbox_id,
-            "backend": self.name,
-            "created": time.time(),
-            "owner_pid": spec.owner_pid,
-            "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-            "flavor": spec.flavor.name,
-            "template": spec.template,
-            "vm": sandbox_name(spec.sandbox_id),
-            **more,
-        }
+        record = new_state(self.name, spec, vm=sandbox_name(spec.sandbox_id), **more)
         write_state(self.root / spec.sandbox_id, record)
 
     def remove_state(self, sandbox_id: str, *, keep_io_dir: bool) -> None:

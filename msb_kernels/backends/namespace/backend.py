@@ -29,7 +29,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from msb_kernels.backends.core import adoption, cgroups, hostpaths
@@ -46,6 +45,7 @@ from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
     make_io_dir,
+    new_state,
     read_states,
     remove_state_dir,
     take_orphans,
@@ -191,15 +191,7 @@ class NamespaceBackend(SandboxBackend):
         network_plan = network.network_plan(state_dir, self.rootful) if spec.allow_network else None
         (state_dir / "root").mkdir(exist_ok=True)
         (state_dir / "scratch").mkdir(exist_ok=True)
-        record = {
-            "sandbox_id": spec.sandbox_id,
-            "backend": self.name,
-            "created": time.time(),
-            "owner_pid": spec.owner_pid,
-            "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
-            "flavor": spec.flavor.name,
-            "template": spec.template,
-        }
+        record = new_state(self.name, spec)
         uid, gid = (uids.claim(spec.sandbox_id), uids.SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
         record["uid"] = uid
         write_state(state_dir, record)
