@@ -17,6 +17,7 @@ import uuid
 from mcp_bridge.commands import new_marker
 from mcp_bridge.executions import Execution
 from mcp_bridge.sessions import SessionInfo
+from msb_kernels.backends.core.guest import SANDBOX_HOME
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import FLAVORS, get_flavor
@@ -24,7 +25,6 @@ from msb_kernels.templates import get_template
 
 CHUNK_BYTES = 1 << 20  # per step: 1.4 MB of base64 in one execute request or one answer
 STEP_TIMEOUT_SECONDS = 120.0
-SANDBOX_HOME = "/home/sandbox"
 # errno of an answer -> the error a caller gets (the sandbox said no; what to do differs)
 NO_ROOM, TOO_BIG, SYMLINK_LOOP = 28, 27, 40
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -27,12 +28,18 @@ class MsbKernelSpecManager(KernelSpecManager):
     sandboxed kernelspec of the default flavor, so that a notebook from elsewhere starts in a sandbox as it
     opens, where JupyterLab would otherwise ask which of the flavors to use."""
 
-    def _conventional(self, kernel_name: str) -> str | None:
-        """The msb kernelspec a conventional name stands for here, if it is installed."""
-        choice = conventional_choice(kernel_name, load_settings(self.config).default_flavor)
-        if choice is None:
+    @functools.cached_property
+    def _default_flavor(self) -> str:
+        return load_settings(self.config).default_flavor  # read once: every start and listing asks
+
+    def _conventional(self, kernel_name: str, specs: dict[str, str] | None = None) -> str | None:
+        """The msb kernelspec a conventional name stands for here, if it is installed (in specs, when the caller has
+        scanned them already). Any other name costs a dict lookup: this runs for every start and listed spec."""
+        if kernel_name.lower() not in CONVENTIONAL_NAMES:
             return None
-        return choice.kernel_name if choice.kernel_name in self._sandboxed_specs() else None
+        choice = conventional_choice(kernel_name, self._default_flavor)
+        installed = self._sandboxed_specs() if specs is None else specs
+        return choice.kernel_name if choice is not None and choice.kernel_name in installed else None
 
     def _sandboxed_specs(self) -> dict[str, str]:
         return {name: path for name, path in super().find_kernel_specs().items() if _is_sandboxed(path)}
@@ -45,7 +52,7 @@ class MsbKernelSpecManager(KernelSpecManager):
         for name, template in CONVENTIONAL_NAMES.items():
             listed.setdefault(template, name)
         for name in listed.values():
-            target = self._conventional(name)
+            target = self._conventional(name, specs)
             if target is not None:
                 specs[name] = specs[target]
         return specs
