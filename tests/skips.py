@@ -45,3 +45,18 @@ needs_node = pytest.mark.skipif(_node_reason is not None, reason=f"node kernels 
 
 _gvisor = GVisorBackend.availability()
 needs_runsc = pytest.mark.skipif(not _gvisor.ok, reason=f"gvisor backend cannot run on this host: {_gvisor.reason}")
+
+
+def every_builtin_backend() -> list:
+    """pytest params for the built-in backends: those that cannot run here skip, with the backend's own reason (for the
+    microVM, `msb doctor`'s), which EXPECTED_SKIPS knows."""
+    from msb_kernels.backends import backend_classes
+
+    params = []
+    for name in ("namespace", "gvisor", "microsandbox"):
+        cls = backend_classes().get(name)
+        availability = cls.availability() if cls else None
+        ok = availability is not None and availability.ok
+        why = availability.reason if availability else "not installed"
+        params.append(pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} backend cannot run on this host: {why}")))
+    return params

@@ -13,23 +13,14 @@ from mcp import Client
 
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
-from msb_kernels.backends import backend_classes
 from msb_kernels.config import load_settings
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error
+from tests.skips import every_builtin_backend
 
 pytestmark = pytest.mark.slow
 
 
-def backends_here() -> list:
-    params = []
-    for name in ("namespace", "gvisor", "microsandbox"):
-        availability = backend_classes()[name].availability()
-        reason = "" if availability.ok else f"{name} backend cannot run on this host: {availability.reason}"
-        params.append(pytest.param(name, marks=pytest.mark.skipif(not availability.ok, reason=reason)))
-    return params
-
-
-@pytest.fixture(params=backends_here())
+@pytest.fixture(params=every_builtin_backend())
 async def files_server(request, monkeypatch):
     """A bridge whose sessions run in the backend of the parameter, and one Python session of it."""
     monkeypatch.setenv("MSB_BACKEND", request.param)

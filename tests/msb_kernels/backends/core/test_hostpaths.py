@@ -20,8 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from msb_kernels.backends import backend_classes
 from msb_kernels.backends.core import hostpaths
+from tests.skips import every_builtin_backend
 
 SECRET = "host-secret-beside-the-venv"
 PROBE_CELL = """
@@ -51,20 +51,6 @@ def test_a_venvs_paths_include_the_installation_it_points_at(tmp_path):
     base = os.path.realpath(sys.base_prefix)
     assert any(base == p or base.startswith(p + "/") for p in paths), (paths, base)
     assert hostpaths.interpreter_paths("no-such-interpreter-anywhere") == []
-
-
-def _backends_here() -> list:
-    params = []
-    for name in ("namespace", "gvisor", "microsandbox"):
-        cls = backend_classes().get(name)
-        availability = cls.availability() if cls else None
-        reason = (
-            None
-            if availability is not None and availability.ok
-            else f"{name} backend cannot run on this host: {availability.reason if availability else 'not installed'}"
-        )
-        params.append(pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=reason or "")))
-    return params
 
 
 def _place(source: Path, destination: Path) -> None:
@@ -124,7 +110,7 @@ def _run(venv: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("place", ["tmp", "home", "symlink"])
-@pytest.mark.parametrize("backend", _backends_here())
+@pytest.mark.parametrize("backend", every_builtin_backend())
 def test_a_kernel_starts_from_a_venv_where_users_keep_it_and_sees_nothing_beside_it(backend, place, user_venvs, tmp_path):
     venv = user_venvs[place]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PROBE_CELL), nbformat.v4.new_code_cell("x = 41\nx + 1")])
