@@ -303,7 +303,7 @@ class GVisorBackend(SandboxBackend):
                 options += ["uid=1000", "gid=1000"]
             mounts.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
         # After the tmpfs mounts, so an interpreter under /tmp or /home shows on top of them: the kernel's and pid 1's.
-        for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.interpreter_paths()}):
+        for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}):
             bind(path, path, readonly=True)
         bind(str(spec.io_dir), self.guest_io_dir, readonly=False)
         if spec.shared_volume:

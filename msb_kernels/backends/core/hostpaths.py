@@ -9,6 +9,7 @@ Both the namespace and the gVisor backend take their list of binds from here.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -39,6 +40,12 @@ def interpreter_paths(executable: str = sys.executable) -> list[str]:
                 home = Path(value.strip())
                 paths |= {str(home.parent), str(Path(os.path.realpath(home)).parent)}
     return sorted(paths)
+
+
+@functools.cache
+def own_interpreter_paths() -> tuple[str, ...]:
+    """This process's interpreter's paths, which the sandboxes' init runs: read once, they cannot change under it."""
+    return tuple(interpreter_paths(sys.executable))
 
 
 def _under(path: str, parent: str) -> bool:

@@ -236,7 +236,7 @@ class NamespaceBackend(SandboxBackend):
             "root_dir": str(state_dir / "root"),
             "io_dir": str(spec.io_dir),
             "guest_io_dir": self.guest_io_dir,
-            "readonly_paths": hostpaths.binds_for({*spec.readonly_paths, *hostpaths.interpreter_paths()}),
+            "readonly_paths": hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}),
             "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
             "scratch_mount": str(state_dir / "scratch"),
             "scratch_image": str(image) if image else None,
