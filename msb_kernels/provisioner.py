@@ -146,12 +146,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
         if adopting:
             self.backend: SandboxBackend = get_backend(self.settings)
+            session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
         else:  # under MSB_BACKEND=auto, a backend whose start probe passed for this interpreter
             self.backend = await backend_for_start(self.settings, km.kernel_spec.argv, self.template_spec.name)
-        if adopting:
-            session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
-        elif self.kernel_id not in pooled_kernel_ids and self.kernel_id not in probe_kernel_ids:
-            claim_session(self.kernel_id, self.settings.max_sessions)
+            if self.kernel_id not in pooled_kernel_ids and self.kernel_id not in probe_kernel_ids:
+                claim_session(self.kernel_id, self.settings.max_sessions)
         try:
             await self._sweep_once()
         except BaseException:
