@@ -93,21 +93,27 @@ def start_gateway(
 
 def start_plain_jupyter_server(base: Path) -> Server:
     """The bare baseline for the WebSocket path: jupyter_server itself, relaying a plain ipykernel."""
-    port, token = free_port(), secrets.token_hex(16)
+    return start_jupyter(base, "server")
+
+
+def start_jupyter(base: Path, app: str, *options: str, port: int | None = None, token: str | None = None) -> Server:
+    """`jupyter server|lab` on loopback with a token, serving base/js-root; options are added to its command line."""
+    port, token = port or free_port(), token or secrets.token_hex(16)
     root = base / "js-root"
     root.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSB_")}
     argv = [
         str(VENV_BIN / "jupyter"),
-        "server",
+        app,
         "--no-browser",
         "--allow-root",
         f"--port={port}",
         "--ip=127.0.0.1",
         f"--ServerApp.root_dir={root}",
         f"--IdentityProvider.token={token}",
+        *options,
     ]
-    return Server(argv, env, port, token, "/api/status", base / "jupyter-server.log")
+    return Server(argv, env, port, token, "/api/status", base / f"jupyter-{app}.log")
 
 
 class KernelSocket:

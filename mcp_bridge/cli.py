@@ -148,10 +148,19 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("MSB_GATEWAY_TOKEN") or os.environ.get("MSB_MCP_TOKEN"),
         help="the gateway's token (or, with --http, the bearer token clients must send)",
     )
+    parser.add_argument(
+        "--lab-url",
+        metavar="URL",
+        help="the JupyterLab server (run with --gateway-url) whose notebooks the notebook tools edit (MSB_LAB_URL)",
+    )
+    parser.add_argument("--lab-token", metavar="TOKEN", help="that JupyterLab's token (MSB_LAB_TOKEN)")
     parser.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP instead of stdio (needs --token)")
     parser.add_argument("--log-level", default=os.environ.get("MSB_MCP_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="msb-mcp %(levelname)s %(name)s: %(message)s")
+    for flag, name in ((args.lab_url, "MSB_LAB_URL"), (args.lab_token, "MSB_LAB_TOKEN")):
+        if flag:
+            os.environ[name] = flag  # one place reads and checks settings: msb_kernels.config
     if args.http and not args.token:
         print("msb-mcp: --http needs --token (clients send it as `Authorization: Bearer <token>`)", file=sys.stderr)
         return 2

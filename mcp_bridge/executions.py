@@ -125,6 +125,8 @@ class Execution:
         self.complete = asyncio.Event()  # reply and idle both seen
         self.done = asyncio.Event()  # outcome decided
         self.task: asyncio.Task | None = None
+        self.notebook: str | None = None  # set for a notebook cell's run (mcp_bridge.notebooks.runs)
+        self.cell_id: str | None = None
 
     # -- timing -------------------------------------------------------------------
 

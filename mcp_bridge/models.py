@@ -57,6 +57,9 @@ class ExecutionResponse(ToolResult):
     results: list[RichOutput] = []
     truncated: bool = False
     output_offset: int = Field(0, description="pass as `since` to get_execution_output to get only newer output")
+    notebook: str | None = Field(None, description="notebook tools: the notebook whose cell ran")
+    cell_id: str | None = Field(None, description="notebook tools: the id of the cell that ran (its outputs are in the notebook)")
+    execution_count: int | None = Field(None, description="notebook tools: the cell's execution count, as the person sees it")
 
 
 class SessionSummary(BaseModel):
@@ -117,3 +120,46 @@ class LanguageInfo(BaseModel):
 class ChoicesResponse(ToolResult):
     flavors: list[FlavorInfo]
     languages: list[LanguageInfo]
+
+
+class CellInfo(BaseModel):
+    index: int = Field(description="position now; it shifts when cells are added above, the id does not")
+    id: str = Field(description="the cell id (stable); pass it as cell_id")
+    cell_type: Literal["code", "markdown", "raw"]
+    source: str
+    execution_count: int | None = None
+    execution_state: str | None = Field(None, description="running or idle (code cells)")
+    outputs: str | None = Field(None, description="the outputs as text (code cells; images named, not inlined)")
+
+
+class NotebookResponse(ToolResult):
+    notebook: str = Field(description="the path in JupyterLab; name it in every notebook call")
+    session_id: str | None = Field(None, description="the notebook's kernel (a session id of the other tools)")
+    kernel_name: str | None = None
+    cell_count: int
+    cells: list[CellInfo] = []
+    message: str | None = None
+
+
+class NotebookSummary(BaseModel):
+    notebook: str
+    session_id: str | None
+    kernel_name: str | None
+    joined: bool = Field(description="this MCP server is connected to its live document")
+
+
+class NotebookListResponse(ToolResult):
+    notebooks: list[NotebookSummary]
+
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    type: Literal["directory", "file", "notebook"]
+    size: int | None = None
+    last_modified: str | None = None
+
+
+class FileListResponse(ToolResult):
+    path: str
+    entries: list[FileEntry]

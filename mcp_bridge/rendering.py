@@ -80,6 +80,9 @@ def execution_result(execution: Execution, since: int = 0) -> CallToolResult:
         error=ErrorInfo(**error) if error else None,
         truncated=execution.output.truncated,
         output_offset=execution.output.size,
+        notebook=execution.notebook,
+        cell_id=execution.cell_id,
+        execution_count=(execution.reply or {}).get("execution_count") if execution.notebook else None,
     )
     content: list[Any] = [TextContent(type="text", text=execution_text(execution, response))]
     for result in execution.results:
@@ -97,6 +100,8 @@ def execution_text(execution: Execution, response: ExecutionResponse) -> str:
         f"session_id: {response.session_id} ({response.language}, {response.flavor})"
         + (" [new session]" if response.session_created else ""),
     ]
+    if response.notebook:
+        head.append(f"notebook: {response.notebook}, cell_id: {response.cell_id}, execution_count: {response.execution_count}")
     if response.status == "running":
         head.append(f"execution_id: {response.execution_id}")
         head.append(

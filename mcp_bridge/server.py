@@ -17,6 +17,9 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from pydantic import ValidationError
 
+from mcp_bridge.notebooks.documents import NotebookDocuments
+from mcp_bridge.notebooks.lab import LabServer
+from mcp_bridge.notebooks.tools import NOTEBOOK_INSTRUCTIONS
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import error_result, validation_error
 from mcp_bridge.sessions import KernelSessions
@@ -34,6 +37,7 @@ Run Python or JavaScript (Node.js) in sandboxed, stateful Jupyter kernels.
 - Sessions are Jupyter kernels; JupyterLab users of the same gateway may share them (get_sessions lists them).
 - Long runs return status "running" with an execution_id; get_execution_output fetches the rest.
 - Flavors: {describe_flavors()}; see list_flavors.
+{NOTEBOOK_INSTRUCTIONS}
 """
 
 
@@ -94,6 +98,8 @@ def build_server(
     with root_logging_left_alone():
         server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
     server.bridge = Bridge(sessions, settings, options)  # type: ignore[attr-defined]
+    if settings.lab_url:
+        server.bridge.notebooks = NotebookDocuments(LabServer(settings.lab_url, settings.lab_token))  # type: ignore[attr-defined]
     for entry in TOOLS:
         server.add_tool(entry.function, description=entry.describe(options), annotations=entry.annotations)
 

@@ -18,6 +18,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult
 
 from mcp_bridge.executions import Execution
+from mcp_bridge.notebooks.documents import NotebookDocuments
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result
 from mcp_bridge.sessions import KernelConnection, KernelSessions, SessionInfo
@@ -56,6 +57,7 @@ class Bridge:
         self.options = options
         self.states: dict[str, SessionState] = {}
         self.tasks: set[asyncio.Task] = set()
+        self.notebooks: NotebookDocuments | None = None  # the notebook tools' documents, when MSB_LAB_URL is set
 
     def running_executions(self, session_id: str) -> list[Execution]:
         """This session's executions that the kernel is working on now (for interrupt and restart)."""
@@ -67,12 +69,14 @@ class Bridge:
             self.states[session_id] = SessionState(self.options.kept_executions)
         return self.states[session_id]
 
-    def submit(self, info: SessionInfo, execution: Execution, code: str, silent: bool) -> None:
+    def submit(self, info: SessionInfo, execution: Execution, code: str, silent: bool, store_history: bool | None = None) -> None:
         self.sessions.touch(info.id)
         self.state(info.id).add(execution)
         # A kernel this server did not start is a notebook user's (or another client's): the assistant's
-        # runs leave its execution counter and input history (In, %history) to that user.
-        store_history = not silent and info.started_by == "mcp"
+        # runs leave its execution counter and input history (In, %history) to that user, unless the run is
+        # a cell of that user's notebook, which counts as a person's run would.
+        if store_history is None:
+            store_history = not silent and info.started_by == "mcp"
         task = asyncio.create_task(self._run(execution, code, silent, store_history))
         execution.task = task
         self.tasks.add(task)
@@ -236,6 +240,8 @@ class Bridge:
         for task in list(self.tasks):
             with contextlib.suppress(BaseException):
                 await task
+        if self.notebooks is not None:
+            await self.notebooks.close()
 
 
 def bridge_of(server_or_context: MCPServer | Context) -> Bridge:

@@ -170,6 +170,19 @@ class MsbSettings(Configurable):
     mcp_progress_interval_seconds = Float(5.0, help="Progress notifications go out at least this often while code runs.").tag(config=True)
     mcp_kept_executions = Int(16, help="Finished executions kept per session for get_execution_output.").tag(config=True)
     mcp_kernel_start_timeout_seconds = Float(60.0, help="Seconds to wait for a kernel to start.").tag(config=True)
+    lab_url = Unicode(
+        None,
+        allow_none=True,
+        help="The JupyterLab server (run with --gateway-url) whose notebooks the MCP notebook tools edit; unset = no notebook tools.",
+    ).tag(config=True)
+    lab_token = Unicode(None, allow_none=True, help="The token of the JupyterLab server at lab_url.").tag(config=True)
+    lab_root_path = Unicode(
+        None,
+        allow_none=True,
+        help="JupyterLab's root directory on this host, shown in every sandbox at the same path; a notebook's kernel starts in "
+        "its notebook's directory. Unset = not shown.",
+    ).tag(config=True)
+    lab_root_writable = Bool(False, help="Let kernels write to lab_root_path (read-only by default).").tag(config=True)
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -222,6 +235,10 @@ class MsbSettings(Configurable):
     def shared_volume(self) -> Path | None:
         return Path(self.shared_volume_path).resolve() if self.shared_volume_path else None
 
+    @property
+    def lab_root(self) -> Path | None:
+        return Path(self.lab_root_path).resolve() if self.lab_root_path else None
+
     def runtime_root(self) -> Path:
         """Where sandbox state and sockets live on the host (short, for AF_UNIX's 108-byte limit)."""
         if self.runtime_dir:
@@ -252,6 +269,22 @@ def _check_guest_path(value: str) -> str | None:
         return "is not an absolute path"
     if str(path) in RESERVED_GUEST_PATHS or any(str(path).startswith(p + "/") for p in ("/proc", "/dev", "/sys", "/usr", "/etc", "/run")):
         return "would hide a directory the sandbox needs"
+    return None
+
+
+# Directories a Lab root may not be, nor lie under: the sandbox's own system, or a whole tree of homes.
+_NOT_LAB_ROOTS = ("/", "/tmp", "/home", "/root", "/var", "/opt", "/srv", "/mnt", "/media")
+_NOT_UNDER = ("/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot")
+
+
+def _check_lab_root(value: str) -> str | None:
+    path = os.path.realpath(value)
+    if not os.path.isabs(value):
+        return "is not an absolute path"
+    if not os.path.isdir(path):
+        return "is not an existing directory"
+    if path in _NOT_LAB_ROOTS or any(path == top or path.startswith(top + "/") for top in _NOT_UNDER):
+        return "would show a system directory or every home in the sandboxes"
     return None
 
 
@@ -324,6 +357,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
         None if 0.1 <= v <= 10 else "is not between 0.1 and 10 (clients expect a sign of life every 10 s)"
     ),
     "mcp_kept_executions": _at_least(1),
+    "lab_url": lambda v: None if v is None or v.startswith(("http://", "https://")) else "is not an http:// or https:// URL",
     "mcp_kernel_start_timeout_seconds": _at_least(1),
     "default_flavor": _check_flavor,
     "session_timeout_seconds": lambda v: "is negative" if v < 0 else None,
@@ -333,6 +367,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "backend": lambda v: None if v in backend_names() else "is not a backend",
     "transport": lambda v: None if v in TRANSPORTS else "is not a transport",
     "shared_volume_path": _check_shared_path,
+    "lab_root_path": _check_lab_root,
     "shared_volume_guest_path": _check_guest_path,
     "port_range": _check_port_range,
     "python_image": _check_image,
@@ -361,6 +396,7 @@ _ACCEPTED: dict[str, str] = {
     "mcp_max_code_chars": "use a whole number >= 100",
     "mcp_progress_interval_seconds": "use a number of seconds from 0.1 to 10",
     "mcp_kept_executions": "use a whole number >= 1",
+    "lab_url": "use the URL JupyterLab prints, without the token, e.g. http://127.0.0.1:8888 (its token goes in MSB_LAB_TOKEN)",
     "mcp_kernel_start_timeout_seconds": "use a number of seconds >= 1",
     "default_flavor": f"use one of {', '.join(FLAVORS)}",
     "session_timeout_seconds": "use a whole number of seconds >= 0 (0 never culls)",
@@ -370,6 +406,7 @@ _ACCEPTED: dict[str, str] = {
     "backend": "use one of " + ", ".join(backend_names()),
     "transport": "use one of " + ", ".join(TRANSPORTS),
     "shared_volume_path": "create the directory first, or unset the variable for no shared volume",
+    "lab_root_path": "use the absolute path JupyterLab serves (its --ServerApp.root_dir), not a system directory, /tmp or /home itself",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "runtime_dir": "use a writable directory with a short path",
     "scratch_dir": "use a writable directory on a disk with room for the flavors' disks",
@@ -382,6 +419,7 @@ _ACCEPTED: dict[str, str] = {
     "node_image": "use an image reference such as msb-kernels/node:latest",
     "boot_timeout_seconds": "use a whole number of seconds >= 1",
     "keep_kernels": "use true or false",
+    "lab_root_writable": "use true or false",
     "adopt_grace_seconds": "use a whole number of seconds >= 0 (0: kernels end with the gateway)",
 }
 

@@ -22,7 +22,7 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 
-from msb_kernels import registry
+from msb_kernels import labroot, registry
 from msb_kernels.choice import KernelChoice
 from msb_kernels.config import load_settings
 from msb_kernels.flavors import Flavor
@@ -129,6 +129,9 @@ class KernelPool:
         if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
             return False
         env = kwargs.get("env") or {}
+        settings = load_settings(getattr(self.manager, "config", None))
+        if labroot.working_dir(settings, env) is not None:
+            return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
         added = {k for k, v in env.items() if os.environ.get(k) != v and k not in REQUEST_ONLY_ENV}
         flavor = (env.get("KERNEL_FLAVOR") or "").strip().lower()
         choice = KernelChoice.from_kernel_name(kernel_name)

@@ -27,6 +27,7 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Unicode
 
+from msb_kernels import labroot
 from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import SharedVolume
@@ -308,6 +309,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             io_dir=self.io_dir,
             readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
             shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
+            host_directories=labroot.lab_directories(self.settings),
+            working_dir=labroot.working_dir(self.settings, kwargs.get("env") or {}),
             max_processes=self.settings.max_processes,
             allow_network=self.settings.allow_network,
             owner_pid=os.getpid(),

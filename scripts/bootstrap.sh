@@ -37,3 +37,13 @@ if [ "$extras" = "test" ]; then
         fi
     fi
 fi
+if [ "$extras" = "test" ]; then
+    # jupyter-mcp-server, the peer the notebook tools are measured against, in a venv of its own (its pins are not
+    # ours): tests/mcp_bridge/notebooks/test_peer.py and bench/notebook_tools.py skip without it.
+    peer=.venv/share/msb-kernels/peers/jupyter-mcp-server
+    if [ ! -x "$peer/bin/jupyter-mcp-server" ]; then
+        if ! { "$PYTHON" -m venv "$peer" && "$peer/bin/python" -m pip install --quiet "jupyter-mcp-server==2.2.4"; } >/dev/null 2>&1; then
+            echo "pip could not install jupyter-mcp-server 2.2.4 into $peer: the tests beside it will skip" >&2
+        fi
+    fi
+fi

@@ -68,7 +68,8 @@ def installed_kernelspecs() -> Path:
 
     install(load_settings(), prefix=str(TEST_BASE / "prefix"))
     yield TEST_BASE / "prefix" / "share" / "jupyter" / "kernels"
-    shutil.rmtree(TEST_BASE, ignore_errors=True)
+    if not os.environ.get("MSB_TESTS_KEEP_BASE"):
+        shutil.rmtree(TEST_BASE, ignore_errors=True)
 
 
 @pytest.fixture

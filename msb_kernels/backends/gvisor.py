@@ -302,7 +302,10 @@ class GVisorBackend(SandboxBackend):
             if destination == SANDBOX_HOME:
                 options += ["uid=1000", "gid=1000"]
             mounts.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
-        # After the tmpfs mounts, so an interpreter under /tmp or /home shows on top of them: the kernel's and pid 1's.
+        # After the tmpfs mounts, so what lies under /tmp or /home shows on top of them: Lab's root first, then the
+        # kernel's and pid 1's interpreters, read-only even inside a writable Lab root.
+        for directory in spec.host_directories:
+            bind(directory.path, directory.path, readonly=not directory.writable)
         for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}):
             bind(path, path, readonly=True)
         bind(str(spec.io_dir), self.guest_io_dir, readonly=False)
@@ -323,7 +326,7 @@ class GVisorBackend(SandboxBackend):
             "process": {
                 "terminal": False,
                 "user": {"uid": 0, "gid": 0},
-                "cwd": SANDBOX_HOME,
+                "cwd": spec.working_dir or SANDBOX_HOME,
                 "args": [sys.executable, "-I", "-S", "-c", GUEST_INIT, REAPER, f"{self.guest_io_dir}/exit_status", *spec.argv],
                 "env": [f"{k}={v}" for k, v in env.items()],
                 "noNewPrivileges": True,

@@ -71,6 +71,10 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "mcp_progress_interval_seconds": ("2", 2.0),
     "mcp_kept_executions": ("4", 4),
     "mcp_kernel_start_timeout_seconds": ("90", 90.0),
+    "lab_url": ("http://127.0.0.1:8888", "http://127.0.0.1:8888"),
+    "lab_token": ("lab-token", "lab-token"),
+    "lab_root_path": ("{tmp}", "{tmp}"),
+    "lab_root_writable": ("true", True),
 }
 
 # A bad value for every setting that can have one, and the start of the advice the error must carry.
@@ -112,10 +116,13 @@ BAD_VALUES: dict[str, str] = {
     "mcp_progress_interval_seconds": "60",
     "mcp_kept_executions": "0",
     "mcp_kernel_start_timeout_seconds": "0.5",
+    "lab_url": "127.0.0.1:8888",
+    "lab_root_path": "/usr/share",
+    "lab_root_writable": "perhaps",
 }
 # A blank variable means unset (a token is then generated), so a blank token can only come from a config file.
 BAD_CONFIG_VALUES: dict[str, str] = {"token": " "}
-FREE_FORM = {"runtime_dir", "scratch_dir"}  # any path; a bad one shows at first use, naming the setting
+FREE_FORM = {"runtime_dir", "scratch_dir", "lab_token"}  # any path (a bad one shows at first use, naming the setting); any token
 
 
 def _settings_names() -> set[str]:

@@ -30,6 +30,14 @@ class SharedVolume:
     guest_path: str
 
 
+@dataclass(frozen=True)
+class HostDirectory:
+    """A host directory shown in the sandbox at its own path (JupyterLab's root: MSB_LAB_ROOT_PATH)."""
+
+    path: str
+    writable: bool = False
+
+
 @dataclass
 class SandboxSpec:
     """What to run, and how big and how open its sandbox is."""
@@ -42,6 +50,8 @@ class SandboxSpec:
     io_dir: Path  # host dir holding the connection file and sockets, shared with the guest
     readonly_paths: list[str] = field(default_factory=list)  # host paths the kernel needs, shown read-only at the same path
     shared_volume: SharedVolume | None = None
+    host_directories: list[HostDirectory] = field(default_factory=list)  # under the interpreter's read-only binds
+    working_dir: str | None = None  # where the kernel starts (inside a host directory); None = the sandbox's home
     max_processes: int = 256
     allow_network: bool = False  # outbound to the public internet (MSB_ALLOW_NETWORK); never the host or its LAN
     owner_pid: int | None = None  # sandboxes die with this host process unless it is None or adopt_grace is set

@@ -328,7 +328,7 @@ class MicrosandboxBackend(SandboxBackend):
         try:
             vm = await asyncio.wait_for(VM.create(name, **kwargs), self.settings.boot_timeout_seconds)
             argv = guest_argv(spec)
-            job = await vm.exec_detached(argv[0], argv[1:], env=guest_env(spec), cwd=GUEST_HOME, user=GUEST_USER)
+            job = await vm.exec_detached(argv[0], argv[1:], env=guest_env(spec), cwd=spec.working_dir or GUEST_HOME, user=GUEST_USER)
             keeper = await self._keep(spec, job, ports) if spec.adopt_grace > 0 else None
         except BaseException as exc:
             await self.destroy_vm(name, vm)

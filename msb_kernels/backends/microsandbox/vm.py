@@ -104,6 +104,8 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
         volumes[spec.shared_volume.guest_path] = Volume.bind(
             str(spec.shared_volume.host_path), readonly=False, uid=GUEST_UID, gid=GUEST_UID
         )
+    for directory in spec.host_directories:
+        volumes[directory.path] = Volume.bind(directory.path, readonly=not directory.writable, uid=GUEST_UID, gid=GUEST_UID)
     return {
         "image": image_for(settings, spec.template),
         "cpus": spec.flavor.cpus,

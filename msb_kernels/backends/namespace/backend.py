@@ -238,6 +238,8 @@ class NamespaceBackend(SandboxBackend):
             "guest_io_dir": self.guest_io_dir,
             "readonly_paths": hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}),
             "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
+            "host_dirs": [[d.path, d.writable] for d in spec.host_directories],
+            "working_dir": spec.working_dir,
             "scratch_mount": str(state_dir / "scratch"),
             "scratch_image": str(image) if image else None,
             "scratch_bytes": spec.flavor.memory_scratch_mib * 1024 * 1024,

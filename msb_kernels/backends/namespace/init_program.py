@@ -284,9 +284,16 @@ def _build_root(plan: dict) -> None:
     _mount_scratch(plan, root)
     os.makedirs(root + "/run")
     _mount("tmpfs", root + "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-    # After the tmpfs mounts, so an interpreter under /tmp or /home stays visible.
+    # After the tmpfs mounts, so what lies under /tmp or /home stays visible. Lab's root first: an interpreter
+    # inside it is then bound read-only on top, even where the root is writable.
+    shown = []
+    for path, writable in plan.get("host_dirs") or ():
+        if os.path.isdir(path):
+            _bind(path, root + path, readonly=not writable)
+            shown.append(path + "/")
     for path in plan["readonly_paths"]:
-        if os.path.exists(path) and not os.path.exists(root + path):
+        inside = any(path.startswith(top) for top in shown)
+        if os.path.exists(path) and (inside or not os.path.exists(root + path)):
             _bind(path, root + path, readonly=True)
 
     _bind(plan["io_dir"], root + plan["guest_io_dir"], readonly=False)
@@ -475,7 +482,10 @@ def prepare_kernel_process(plan: dict) -> None:
     os.dup2(0, 1)  # /dev/null: kernels print connection banners there; stderr (crashes) reaches the host
     if plan.get("data_limit"):
         resource.setrlimit(resource.RLIMIT_DATA, (plan["data_limit"], plan["data_limit"]))
-    os.chdir(SANDBOX_HOME)
+    try:
+        os.chdir(plan.get("working_dir") or SANDBOX_HOME)
+    except OSError:  # the notebook's directory went away, or is not shown: start at home, as without a Lab root
+        os.chdir(SANDBOX_HOME)
     os.umask(0o002)
     for directory in plan.get("kernel_dirs", ()):
         os.makedirs(directory, exist_ok=True)  # on sys.path from the start, so what lands there imports at once

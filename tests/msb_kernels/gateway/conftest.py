@@ -171,6 +171,20 @@ class Gateway(HttpServer):
         return sandbox_records(self.runtime_dir)
 
 
+class JupyterServer(HttpServer):
+    """`jupyter server|lab`, which may never exit once a collaboration room was open; then it is killed.
+
+    With jupyter-collaboration 5.0.4 and anyio 4.16, a Lab that served a room stops its loop on SIGTERM
+    but its main thread then waits in threading._shutdown for AnyIO worker threads that never end (seen
+    with py-spy). That is Lab's to fix, not what these tests are about.
+    """
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> int:
+        with contextlib.suppress(AssertionError):
+            return super().stop(signum, timeout)
+        return self.process.returncode
+
+
 def _start_process(argv: list[str], env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "wb")
     try:
@@ -236,10 +250,13 @@ async def gateway() -> AsyncIterator[Gateway]:
     server.stop()
 
 
-async def launch_jupyter_server(gateway: Gateway, app: str = "server") -> HttpServer:
-    """`jupyter server|lab --gateway-url=...`: jupyter_server's GatewayClient, as the README tells users to run it."""
-    port = free_port()
-    token = secrets.token_hex(16)
+async def launch_jupyter_server(gateway: Gateway, app: str = "server", port: int | None = None, token: str | None = None) -> HttpServer:
+    """`jupyter server|lab --gateway-url=...`: jupyter_server's GatewayClient, as the README tells users to run it.
+
+    port and token: where a gateway started before it (MSB_LAB_URL, MSB_LAB_TOKEN) expects it.
+    """
+    port = port or free_port()
+    token = token or secrets.token_hex(16)
     root = TEST_BASE / f"js-root-{port}"
     (root / "work").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSB_", "JUPYTER_GATEWAY"))}
@@ -259,7 +276,7 @@ async def launch_jupyter_server(gateway: Gateway, app: str = "server") -> HttpSe
         "--GatewayClient.connect_timeout=60",
         f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
     ]  # as the banner says
-    server = HttpServer(port, token, _start_process(argv, env, log_path), log_path)
+    server = JupyterServer(port, token, _start_process(argv, env, log_path), log_path)
     await _wait_for_http(server, "/api/status", token=token)
     return server
 

@@ -8,33 +8,25 @@ screenshot; its path is in the failure's "browser screenshot" section.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.msb_kernels.gateway.conftest import SCREENSHOT_ON_FAILURE, Gateway, HttpServer, launch_jupyter_server
-
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test extra: pip install -e '.[test]'")
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException, WebDriverException  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from tests.msb_kernels.gateway.browser import (  # noqa: F401 (browser and page are fixtures)
+    KERNEL_TIMEOUT,
+    NODE,
+    PYTHON,
+    STDERR,
+    STDOUT,
+    By,
+    Keys,
+    LabPage,
+    browser,
+    page,
+)
+from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, launch_jupyter_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-GET_CHROMIUM = (
-    "install Debian's chromium and its driver: `apt-get install -y chromium chromium-driver` "
-    "(`source scripts/bootstrap.sh test` does it when run as root)"
-)
-KERNEL_TIMEOUT = 180.0  # a sandbox start, through two servers, on a loaded 2-core machine
-OUTPUT_TIMEOUT = 90.0
-PYTHON = "Python 3 (sandbox, small)"
-NODE = "JavaScript (Node.js) (sandbox, small)"
-STDOUT, STDERR = "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr"
 
 
 @pytest.fixture(scope="module")
@@ -42,117 +34,6 @@ async def lab(gateway: Gateway) -> AsyncIterator[HttpServer]:
     server = await launch_jupyter_server(gateway, app="lab")
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and chromedriver):
-        pytest.skip(f"chromium or chromedriver is not installed; {GET_CHROMIUM}")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(argument)
-    try:
-        driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
-    except WebDriverException as exc:
-        pytest.skip(f"chromium did not start ({exc.msg}); {GET_CHROMIUM}")
-    yield driver
-    driver.quit()
-
-
-class LabPage:
-    """JupyterLab in the browser, with the few gestures a notebook user makes."""
-
-    def __init__(self, driver: Any, lab: HttpServer):
-        self.driver = driver
-        self.lab = lab
-
-    def wait(self, condition: Callable[[], Any], what: str, timeout: float = OUTPUT_TIMEOUT) -> Any:
-        waiter = WebDriverWait(self.driver, timeout, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
-        try:
-            return waiter.until(lambda _: condition())
-        except TimeoutException:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}") from None
-
-    def find(self, css: str) -> list[WebElement]:
-        return self.driver.find_elements(By.CSS_SELECTOR, css)
-
-    def open_lab(self) -> None:
-        # ?reset: a fresh workspace, not the notebooks an earlier test left open
-        self.driver.get(f"{self.lab.url}/lab?reset&token={self.lab.token}")
-        self.wait(lambda: self.find(".jp-LauncherCard"), "the launcher", KERNEL_TIMEOUT)
-
-    def launcher_titles(self, category: str) -> list[str]:
-        return [card.get_attribute("title") for card in self.find(f'.jp-LauncherCard[data-category="{category}"]')]
-
-    def new_notebook(self, display_name: str) -> None:
-        """Click the kernel's card under Notebook in the launcher; wait until the kernel is idle."""
-        card = self.wait(
-            lambda: self.find(f'.jp-LauncherCard[data-category="Notebook"][title="{display_name}"]'), f"the launcher card {display_name!r}"
-        )
-        card[0].click()
-        self.wait(
-            lambda: [e for e in self.find(".jp-NotebookPanel .jp-Toolbar-kernelName") if e.text == display_name],
-            f"a notebook with the kernel {display_name!r}",
-        )
-        self.wait_for_kernel("idle")
-
-    def kernel_status(self) -> str | None:
-        indicators = self.find(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator")
-        return indicators[0].get_attribute("data-status") if indicators else None
-
-    def wait_for_kernel(self, status: str) -> None:
-        self.wait(lambda: self.kernel_status() == status, f"the kernel status {status!r} (it is {self.kernel_status()!r})", KERNEL_TIMEOUT)
-
-    def run(self, code: str) -> WebElement:
-        """Type code into the last cell and press Shift+Enter; return that cell."""
-        cell = self.find(".jp-NotebookPanel .jp-CodeCell")[-1]
-        editor = cell.find_element(By.CSS_SELECTOR, ".cm-content")
-        editor.click()
-        editor.send_keys(code)
-        self.wait(lambda: editor.text == code, f"the cell to read {code!r} (it reads {editor.text!r})", 30)
-        editor.send_keys(Keys.SHIFT, Keys.ENTER)
-        return cell
-
-    def outputs(self, cell: WebElement, mime_type: str) -> list[WebElement]:
-        return cell.find_elements(By.CSS_SELECTOR, f'.jp-OutputArea-output[data-mime-type="{mime_type}"]')
-
-    def wait_for_text(self, cell: WebElement, mime_type: str, text: str, timeout: float = OUTPUT_TIMEOUT) -> str:
-        def shown() -> str | None:
-            joined = "\n".join(output.text for output in self.outputs(cell, mime_type))
-            return joined if text in joined else None
-
-        try:
-            return self.wait(shown, f"{text!r} in the cell's {mime_type} output", timeout)
-        except AssertionError as exc:
-            shows = "\n".join(output.text for output in cell.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output"))
-            raise AssertionError(f"{exc}; the cell shows:\n{shows[-1500:] or '(nothing)'}") from None
-
-    def click_toolbar(self, command: str) -> None:
-        buttons = [b for b in self.find(f'.jp-NotebookPanel jp-button[data-command="{command}"]') if b.is_displayed()]
-        assert buttons, f"no toolbar button for {command}"
-        buttons[0].click()
-
-    def prompt(self, cell: WebElement) -> str:
-        return cell.find_element(By.CSS_SELECTOR, ".jp-InputPrompt").text
-
-
-@pytest.fixture
-async def page(request: pytest.FixtureRequest, browser: Any, lab: HttpServer, tmp_path: Path) -> AsyncIterator[LabPage]:
-    """A fresh Lab workspace; the kernels this test started are shut down after it."""
-
-    def screenshot() -> str:
-        path = tmp_path / "screenshot.png"
-        browser.save_screenshot(str(path))
-        return str(path)
-
-    request.node.stash[SCREENSHOT_ON_FAILURE] = screenshot
-    lab_page = LabPage(browser, lab)
-    lab_page.open_lab()
-    yield lab_page
-    for session in (await lab.request("GET", "/api/sessions")).json:
-        await lab.request("DELETE", f"/api/sessions/{session['id']}", timeout=KERNEL_TIMEOUT)
 
 
 def test_the_launcher_lists_the_sandboxed_kernels_by_display_name(page: LabPage) -> None:
