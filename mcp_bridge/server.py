@@ -7,6 +7,7 @@ tool's outputSchema; nothing reaches the client as a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
@@ -68,6 +69,14 @@ class BridgeServer(MCPServer):
             if message.startswith("Unknown tool"):
                 return error_result(InvalidRequest(f"there is no tool named {name!r}", suggestions=["list the tools with tools/list"]))
             return error_result(InvalidRequest(message))
+        except BaseException as exc:
+            # A Rust panic in pycrdt (pyo3's PanicException) is a BaseException: let it end the call, not the session.
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            log.error("tool %s panicked: %r", name, exc)
+            return error_result(
+                SandboxError(f"{name} failed inside the MCP bridge: {type(exc).__name__}: {exc}", suggestions=["try again"])
+            )
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ from mcp_bridge.models import (
 )
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result, model_result
-from mcp_bridge.supervisor import bridge_of
+from mcp_bridge.sessions import SessionInfo
+from mcp_bridge.supervisor import Bridge, bridge_of
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import FLAVORS, describe_flavors
@@ -175,6 +176,11 @@ async def get_sessions(
 ) -> Annotated[CallToolResult, SessionListResponse]:
     bridge = bridge_of(ctx)
     infos = [await bridge.sessions.info(session_id)] if session_id is not None else await bridge.sessions.list()
+    return sessions_result(bridge, infos)
+
+
+def sessions_result(bridge: Bridge, infos: list[SessionInfo]) -> CallToolResult:
+    """get_sessions' answer for these sessions (list_kernels' too)."""
     for info in infos:
         state = bridge.states.get(info.id)
         if state is not None and state.lock.locked() and info.status == "ready":

@@ -24,6 +24,7 @@ from mcp_bridge.models import (
     NotebookListResponse,
     NotebookResponse,
     NotebookSummary,
+    SessionListResponse,
 )
 from mcp_bridge.notebooks.cells import cell_dict, find_cell, insertion_index, make_cell, outputs_text
 from mcp_bridge.notebooks.documents import LiveNotebook, NotebookDocuments
@@ -32,7 +33,7 @@ from mcp_bridge.notebooks.runs import submit_cell
 from mcp_bridge.rendering import execution_result, model_result
 from mcp_bridge.sessions import SessionInfo
 from mcp_bridge.supervisor import Bridge, bridge_of
-from mcp_bridge.tools import Timeout, tool
+from mcp_bridge.tools import Timeout, sessions_result, tool
 from msb_kernels.errors import InvalidRequest, SessionNotFound
 
 Notebook = Annotated[str, Field(description="the notebook's path in JupyterLab, e.g. 'project/analysis.ipynb'")]
@@ -361,3 +362,17 @@ async def list_files(
     response = FileListResponse(path=path, entries=entries)
     text = "\n".join(f"{e.path}{'/' if e.type == 'directory' else ''}" for e in entries)
     return model_result(response, text or f"{path or '/'} is empty")
+
+
+@tool(
+    "List the kernels (sessions) with the notebook each one serves, by its path in JupyterLab: get_sessions for notebook work.",
+    ToolAnnotations(read_only_hint=True),
+)
+async def list_kernels(ctx: Context) -> Annotated[CallToolResult, SessionListResponse]:
+    bridge = bridge_of(ctx)
+    infos = await bridge.sessions.list()
+    if bridge.notebooks is not None:  # the notebook as Lab names it, which the notebook tools take
+        paths = {s["kernel"]["id"]: s["path"] for s in await bridge.notebooks.lab.sessions() if s.get("kernel") and s.get("path")}
+        for info in infos:
+            info.notebook_path = paths.get(info.id, info.notebook_path)
+    return sessions_result(bridge, infos)

@@ -70,7 +70,7 @@ async def test_the_person_sees_the_assistants_cells_edits_and_streamed_output_li
         editor.send_keys("person_wrote = 7")
 
         async def seen() -> bool:
-            return (await call(assistant, "read_cell", notebook=path, cell_index=0))["cells"][0]["source"] == "person_wrote = 7"
+            return (await call(assistant, "read_notebook", notebook=path))["cells"][0]["source"] == "person_wrote = 7"
 
         await wait_for(seen, "the person's typing in the assistant's read", timeout=30)
 

@@ -86,6 +86,8 @@ async def test_cells_are_inserted_edited_moved_and_run_by_id(notebook_gateway, l
 
         listed = (await client.call("list_notebooks", {})).structured_content
         assert any(n["notebook"] == path and n["session_id"] == opened["session_id"] for n in listed["notebooks"]), listed
+        kernels = (await client.call("list_kernels", {})).structured_content["sessions"]
+        assert any(k["id"] == opened["session_id"] and k["notebook_path"] == path for k in kernels), kernels
         files = (await client.call("list_files", {"path": "work"})).structured_content
         assert path in [entry["path"] for entry in files["entries"]], files
 
