@@ -76,15 +76,23 @@ async def test_the_person_sees_the_assistants_cells_edits_and_streamed_output_li
 
 
 @pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing()))
-async def test_a_cell_run_through_the_inspector_cli_shows_in_the_browser(page, lab, notebook_gateway):
+async def test_the_inspector_cli_inserts_edits_and_runs_a_cell_the_person_watches(page, lab, notebook_gateway):
     path = await asyncio.to_thread(open_notebook, page, lab)
     env = inspector_env(NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=notebook_gateway.token)
     inspector = Inspector([notebook_gateway.url + "/mcp"], env)
-    ran = await inspector.call("insert_execute_code_cell", notebook=path, source="print('from the typescript sdk', 6 * 7)")
-    answer = ran.structured
-    assert answer["status"] in ("ok", "running") and answer["notebook"] == path, ran.result
-    async with mcp_client(notebook_gateway) as assistant:
-        await finished(assistant, answer)
-        index = (await call(assistant, "read_cell", notebook=path, cell_id=answer["cell_id"]))["cells"][0]["index"]
-    await asyncio.to_thread(page.wait, lambda: cell_element(page, index) is not None, "the Inspector's cell in the browser", 60)
-    await asyncio.to_thread(page.wait_for_text, cell_element(page, index), STDOUT, "from the typescript sdk 42", 60)
+    inserted = (await inspector.call("insert_cell", notebook=path, source="print('typescript draft')")).structured
+    index, cell_id = inserted["cells"][0]["index"], inserted["cells"][0]["id"]
+    await asyncio.to_thread(
+        page.wait, lambda: cell_text(page, index) == "print('typescript draft')", "the Inspector's cell in the browser", 60
+    )
+    edited = await inspector.call("overwrite_cell_source", notebook=path, cell_id=cell_id, source=STREAMING.replace("tick", "ts"))
+    assert edited.structured["cells"][0]["source"].startswith("import time"), edited.result
+    await asyncio.to_thread(page.wait, lambda: "'ts'" in (cell_text(page, index) or ""), "the Inspector's edit in the browser", 60)
+
+    run = asyncio.create_task(inspector.call("execute_cell", notebook=path, cell_id=cell_id))
+    element = cell_element(page, index)
+    await asyncio.to_thread(page.wait_for_text, element, STDOUT, "ts 1", 60)
+    assert not run.done(), "the Inspector's cell showed its first lines only after it finished"
+    answer = (await run).structured
+    assert answer["notebook"] == path and answer["status"] in ("ok", "running"), answer
+    await asyncio.to_thread(page.wait_for_text, element, STDOUT, "ts 5", 60)
