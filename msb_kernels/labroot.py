@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import HostDirectory
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError
@@ -23,7 +24,7 @@ def lab_directories(settings: MsbSettings) -> list[HostDirectory]:
         return []
     for inner, name in ((settings.runtime_root(), "MSB_RUNTIME_DIR"), (settings.scratch_root(), "MSB_SCRATCH_DIR")):
         inner_path = os.path.realpath(inner)
-        if inner_path == str(root) or inner_path.startswith(str(root) + "/"):
+        if hostpaths.under(inner_path, str(root)):
             raise ConfigError(
                 f"MSB_LAB_ROOT_PATH={root} holds {name} ({inner_path}): every sandbox would see the others' sockets and disks",
                 [f"move {name} out of JupyterLab's root, or show a narrower directory"],
@@ -37,5 +38,4 @@ def working_dir(settings: MsbSettings, env: Mapping[str, str]) -> str | None:
     if root is None or not requested:
         return None
     path = os.path.realpath(requested)
-    inside = path == str(root) or path.startswith(str(root) + "/")
-    return path if inside and os.path.isdir(path) else None
+    return path if hostpaths.under(path, str(root)) and os.path.isdir(path) else None

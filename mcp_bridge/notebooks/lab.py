@@ -130,7 +130,7 @@ class LabServer:
         if response.status_code == 404:
             raise SandboxError(
                 f"JupyterLab at {self.url} has no real-time collaboration (PUT /api/collaboration/session answered 404)",
-                ["install it where JupyterLab runs: pip install 'jupyter-collaboration>=3' and restart JupyterLab"],
+                ["install it where JupyterLab runs: pip install 'jupyter-collaboration>=4' and restart JupyterLab"],
             )
         if response.status_code >= 400:
             raise SandboxError(f"JupyterLab would not open {path!r} for collaboration: HTTP {response.status_code} {response.text[:300]}")
@@ -141,10 +141,6 @@ class LabServer:
         query = {"sessionId": room.session_id, **({"token": self.token} if self.token else {})}
         base = "ws" + self.url[len("http") :]
         return f"{base}/api/collaboration/room/{room.room_id}?{urlencode(query)}"
-
-
-def lab_from(url: str | None, token: str | None) -> LabServer | None:
-    return LabServer(url, token) if url else None
 
 
 def no_lab() -> MsbError:

@@ -87,13 +87,24 @@ async def open_cell(bridge: Bridge, notebook: str, cell_id: str | None, cell_ind
     return live, index, ycell
 
 
+async def insert_new_cell(
+    bridge: Bridge, notebook: str, source: str, cell_type: str, index: int | None, after_cell_id: str | None
+) -> tuple[LiveNotebook, int, str]:
+    """Put a new cell where the call asked: the live notebook, the cell's position and its id."""
+    check_size(bridge.options, "source", source)
+    live = await open_notebook(bridge, notebook)
+    cell = make_cell(cell_type, source)
+    position = insertion_index(live, index, after_cell_id)
+    live.model.ycells.insert(position, live.model.create_ycell(cell))
+    return live, position, cell["id"]
+
+
 def cell_info(index: int, cell: dict, with_outputs: bool = True) -> CellInfo:
-    source = cell.get("source", "")
     return CellInfo(
         index=index,
         id=str(cell.get("id", "")),
         cell_type=cell.get("cell_type", "code"),
-        source="".join(source) if isinstance(source, list) else str(source),
+        source=cell.get("source", ""),  # a Y text: always one string
         execution_count=cell.get("execution_count"),
         execution_state=cell.get("execution_state"),
         outputs=outputs_text(cell.get("outputs") or []) if with_outputs and cell.get("cell_type") == "code" else None,
@@ -207,13 +218,8 @@ async def insert_cell(
     index: Index = None,
     after_cell_id: AfterCellId = None,
 ) -> Annotated[CallToolResult, NotebookResponse]:
-    bridge = bridge_of(ctx)
-    check_size(bridge.options, "source", source)
-    live = await open_notebook(bridge, notebook)
-    cell = make_cell(cell_type, source)
-    position = insertion_index(live, index, after_cell_id)
-    live.model.ycells.insert(position, live.model.create_ycell(cell))
-    return one_cell_result(live, position, f"inserted {cell_type} cell {cell['id']} at index {position} of {live.path}")
+    live, position, cell_id = await insert_new_cell(bridge_of(ctx), notebook, source, cell_type, index, after_cell_id)
+    return one_cell_result(live, position, f"inserted {cell_type} cell {cell_id} at index {position} of {live.path}")
 
 
 @tool("Replace a cell's whole source (its outputs stay until it runs again).")
@@ -285,12 +291,12 @@ async def move_cell(
     target = count - 1 if to_index == -1 else to_index
     if not 0 <= target < count:
         raise InvalidRequest(f"to_index={to_index} is out of range: {live.path} has {count} cells; use 0 to {count - 1}, or -1")
+    cell = cell_dict(ycell)
     if target != index:
-        cell = cell_dict(ycell)
         with ycell.doc.transaction():  # one change for the person: the cell is gone and back in one update
             live.model.ycells.pop(index)
             live.model.ycells.insert(target, live.model.create_ycell(cell))
-    return one_cell_result(live, target, f"moved cell {cell_dict(live.model.ycells[target]).get('id')} from {index} to {target}")
+    return one_cell_result(live, target, f"moved cell {cell.get('id')} from {index} to {target}")
 
 
 @tool("Clear a code cell's outputs and execution count.")
@@ -343,10 +349,7 @@ async def insert_execute_code_cell(
     timeout: Timeout = None,
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
-    check_size(bridge.options, "source", source)
-    live = await open_notebook(bridge, notebook)
-    position = insertion_index(live, index, after_cell_id)
-    live.model.ycells.insert(position, live.model.create_ycell(make_cell("code", source)))
+    live, position, _ = await insert_new_cell(bridge, notebook, source, "code", index, after_cell_id)
     return await run_cell(bridge, live, position, timeout, ctx)
 
 

@@ -48,7 +48,8 @@ def own_interpreter_paths() -> tuple[str, ...]:
     return tuple(interpreter_paths(sys.executable))
 
 
-def _under(path: str, parent: str) -> bool:
+def under(path: str, parent: str) -> bool:
+    """Whether path is parent or lies below it (as strings of normalized paths: no resolving here)."""
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
@@ -58,7 +59,7 @@ def binds_for(paths: list[str] | set[str]) -> list[str]:
     wanted = sorted({os.path.normpath(p) for p in paths if p and os.path.isabs(p) and os.path.exists(p)})
     binds: list[str] = []
     for path in wanted:
-        if path == "/" or any(_under(path, whole) for whole in WHOLE_DIRS) or any(_under(path, done) for done in binds):
+        if path == "/" or any(under(path, whole) for whole in WHOLE_DIRS) or any(under(path, done) for done in binds):
             continue
         binds.append(path)
     return binds
