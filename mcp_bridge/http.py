@@ -34,7 +34,7 @@ class McpHttpApp:
         self,
         sessions: KernelSessions,
         token: str,
-        allowed_hosts: list[str],
+        allowed_hosts: list[str] | None,
         allowed_origins: list[str],
         settings: MsbSettings | None = None,
         options: BridgeOptions | None = None,
@@ -45,8 +45,14 @@ class McpHttpApp:
         self.server = build_server(sessions, settings, options)
         self.bridge = bridge_of(self.server)
         self._expected = f"Bearer {token}".encode()
+        # allowed_hosts None: a server on every interface, reached by names it cannot know (a swarm's nodes). The Host
+        # check guards against DNS rebinding of a local server's cookies or open endpoints; here every call carries
+        # the token in a header, which a page of another origin cannot read or send, as jupyter_server's own
+        # allow_remote_access reasons for its API.
         self.security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=list(allowed_hosts), allowed_origins=list(allowed_origins)
+            enable_dns_rebinding_protection=allowed_hosts is not None,
+            allowed_hosts=list(allowed_hosts or []),
+            allowed_origins=list(allowed_origins),
         )
         self._checks = TransportSecurityMiddleware(self.security)
         self.manager = StreamableHTTPSessionManager(app=self.server._lowlevel_server, security_settings=self.security)
@@ -179,14 +185,14 @@ async def _json(send: Send, status: int, body: dict, headers: list[tuple[bytes, 
 def asgi_app(
     sessions: KernelSessions,
     token: str,
-    allowed_hosts: list[str],
+    allowed_hosts: list[str] | None,
     allowed_origins: list[str],
     settings: MsbSettings | None = None,
     options: BridgeOptions | None = None,
 ) -> Any:
     """MCP streamable HTTP at the app's root path, behind a bearer token and Host/Origin checks.
 
-    ``allowed_hosts`` are Host header values ("127.0.0.1:8888", or "localhost:*" for any port);
+    ``allowed_hosts`` are Host header values ("127.0.0.1:8888", or "localhost:*" for any port), None for any;
     ``allowed_origins`` are Origin values ("http://localhost:8888", "http://localhost:*").
     Requests without an Origin header (non-browser clients) pass the Origin check.
     """

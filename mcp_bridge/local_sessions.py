@@ -279,7 +279,8 @@ class ManagedKernelSessions(KernelSessions):
         lock = self._connecting.setdefault(session_id, asyncio.Lock())
         async with lock:
             connection = self.connections.get(session_id)
-            if connection is not None and connection.km is km and not connection.closed:
+            # The same kernel, still at the address it was connected at (a cluster kernel restarts at a new one).
+            if connection is not None and connection.km is km and not connection.closed and connection.kc.ip == km.ip:
                 return connection
             if connection is not None:
                 await connection.close()

@@ -178,17 +178,38 @@ def _installed_argv(kernel_name: str) -> list[str] | None:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from msb_kernels.backends.microsandbox import images
-    from msb_kernels.backends.microsandbox.vm import image_for
+    from msb_kernels.backends.microsandbox import images as msb_images
+    from msb_kernels.images import builds, image_for
 
     settings = load_settings()
-    tag = args.tag or image_for(settings, args.template)
+    tag = args.tag or (builds.GATEWAY_TAG if args.template == "gateway" else image_for(settings, args.template))
+    if args.online and args.template == "gateway":
+        print("msb-kernels: error: the gateway image is built offline only (drop --online)", file=sys.stderr)
+        return 2
     if args.online:
-        result = images.build_online(args.template, tag, base=args.base)
+        result = msb_images.build_online(args.template, tag, base=args.base)
     else:
-        result = images.build_offline(args.template, tag, suite=args.suite, mirror=args.mirror, keep_archive=args.save_archive)
+        load, loaded_with = msb_images.load_archive, "msb load"
+        if args.engine == "docker":
+            from msb_kernels.backends.cluster.swarm import docker_load
+
+            load, loaded_with = docker_load, "docker load"
+        elif args.engine == "none":
+            if args.save_archive is None:
+                print("msb-kernels: error: --engine none keeps only the archive: name it with --save-archive PATH", file=sys.stderr)
+                return 2
+            load, loaded_with = (lambda archive, tag: None), "nothing (archive only)"
+        if args.template == "gateway":
+            result = builds.build_gateway(
+                tag, base_archive=args.from_archive, suite=args.suite, mirror=args.mirror, keep_archive=args.save_archive, load=load
+            )
+        else:
+            result = builds.build_offline(
+                args.template, tag, suite=args.suite, mirror=args.mirror, keep_archive=args.save_archive, load=load
+            )
+        result.loaded_with = loaded_with
     print(result.report())
-    if args.tag and args.tag != image_for(settings, args.template):
+    if args.template != "gateway" and args.tag and args.tag != image_for(settings, args.template):
         print(f"use it with MSB_{args.template.upper()}_IMAGE={args.tag}")
     return 0
 
@@ -205,6 +226,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"left {len(waiting)} adoptable sandbox(es) running for the next msb-kernels serve: {', '.join(waiting)} "
             "(they stop by themselves after MSB_ADOPT_GRACE_SECONDS; --include-adoptable stops them now)"
         )
+    return 0
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def cmd_swarm_proxy(args: argparse.Namespace) -> int:
+    from msb_kernels.backends.cluster.socket_proxy import serve
+
+    host, port = args.listen
+    serve(host, port, args.docker_socket)
     return 0
 
 
@@ -247,15 +283,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("doctor", help="say which sandbox backends and limits work on this host")
     p.set_defaults(func=cmd_doctor)
-    p = sub.add_parser("image", help="build the microVM kernel images")
+    p = sub.add_parser("image", help="build the kernel images (microVMs, Docker Swarm)")
     image_sub = p.add_subparsers(dest="image_command", required=True)
-    b = image_sub.add_parser("build", help="build and `msb load` the python or node kernel image")
-    b.add_argument("template", choices=["python", "node"])
+    b = image_sub.add_parser("build", help="build the python or node kernel image and load it (msb load or docker load)")
+    b.add_argument("template", choices=["python", "node", "gateway"], help="a kernel image, or the gateway's own (MSB_BACKEND=swarm)")
     b.add_argument(
         "--online", action="store_true", help="pip/npm install on a base image in a builder microVM (needs a host that boots microVMs)"
     )
     b.add_argument("--tag", help="image reference (default: MSB_PYTHON_IMAGE / MSB_NODE_IMAGE)")
     b.add_argument("--base", help="--online: the base image (default python:3.12-slim or node:20-slim)")
+    b.add_argument(
+        "--from-archive",
+        metavar="PATH",
+        type=Path,
+        help="gateway: start from this python kernel image archive (made with --save-archive) instead of building one",
+    )
+    b.add_argument(
+        "--engine",
+        choices=("msb", "docker", "none"),
+        default="msb",
+        help="offline: load the image into microsandbox (msb, the default), the Docker engine at DOCKER_HOST (docker: for "
+        "MSB_BACKEND=swarm, on each node), or nowhere (none: with --save-archive, for `docker load` elsewhere)",
+    )
     b.add_argument("--suite", help="offline: the Debian suite (default: this host's)")
     b.add_argument("--mirror", help="offline: the Debian mirror (default: apt's configured one)")
     b.add_argument("--save-archive", metavar="PATH", type=Path, help="offline: also keep the image tar (Docker-save format) at PATH")
@@ -267,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("list", help="list this host's sandboxes")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser(
+        "swarm-proxy", help="serve the Docker API to a swarm gateway, passing only the calls that start and stop its kernels"
+    )
+    p.add_argument("--listen", type=_host_port, default=("0.0.0.0", 2375), metavar="HOST:PORT", help="default 0.0.0.0:2375")
+    p.add_argument("--docker-socket", default="/var/run/docker.sock", metavar="PATH", help="the engine's socket (a swarm manager's)")
+    p.set_defaults(func=cmd_swarm_proxy)
     add_serve_parser(sub)
     return parser
 

@@ -32,6 +32,7 @@ BUILTIN_BACKENDS = {
     "namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
     "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
     "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend",
+    "swarm": "msb_kernels.backends.cluster.backend:SwarmBackend",
 }
 
 
@@ -69,7 +70,9 @@ class MsbSettings(Configurable):
     max_sessions = Int(10, help="Most sandboxed kernels one msb-kernels process runs at once.").tag(config=True)
     shared_volume_path = Unicode(None, allow_none=True, help="Host directory mounted into every sandbox (unset = none).").tag(config=True)
     shared_volume_guest_path = Unicode("/shared", help="Where the shared volume appears inside the sandbox.").tag(config=True)
-    backend = Unicode("auto", help="Sandbox backend: auto, namespace, gvisor or microsandbox.").tag(config=True)
+    backend = Unicode("auto", help="Sandbox backend: auto, namespace, gvisor, microsandbox or swarm (never picked by auto).").tag(
+        config=True
+    )
     max_processes = Int(256, help="Most processes (and threads) one sandbox may hold; contains fork bombs.").tag(config=True)
     concurrent_starts = Int(
         None,
@@ -116,7 +119,19 @@ class MsbSettings(Configurable):
     node_image = Unicode(
         "msb-kernels/node:latest", help="microVM image for node kernels (build it with `msb-kernels image build node`)."
     ).tag(config=True)
-    boot_timeout_seconds = Int(30, help="Seconds a microVM (and the smoke boot of MSB_BACKEND=auto) may take to start.").tag(config=True)
+    boot_timeout_seconds = Int(
+        30, help="Seconds a microVM (and the smoke boot of MSB_BACKEND=auto), or a Swarm service's kernel, may take to start."
+    ).tag(config=True)
+    swarm_network = Unicode(
+        "msb-kernels",
+        help="MSB_BACKEND=swarm: the overlay network kernels run on, made internal and attachable if missing; the gateway joins it.",
+    ).tag(config=True)
+    swarm_owner = Unicode(
+        None,
+        allow_none=True,
+        help="MSB_BACKEND=swarm: who this gateway is to the swarm, stable across its restarts (the stack file sets the service's "
+        "name); unset = this host and runtime dir. Its kernels are adopted by the next gateway of the same owner.",
+    ).tag(config=True)
 
     # msb-kernels serve (the gateway)
     host = Unicode("127.0.0.1", help="Address msb-kernels serve listens on.").tag(config=True)
@@ -373,6 +388,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "python_image": _check_image,
     "node_image": _check_image,
     "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
+    "swarm_network": lambda v: None if v and v.replace("-", "").replace("_", "").replace(".", "").isalnum() else "is not a network name",
+    "swarm_owner": lambda v: "is empty" if not v.strip() else None,
     "adopt_grace_seconds": lambda v: "is negative" if v < 0 else None,
     "offline_buffer_mib": lambda v: "is negative" if v < 0 else None,
 }
@@ -418,6 +435,8 @@ _ACCEPTED: dict[str, str] = {
     "python_image": "use an image reference such as msb-kernels/python:latest",
     "node_image": "use an image reference such as msb-kernels/node:latest",
     "boot_timeout_seconds": "use a whole number of seconds >= 1",
+    "swarm_network": "use a Docker network name such as msb-kernels (letters, digits, '-', '_', '.')",
+    "swarm_owner": "use a name that stays the same across the gateway's restarts, such as its service name, or leave it unset",
     "keep_kernels": "use true or false",
     "lab_root_writable": "use true or false",
     "adopt_grace_seconds": "use a whole number of seconds >= 0 (0: kernels end with the gateway)",

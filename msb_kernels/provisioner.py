@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import time
 import weakref
 from dataclasses import dataclass
@@ -36,7 +37,15 @@ from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.probe import backend_for_start
-from msb_kernels.registry import adoptions, claim_session, live_sandboxes, pooled_kernel_ids, probe_kernel_ids, session_kernel_ids
+from msb_kernels.registry import (
+    adoptions,
+    claim_session,
+    kernel_moved_listeners,
+    live_sandboxes,
+    pooled_kernel_ids,
+    probe_kernel_ids,
+    session_kernel_ids,
+)
 from msb_kernels.templates import Template, get_template
 
 log = logging.getLogger("msb_kernels")
@@ -99,8 +108,17 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return None if self.sandbox is None else await self.sandbox.wait()
 
     async def send_signal(self, signum: int) -> None:
-        if self.sandbox is not None:
-            await self.sandbox.send_signal(signum)
+        if self.sandbox is None:
+            return
+        if signum == signal.SIGINT and self.backend.interrupt_by_message:
+            km = self.parent
+            control = km.connect_control()
+            try:
+                km.session.send(control, km.session.msg("interrupt_request", content={}))
+            finally:
+                control.close(linger=1000)  # the request leaves before the socket goes
+            return
+        await self.sandbox.send_signal(signum)
 
     async def kill(self, restart: bool = False) -> None:
         if self.sandbox is not None:
@@ -324,12 +342,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 self._forget_failed_start()
                 raise
             live_sandboxes[self.kernel_id] = self.sandbox
+            self._connect_at(self.sandbox.address)
             log.info("kernel %s adopted, still running in its %s sandbox (%s)", self.kernel_id, self.backend.name, self.flavor_spec.name)
             return self.connection_info
         try:
             async with start_turn(self.settings):  # a start cancelled while it waits here held a session all the same
                 self.sandbox = await self.backend.create(spec)
                 live_sandboxes[self.kernel_id] = self.sandbox
+                self._connect_at(self.sandbox.address)
                 await self._until_listening(self.sandbox)
         except BaseException:
             if self.sandbox is not None:  # cancelled while the kernel imported: nobody would ever stop this sandbox
@@ -346,6 +366,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             self.flavor_spec.memory_mib,
         )
         return self.connection_info
+
+    def _connect_at(self, address: str | None) -> None:
+        """A kernel reached at its own address (a cluster's task): jupyter_client rewrites the connection file from this."""
+        if address and self.connection_info.get("ip") != address:
+            self.connection_info = {**self.connection_info, "ip": address}
+            self.parent.ip = address
+            for listener in kernel_moved_listeners:
+                listener(self.kernel_id)
 
     def _forget_failed_start(self, remove_dir: bool = False) -> None:
         """Give back the ports and the session a start held: jupyter_client does not clean up after a failed start.

@@ -6,6 +6,8 @@ for a session; the session limit (MSB_MAX_SESSIONS) and the gateway read it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from msb_kernels.backends.core.base import Sandbox
 from msb_kernels.errors import ResourceLimitExceeded
 
@@ -21,6 +23,9 @@ probe_kernel_ids: set[str] = set()
 # Kernels the gateway is adopting from the one before it, with their adoption records: their provisioner
 # takes over the running sandbox instead of creating one.
 adoptions: dict[str, dict] = {}
+# Called with a kernel id when its kernel is reached at a new address (a cluster backend's kernel restarted as a new
+# task): the gateway moves its activity watch and its WebSockets' channels to it.
+kernel_moved_listeners: list[Callable[[str], None]] = []
 
 
 def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:

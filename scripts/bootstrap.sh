@@ -24,6 +24,10 @@ if [ "$extras" = "test" ]; then
     command -v runsc >/dev/null || missing+=(runsc)  # the gVisor backend (tests/msb_kernels/backends/test_gvisor.py)
     command -v chromium >/dev/null || missing+=(chromium)  # JupyterLab in a browser (test_jupyterlab_browser.py)
     command -v chromedriver >/dev/null || missing+=(chromium-driver)
+    # MSB_BACKEND=swarm: private Docker engines make a two-node swarm, and the kernel image is built offline.
+    command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || missing+=(docker.io)
+    command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+    dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)  # a tiny image for the engine tests
     if [ ${#missing[@]} -gt 0 ]; then
         bash scripts/apt-install "${missing[@]}" || echo "the tests that need ${missing[*]} will skip" >&2
     fi

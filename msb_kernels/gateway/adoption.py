@@ -63,10 +63,10 @@ class AdoptionMixin:
         return self.msb_settings.adopt_grace_seconds
 
     def _kept(self, kernel_id: str) -> tuple[Any, Path] | None:
-        """The kernel manager and state dir of a kernel whose sandbox a keeper holds, else None."""
+        """The kernel manager and state dir of a kernel whose sandbox outlives this gateway, else None."""
         km = self._kernels.get(kernel_id)
         described = describe(km)
-        if described is None or getattr(described.sandbox, "keeper", None) is None:
+        if described is None or described.sandbox is None or not described.sandbox.kept:
             return None
         return km, km.provisioner.io_dir.parent
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import ipaddress
 import logging
 import os
 import signal
@@ -170,6 +171,28 @@ class MsbGatewayApp(ServerApp):
         must never be told it does not exist."""
         self.adopted = self.io_loop.run_sync(self.kernel_manager.adopt_kernels)
         super().init_httpserver()
+        self._refuse_kernel_networks()
+
+    def _refuse_kernel_networks(self) -> None:
+        """Where kernels could reach this server (its container is on their overlay), their connections are closed
+        unread: no kernel has a reason to call its own gateway, and a token is not all that should stand between."""
+        from msb_kernels.backends import get_backend
+
+        networks = [ipaddress.ip_network(cidr) for cidr in get_backend(self.msb_settings).kernel_networks()]
+        if not networks:
+            return
+        serve = self.http_server.handle_stream
+
+        def handle_stream(stream: Any, address: Any) -> Any:
+            peer = ipaddress.ip_address(address[0]) if isinstance(address, tuple) and address else None
+            if peer is not None and any(peer in network for network in networks):
+                self.log.warning("refused a connection from %s, on the kernels' network", peer)
+                stream.close()
+                return None
+            return serve(stream, address)
+
+        self.http_server.handle_stream = handle_stream
+        self.log.info("connections from the kernels' network %s are refused", ", ".join(map(str, networks)))
 
     def init_signal(self) -> None:
         """SIGINT and SIGTERM both stop the server and every sandbox; no interactive confirmation."""

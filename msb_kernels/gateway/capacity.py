@@ -7,10 +7,13 @@ from typing import Any
 
 from jupyter_client.kernelspec import NoSuchKernel
 
+from msb_kernels.backends import get_backend
 from msb_kernels.errors import NoSuchKernelspec, ResourceLimitExceeded
 from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
 from msb_kernels.gateway.host import host_memory_mib
 from msb_kernels.registry import check_session_limit
+
+CLUSTER_CAPACITY_MIB = 2**40  # no bound of this host's
 
 
 class CapacityMixin:
@@ -24,10 +27,13 @@ class CapacityMixin:
     # The capacity is MsbSettings' (MSB_CAPACITY_*, or `serve --capacity-*`). Memory is the real limit:
     # unset, the flavors add up to at most the host's memory, so no kernel filling its flavor is the reason
     # another is killed. CPU time is shared (each kernel is held to its flavor's CPUs by its quota, and an
-    # idle one uses none), so unset, CPUs admit any number of kernels.
+    # idle one uses none), so unset, CPUs admit any number of kernels. Where kernels run on a cluster's nodes, not
+    # this host, its memory bounds nothing: unset, the cluster's scheduler is the one to refuse.
     @property
     def capacity_memory_mib(self) -> int:
-        return self.msb_settings.capacity_memory_mib or host_memory_mib()
+        if self.msb_settings.capacity_memory_mib:
+            return self.msb_settings.capacity_memory_mib
+        return CLUSTER_CAPACITY_MIB if get_backend(self.msb_settings).runs_on_cluster else host_memory_mib()
 
     @property
     def capacity_cpus(self) -> int | None:

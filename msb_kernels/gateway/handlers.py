@@ -148,6 +148,19 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
         open_websockets.setdefault(self.kernel_id, set()).add(self)
         self.multi_kernel_manager.tell_lost_executions(self.kernel_id)
 
+    def follow_kernel(self) -> None:
+        """The kernel is reached at a new address (a cluster kernel restarted as a new task): the same WebSocket, new channels."""
+        if not self.channels:
+            return
+        stale = self.channels
+        self.channels = {}
+        self.create_stream()
+        for stream in self.channels.values():
+            stream.on_recv_stream(self.handle_outgoing_message)
+        for stream in stale.values():
+            if not stream.closed():
+                stream.close()
+
     def disconnect(self) -> None:
         sockets = open_websockets.get(self.kernel_id)
         if sockets is not None:

@@ -23,11 +23,12 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
+from msb_kernels import registry
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
-from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_executions
+from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_executions, open_websockets
 from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.host import give_memory_back
@@ -76,6 +77,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         self._recorded: dict[str, float | None] = {}  # kept kernels: the last activity their adoption record holds
         self._loss_reports: dict[str, asyncio.Task] = {}
         self._record_callback: PeriodicCallback | None = None
+        self._addresses: dict[str, str] = {}  # where each kernel was reached when its WebSockets' channels were made
+        registry.kernel_moved_listeners.append(self._kernel_moved)
 
     # -- kernel lifecycle -----------------------------------------------------------
 
@@ -125,6 +128,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         if busy is not None:
             busy.close()
         self._recorded.pop(kernel_id, None)
+        self._addresses.pop(kernel_id, None)
         lost_executions.pop(kernel_id, None)
         task = self._loss_reports.pop(kernel_id, None)
         if task is not None:
@@ -152,6 +156,29 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
                 "exit_reason": exit_reason,
             }
         )
+
+    def _kernel_moved(self, kernel_id: str) -> None:
+        """A kernel now at another address (registry.kernel_moved_listeners): the activity watch and the open
+        WebSockets follow it at once; one that reconnects later finds its address changed (_get_changed_ports)."""
+        if kernel_id not in self:
+            return
+        self.stop_watching_activity(kernel_id)
+        self.start_watching_activity(kernel_id)
+        for connection in list(open_websockets.get(kernel_id, ())):
+            connection.follow_kernel()
+
+    def _get_changed_ports(self, kernel_id: str) -> list | None:
+        """jupyter_server's test of whether a restart moved the kernel, which looks at ports only: the address counts too."""
+        changed = super()._get_changed_ports(kernel_id)
+        km = self.get_kernel(kernel_id)
+        if changed is None and self._addresses.setdefault(kernel_id, km.ip) != km.ip:
+            changed = list(km.ports)
+        return changed
+
+    def ports_changed(self, kernel_id: str) -> bool:
+        changed = super().ports_changed(kernel_id)
+        self._addresses[kernel_id] = self.get_kernel(kernel_id).ip
+        return changed
 
     def _record_death(self, kernel_id: str) -> None:
         """The kernel died and jupyter_client restarts it: a fresh kernel under the same id, its state gone."""

@@ -27,7 +27,8 @@ def mount_mcp(server_app: Any) -> AsgiLifespan:
     hosts = sorted({host, "127.0.0.1", "localhost", f"{host}:{port}", f"127.0.0.1:{port}", f"localhost:{port}"})
     origins = sorted({f"http://{h}" for h in hosts if ":" in h})
     sessions = ManagedKernelSessions(server_app.kernel_manager, session_manager=server_app.session_manager)
-    app = asgi_app(sessions, token=server_app.identity_provider.token, allowed_hosts=hosts, allowed_origins=origins)
+    everywhere = host in ("0.0.0.0", "::", "")  # reached by whatever names its network gives it: no Host list can hold them
+    app = asgi_app(sessions, token=server_app.identity_provider.token, allowed_hosts=None if everywhere else hosts, allowed_origins=origins)
     server_app.web_app.add_handlers(
         ".*$", [(server_app.base_url.rstrip("/") + pattern, handler, kwargs) for pattern, handler, kwargs in asgi_route(MCP_PATH, app)]
     )

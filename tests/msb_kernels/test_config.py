@@ -50,6 +50,8 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "python_image": ("registry.example/py:1", "registry.example/py:1"),
     "node_image": ("registry.example/node:1", "registry.example/node:1"),
     "boot_timeout_seconds": ("45", 45),
+    "swarm_network": ("msb-team-kernels", "msb-team-kernels"),
+    "swarm_owner": ("msb_gateway", "msb_gateway"),
     "host": ("0.0.0.0", "0.0.0.0"),
     "port": ("9999", 9999),
     "token": ("s3cret-token", "s3cret-token"),
@@ -96,6 +98,7 @@ BAD_VALUES: dict[str, str] = {
     "python_image": " ",
     "node_image": " ",
     "boot_timeout_seconds": "0",
+    "swarm_network": "no/such network",
     "host": "a b",
     "port": "70000",
     "capacity_memory_mib": "0",
@@ -121,7 +124,7 @@ BAD_VALUES: dict[str, str] = {
     "lab_root_writable": "perhaps",
 }
 # A blank variable means unset (a token is then generated), so a blank token can only come from a config file.
-BAD_CONFIG_VALUES: dict[str, str] = {"token": " "}
+BAD_CONFIG_VALUES: dict[str, str] = {"token": " ", "swarm_owner": " "}
 FREE_FORM = {"runtime_dir", "scratch_dir", "lab_token"}  # any path (a bad one shows at first use, naming the setting); any token
 
 

@@ -91,6 +91,16 @@ class Sandbox(abc.ABC):
     def sandbox_id(self) -> str:
         return self.spec.sandbox_id
 
+    # tcp: where this kernel's ports are reached when that is not the backend's host_ip (a cluster task's address).
+    # Read by the provisioner once the sandbox runs: the connection file then names it.
+    address: str | None = None
+
+    @property
+    def kept(self) -> bool:
+        """Whether the sandbox outlives this process for the next gateway to adopt (SandboxSpec.adopt_grace).
+        Called by the gateway, which writes adoption records for kept kernels only."""
+        return getattr(self, "keeper", None) is not None
+
     @abc.abstractmethod
     async def poll(self) -> int | None:
         """None while the kernel runs, else its exit status. Called by the provisioner's poll (jupyter_client's restarter)."""
@@ -215,6 +225,10 @@ class SandboxBackend(abc.ABC):
 
     # -- optional hooks for tcp backends (defaults suit a backend the host reaches over ipc) --
 
+    # True where SIGINT cannot reach the kernel (it runs on another machine): the provisioner interrupts it with an
+    # interrupt_request on the control channel instead, as jupyter_client does for kernelspecs with interrupt_mode "message".
+    interrupt_by_message: ClassVar[bool] = False
+    runs_on_cluster: ClassVar[bool] = False  # kernels run on a cluster's nodes: this host's memory bounds nothing (gateway capacity)
     host_ip: ClassVar[str] = "127.0.0.1"  # tcp: where the host connects to the kernel's published ports
     guest_ip: ClassVar[str] = "0.0.0.0"  # tcp: the address the kernel binds inside the guest
 
@@ -239,6 +253,11 @@ class SandboxBackend(abc.ABC):
             "MSB_SCRATCH_DIR": str(self.settings.scratch_root()),
             "MSB_TRANSPORT": self.transport,
         }
+
+    def kernel_networks(self) -> list[str]:
+        """CIDRs the kernels' own addresses are on, where they could reach the gateway itself (a cluster's overlay,
+        which the gateway's container joins). Called by the gateway at start: it refuses connections from these."""
+        return []
 
     def stats(self) -> dict:
         """Backend counters for stats endpoints (for example host ports allocated and available)."""

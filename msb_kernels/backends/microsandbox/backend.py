@@ -52,19 +52,10 @@ from msb_kernels.backends.core.state import new_state, own_kept_sandbox, record_
 from msb_kernels.backends.microsandbox.host import run_doctor
 from msb_kernels.backends.microsandbox.images import image_supports_curve
 from msb_kernels.backends.microsandbox.smoke import smoke_boot
-from msb_kernels.backends.microsandbox.vm import (
-    GUEST_HOME,
-    GUEST_IO_DIR,
-    GUEST_USER,
-    create_kwargs,
-    guest_argv,
-    guest_env,
-    image_for,
-    record_from_handle,
-    sandbox_name,
-)
+from msb_kernels.backends.microsandbox.vm import GUEST_IO_DIR, create_kwargs, guest_argv, guest_env, record_from_handle, sandbox_name
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import BackendUnavailable, MsbError, SandboxError
+from msb_kernels.images import GUEST_HOME, GUEST_USER, image_for
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")

@@ -11,13 +11,10 @@ from typing import Any
 from msb_kernels.backends.core.base import SANDBOX_LABEL, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
 from msb_kernels.config import MsbSettings
+from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, LOCAL_IMAGE_PREFIX, image_for
 from msb_kernels.templates import TEMPLATES
 
 GUEST_IO_DIR = "/run/kernel"
-GUEST_USER = "sandbox"  # the images' unprivileged user (uid 1000, home /home/sandbox)
-GUEST_UID = 1000
-GUEST_HOME = "/home/sandbox"
-GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
 NAME_PREFIX = "msbk-"
 SMOKE_PREFIX = "msbk-smoke-"
 SMOKE_MEMORY_MIB = 256
@@ -29,12 +26,6 @@ LABEL_KERNEL = "msb-kernels.kernel-id"
 LABEL_FLAVOR = "msb-kernels.flavor"
 LABEL_TEMPLATE = "msb-kernels.template"
 LABEL_CREATED = "msb-kernels.created"
-LOCAL_IMAGE_PREFIX = "msb-kernels/"  # images `msb-kernels image build` tags
-IMAGE_CURVE_LABEL = "org.msb-kernels.curve"  # "true" when the image's kernel speaks CurveZMQ
-
-
-def image_for(settings: MsbSettings, template: str) -> str:
-    return getattr(settings, TEMPLATES[template].image_setting)
 
 
 def network_for(allow_network: bool) -> Any:

@@ -324,7 +324,7 @@ class KernelSocket:
 
         session_id: the client's session; Lab reuses one when it reconnects (random if not given).
         """
-        url = jupyter_ws.channels_url(f"http://127.0.0.1:{server.port}", kernel_id, session_id or uuid.uuid4().hex)
+        url = jupyter_ws.channels_url(server.url, kernel_id, session_id or uuid.uuid4().hex)
         return cls(await jupyter_ws.connect(url, server.token if token == "default" else token, START_TIMEOUT))
 
     def send(self, msg_type: str, content: dict, channel: str = "shell") -> str:

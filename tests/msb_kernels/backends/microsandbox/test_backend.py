@@ -31,7 +31,6 @@ from msb_kernels.backends.microsandbox.backend import MicrosandboxBackend
 from msb_kernels.backends.microsandbox.host import msb_binary, parse_doctor, run_doctor
 from msb_kernels.backends.microsandbox.vm import (
     GUEST_IO_DIR,
-    IMAGE_CURVE_LABEL,
     LABEL_HOST,
     LABEL_KERNEL,
     LABEL_OWNER_PID,
@@ -44,6 +43,7 @@ from msb_kernels.backends.microsandbox.vm import (
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable
 from msb_kernels.flavors import FLAVORS
+from msb_kernels.images import IMAGE_CURVE_LABEL, TEMPLATE_LABEL, archives, builds
 
 CPU_VIRT = any(flag in open("/proc/cpuinfo").read().split() for flag in ("vmx", "svm"))
 MSB = msb_binary()
@@ -237,15 +237,12 @@ def copy_host_binaries(*binaries: str):
     return prepare
 
 
-def test_an_image_without_ipykernel_is_not_taken_for_curve(tmp_path):
-    (tmp_path / "usr/lib/python3/dist-packages").mkdir(parents=True)
-    assert images.ipykernel_speaks_curve(tmp_path) is False
-
-
 @pytest.fixture(scope="module")
 def tiny_image():
     tag = f"msb-kernels/test-{uuid.uuid4().hex[:8]}:1"
-    result = images.build_offline("python", tag, prepare_rootfs=copy_host_binaries("/bin/sh", "/bin/cat"), log=lambda line: None)
+    result = builds.build_offline(
+        "python", tag, prepare_rootfs=copy_host_binaries("/bin/sh", "/bin/cat"), load=images.load_archive, log=lambda line: None
+    )
     yield tag, result
     if images.image_present(tag):
         images.remove_image(tag)
@@ -259,7 +256,7 @@ async def test_offline_build_loads_a_tagged_image_and_cleans_up(tiny_image):
     assert images.image_present(tag), images.list_images()
     detail = await Image.inspect(tag)
     assert detail.config.labels[IMAGE_CURVE_LABEL] == "true"
-    assert detail.config.labels[images.TEMPLATE_LABEL] == "python"
+    assert detail.config.labels[TEMPLATE_LABEL] == "python"
     assert detail.config.working_dir == "/home/sandbox" and "PATH=/usr/local/bin:/usr/bin:/bin" in detail.config.env
     settings = MsbSettings(python_image=tag)
     assert await MicrosandboxBackend(settings).supports_curve("python") is True
@@ -275,7 +272,7 @@ async def test_online_build_layering_on_a_saved_base(tiny_image, tmp_path):
     (layer / "usr/local/lib/python3.11/site-packages/msb_marker").mkdir(parents=True)
     (layer / "usr/local/lib/python3.11/site-packages/msb_marker/__init__.py").write_text("")
     tag = f"msb-kernels/test-online-{uuid.uuid4().hex[:8]}:1"
-    images.append_layer(base_archive, layer, "python", tag, archive, curve=False)
+    archives.append_layer(base_archive, layer, "python", tag, archive, curve=False)
     images.load_archive(archive, tag)
     try:
         assert images.image_present(tag)
@@ -286,25 +283,6 @@ async def test_online_build_layering_on_a_saved_base(tiny_image, tmp_path):
     finally:
         images.remove_image(tag)
     assert not images.image_present(tag)
-
-
-def test_apt_mirror_from_sources(tmp_path):
-    one_line = tmp_path / "sources.list"
-    one_line.write_text("# comment\ndeb [arch=amd64] http://mirror.example/debian bookworm main\n")
-    deb822 = tmp_path / "debian.sources"
-    deb822.write_text("Types: deb\nURIs: http://deb.example/debian\nSuites: bookworm\n")
-    assert images.apt_mirror([one_line]) == "http://mirror.example/debian"
-    assert images.apt_mirror([deb822]) == "http://deb.example/debian"
-    assert images.apt_mirror([tmp_path / "missing"]) == images.DEFAULT_MIRROR
-
-
-def test_apt_mirror_of_this_host_is_one_apt_uses(monkeypatch):
-    """Read from this host's real sources, not the fallback: apt-cache policy lists the same URL."""
-    policy = subprocess.run(["apt-cache", "policy"], capture_output=True, text=True, timeout=60).stdout
-    monkeypatch.setattr(images, "DEFAULT_MIRROR", "fallback-was-used")
-    mirror = images.apt_mirror()
-    assert mirror != "fallback-was-used"
-    assert f" {mirror} " in policy or f" {mirror}/ " in policy, (mirror, policy[:500])
 
 
 def test_image_build_cli_reports_errors_cleanly():

@@ -1,0 +1,265 @@
+"""The swarm backend live, on a two-node Docker Swarm of private engines (conftest.py, tests/engines.py).
+
+Kernels are reached at their tasks' addresses on the kernels' overlay network, so the provisioner-level suites (the
+contract every backend keeps, and the escapes that apply inside a container: on_the_swarm.py) run in a process
+on that network: pytest inside the network namespace of a container attached to it, as the gateway's own
+container is. The rest is the product as the README deploys it: deploy/swarm/stack.yml with `docker stack deploy`,
+the gateway as a service behind its API proxy, JupyterLab in Chromium and the MCP Inspector against it, its
+kill -9, and a node's loss (last: the worker stays dead).
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TEST_BASE, VENV_BIN
+from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
+from tests.msb_kernels.backends.cluster.conftest import KERNEL_IMAGE, NETWORK, SwarmSite
+from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, page  # noqa: F401 (fixtures)
+from tests.msb_kernels.gateway.conftest import HttpServer, KernelSocket, free_port, launch_jupyter_server, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STACK = REPO / "deploy" / "swarm" / "stack.yml"
+INNER_SUITES = ["tests/msb_kernels/backends/test_contract.py", "tests/msb_kernels/backends/cluster/on_the_swarm.py"]
+
+
+def test_the_contract_and_the_container_escapes_hold_on_the_swarms_network(swarm_site: SwarmSite) -> None:
+    """pytest, run where a gateway runs: in the network namespace of a container on the kernels' overlay."""
+    anchor = swarm_site.client().containers.run(KERNEL_IMAGE, ["sleep", "infinity"], network=NETWORK, detach=True, name="msbt-anchor")
+    try:
+        anchor.reload()
+        pid = anchor.attrs["State"]["Pid"]
+        command = ["nsenter", f"--net=/proc/{pid}/ns/net", str(VENV_BIN / "python"), "-m", "pytest", *INNER_SUITES]
+        command += ["-k", "swarm or not contract", "-p", "no:cacheprovider", "-q", "-rs", "--timeout=300"]
+        env = swarm_site.env(MSBT_ON_SWARM="1", MSBT_SWARM_WORKER=swarm_site.swarm.worker_addr)
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=840)
+    finally:
+        anchor.remove(force=True)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    print(f"\non the swarm's network: {summary}")
+    assert result.returncode == 0, f"the suites on the swarm's network failed:\n{result.stdout[-12000:]}\n{result.stderr[-3000:]}"
+    assert " passed" in summary and "skipped" not in summary, summary
+
+
+# -- the gateway as a service: deploy/swarm/stack.yml ---------------------------------------------------------------
+
+
+class ServiceGateway(HttpServer):
+    """The stack's gateway, at the port it publishes on the manager (mode host)."""
+
+    def __init__(self, site: SwarmSite, port: int, token: str):
+        super().__init__(port, token, process=None, log_path=TEST_BASE / "stack-gateway.log")  # type: ignore[arg-type]
+        self.site = site
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.site.swarm.manager_addr}:{self.port}"
+
+    def running(self) -> bool:
+        return True
+
+    def log(self) -> str:
+        return self.site.docker("service", "logs", "--raw", "msb_gateway").stdout[-6000:]
+
+    def stop(self, *args, **kwargs) -> int:
+        return 0
+
+    def containers(self) -> list:
+        return self.site.client().containers.list(filters={"label": "com.docker.swarm.service.name=msb_gateway"})
+
+    async def kernel(self, kernel_id: str) -> dict:
+        return (await self.request("GET", f"/api/kernels/{kernel_id}")).json
+
+    async def start_kernel(self, name: str = "msb-python-small") -> str:
+        response = await self.request("POST", "/api/kernels", {"name": name})
+        assert response.code == 201, (response.code, response.body[:500])
+        return response.json["id"]
+
+
+async def _healthy(gateway: ServiceGateway) -> bool:
+    try:
+        return (await gateway.request("GET", "/api/msb/health", token=None, timeout=5)).code == 200
+    except (ConnectionError, OSError):
+        return False
+
+
+@pytest.fixture(scope="module")
+async def stack(swarm_site: SwarmSite) -> AsyncIterator[ServiceGateway]:
+    """The stack as the README deploys it: a token secret, `docker stack deploy --resolve-image never`."""
+    token, port = secrets.token_hex(16), free_port()
+    created = subprocess.run(
+        ["/usr/bin/docker", "-H", swarm_site.docker_host, "secret", "create", "msb-token", "-"],
+        input=token,
+        capture_output=True,
+        text=True,
+        env=swarm_site.env(),
+    )
+    assert created.returncode == 0, created.stderr
+    deployed = swarm_site.docker(
+        "stack",
+        "deploy",
+        "--resolve-image",
+        "never",
+        "-c",
+        str(STACK),
+        "msb",
+        MSB_PORT=str(port),
+        MSB_POOL_SIZE="python-small=1",
+        DOCKER_SOCKET=str(swarm_site.swarm.manager.socket),
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    gateway = ServiceGateway(swarm_site, port, token)
+    try:
+        await wait_until(lambda: _healthy(gateway), 120, "the stack's gateway to answer")
+    except AssertionError as exc:
+        tasks = swarm_site.docker("stack", "ps", "--no-trunc", "msb").stdout
+        raise AssertionError(
+            f"{exc}\n{tasks}\n{gateway.log()}\n{swarm_site.docker('service', 'logs', '--raw', 'msb_docker-api').stdout[-3000:]}"
+        ) from None
+    yield gateway
+    gateway.log_path.write_text(gateway.log())
+    swarm_site.docker("stack", "rm", "msb")
+
+
+async def test_kernels_spread_over_both_nodes_and_one_no_node_fits_is_refused_fast(stack: ServiceGateway) -> None:
+    """Two 2-CPU nodes hold four small kernels (1 CPU reserved each, the pool's among them); a large one (4 CPUs) fits
+    on none and is refused at once with the scheduler's reason, never left pending."""
+    kernels = [await stack.start_kernel() for _ in range(3)]
+    assert {_node_of(stack, kernel) for kernel in kernels} == {"manager", "worker"}
+    began = time.monotonic()
+    refused = await stack.request("POST", "/api/kernels", {"name": "msb-python-large"})
+    took = time.monotonic() - began
+    assert refused.code == 429, (refused.code, refused.body[:500])
+    assert (
+        refused.json["reason"] == "ResourceLimitExceeded"
+        and "no suitable node (insufficient resources on 2 nodes)" in refused.json["message"]
+    )
+    assert took < 10, f"refused after {took:.1f} s"
+    for kernel in kernels:
+        assert (await stack.request("DELETE", f"/api/kernels/{kernel}")).code == 204
+
+
+def _node_of(stack: ServiceGateway, kernel_id: str) -> str:
+    """Which node (manager, worker) runs the kernel's service, as the swarm says."""
+    client = stack.site.client()
+    ids = stack.site.swarm.node_ids()
+    role = {node_id: name for name, node_id in ids.items()}
+    for service in client.services.list(filters={"label": f"msb-kernels.kernel-id={kernel_id}"}):
+        for task in service.tasks():
+            if task["Status"]["State"] == "running":
+                return role[task["NodeID"]]
+    raise AssertionError(f"kernel {kernel_id} runs nowhere")
+
+
+async def test_the_pool_hands_out_a_service_that_runs_already(stack: ServiceGateway) -> None:
+    await wait_until(lambda: _pool_ready(stack), 120, "the pool's kernel")
+    began = time.monotonic()
+    kernel = await stack.start_kernel()
+    handed_out = time.monotonic() - began
+    stats = (await stack.request("GET", "/api/msb/stats")).json
+    assert stats["pool"]["handed_out"] >= 1, stats["pool"]
+    socket = await KernelSocket.open(stack, kernel)
+    try:
+        assert (await socket.execute("import os; os.environ['MSB_SANDBOX']")).result == "'swarm'"
+    finally:
+        socket.close()
+    print(f"pool hand-out through the gateway service: {handed_out * 1000:.0f} ms")
+    assert (await stack.request("DELETE", f"/api/kernels/{kernel}")).code == 204
+
+
+async def _pool_ready(stack: ServiceGateway) -> bool:
+    pool = (await stack.request("GET", "/api/msb/stats")).json["pool"]
+    return sum(pool["waiting"].values()) >= 1
+
+
+async def test_kill_9_of_the_gateway_service_and_the_next_one_adopts_its_kernel(stack: ServiceGateway) -> None:
+    kernel = await stack.start_kernel()
+    socket = await KernelSocket.open(stack, kernel)
+    try:
+        await socket.execute("kept = 'through a kill -9'")
+    finally:
+        socket.close()
+    (old,) = stack.containers()
+    old.kill(signal="SIGKILL")  # the gateway's main process, as the OOM killer or a crash would end it
+    await wait_until(lambda: _replaced(stack, old.id), 120, "swarm to start the gateway's next task")
+    await wait_until(lambda: _healthy(stack), 120, "the next gateway to answer")
+    assert any(k["id"] == kernel for k in (await stack.request("GET", "/api/kernels")).json)
+    socket = await KernelSocket.open(stack, kernel)
+    try:
+        assert (await socket.execute("kept")).result == "'through a kill -9'"
+    finally:
+        socket.close()
+    assert "adopted 1 kernel" in stack.log() or "adopted" in stack.log()
+    assert (await stack.request("DELETE", f"/api/kernels/{kernel}")).code == 204
+
+
+async def _replaced(stack: ServiceGateway, old_id: str) -> bool:
+    return any(c.id != old_id for c in stack.containers())
+
+
+@pytest.fixture(scope="module")
+async def lab(stack: ServiceGateway) -> AsyncIterator[HttpServer]:
+    """`jupyter lab --gateway-url` at the gateway service, as the stack file's header says."""
+    server = await launch_jupyter_server(stack, app="lab")
+    yield server
+    server.stop()
+
+
+def test_jupyterlab_in_chromium_runs_a_notebook_on_the_swarm(page: LabPage) -> None:
+    page.new_notebook(PYTHON)
+    cell = page.run("import os, socket; print('on', os.environ['MSB_SANDBOX'], 'as uid', os.getuid())")
+    assert page.wait_for_text(cell, STDOUT, "on swarm").strip() == "on swarm as uid 1000"
+    cell = page.run("x = 6 * 7; print(x)")
+    assert page.wait_for_text(cell, STDOUT, "42").strip() == "42"
+
+
+@pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing()))
+async def test_the_mcp_inspector_runs_code_on_the_swarm_through_the_gateway_service(stack: ServiceGateway, tmp_path: Path) -> None:
+    log = tmp_path / "fetch.jsonl"
+    env = inspector_env(NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=stack.token, MSB_TEST_FETCH_LOG=str(log))
+    inspector = Inspector([stack.url + "/mcp"], env, fetch_log=log)
+    first = (await inspector.call("execute_code", code="import os; value = 7; print(os.environ['MSB_SANDBOX'])")).structured
+    assert first.get("stdout") == "swarm\n" and first.get("status") == "ok", first
+    again = (await inspector.call("execute_code", code="print(value * 6)", session_id=first["session_id"])).structured
+    assert again["stdout"] == "42\n", again
+    sessions = (await inspector.call("get_sessions")).structured["sessions"]
+    assert any(s["id"] == first["session_id"] and s["flavor"] == "small" for s in sessions), sessions
+    await inspector.call("stop_session", session_id=first["session_id"])
+
+
+async def test_a_kernel_whose_node_dies_is_reported_dead_with_the_reason(stack: ServiceGateway) -> None:
+    """Last in this module: the worker stays dead. Its kernel is said to be dead because its node went down,
+    within seconds, never left hanging; the manager's kernel lives on."""
+    kernels = [await stack.start_kernel() for _ in range(2)]
+    on_worker = [k for k in kernels if _node_of(stack, k) == "worker"]
+    if not on_worker:  # both landed on the manager (the pool's kernel is on the worker): one more lands there
+        kernels.append(await stack.start_kernel())
+        on_worker = [k for k in kernels if _node_of(stack, k) == "worker"]
+    assert on_worker, "no kernel on the worker"
+    victim = on_worker[0]
+    stack.site.swarm.kill_worker(unplug=True)
+    began = time.monotonic()
+
+    async def reported() -> str | None:
+        stopped = (await stack.request("GET", "/api/msb/stats")).json.get("recently_stopped") or []
+        for record in stopped:
+            if record.get("id") == victim and "node" in (record.get("reason") or ""):
+                return record["reason"]
+        return None
+
+    reason = await wait_until(reported, 60, "the gateway to report the kernel on the dead node")
+    print(f"reported {time.monotonic() - began:.1f} s after the worker died: {reason}")
+    assert "is down" in reason and "heartbeat failure" in reason, reason
+    survivor = next(k for k in kernels if k not in on_worker)
+    socket = await KernelSocket.open(stack, survivor)
+    try:
+        assert (await socket.execute("1 + 1")).result == "2"
+    finally:
+        socket.close()
