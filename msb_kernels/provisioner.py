@@ -111,12 +111,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if self.sandbox is None:
             return
         if signum == signal.SIGINT and self.backend.interrupt_by_message:
+            # jupyter_client's own way for interrupt_mode "message": its control socket, kept open until the kernel's
+            # cleanup. A socket closed right after the send can lose it: an asyncio socket sends once it is writable.
             km = self.parent
-            control = km.connect_control()
-            try:
-                km.session.send(control, km.session.msg("interrupt_request", content={}))
-            finally:
-                control.close(linger=1000)  # the request leaves before the socket goes
+            km._connect_control_socket()
+            km.session.send(km._control_socket, km.session.msg("interrupt_request", content={}))
             return
         await self.sandbox.send_signal(signum)
 

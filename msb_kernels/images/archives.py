@@ -115,3 +115,18 @@ def archive_python(archive: Path) -> str:
                         if len(parts) == 4 and parts[:2] == ["usr", "lib"] and parts[2].startswith("python3.") and parts[3] == "os.py":
                             return parts[2].removeprefix("python")
     raise SandboxError(f"{archive} holds no python3: build it with `msb-kernels image build python --save-archive {archive}`")
+
+
+def installed_distributions(archive: Path, version: str) -> set[str]:
+    """The ``name-version.dist-info`` directories of an archive's /usr/local site: what its kernel already brings."""
+    prefix = f"usr/local/lib/python{version}/dist-packages/"
+    found = set()
+    with tarfile.open(archive) as outer:
+        for member in outer:
+            if member.name.endswith("/layer.tar"):
+                with tarfile.open(fileobj=outer.extractfile(member)) as layer:
+                    for inner in layer:
+                        rest = inner.name.removeprefix("./").removeprefix(prefix)
+                        if rest != inner.name and rest.count("/") == 0 and rest.endswith(".dist-info"):
+                            found.add(rest)
+    return found

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msb_kernels.errors import InvalidRequest, SandboxError
-from msb_kernels.images.archives import append_layer, archive_from_rootfs, archive_python
+from msb_kernels.images.archives import append_layer, archive_from_rootfs, archive_python, installed_distributions
 from msb_kernels.images.rootfs import (
     DEBIAN_KERNEL_FALLBACK,
     DEBIAN_PACKAGES,
@@ -95,6 +95,25 @@ def build_offline(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def drop_installed(target: Path, installed: set[str]) -> int:
+    """Remove from target each distribution the base has at the same version (the same dist-info name), file by file
+    as its RECORD lists them: a layer of the gateway image then adds only what the kernel image lacks."""
+    dropped = 0
+    for info in target.glob("*.dist-info"):
+        if info.name not in installed:
+            continue
+        for line in (info / "RECORD").read_text().splitlines() if (info / "RECORD").exists() else []:
+            path = target / line.split(",", 1)[0]
+            if path.is_file() and target in path.resolve().parents:
+                path.unlink()
+        shutil.rmtree(info, ignore_errors=True)
+        dropped += 1
+    for folder in sorted((p for p in target.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # the emptied ones only
+    return dropped
+
+
 def package_source() -> Path:
     """The msb-kernels checkout this process runs from (the README installs it editable from a clone)."""
     from importlib.metadata import PackageNotFoundError, distribution
@@ -163,6 +182,8 @@ def build_gateway(
             log,
         )
         shutil.rmtree(target / "bin", ignore_errors=True)  # scripts for this host's interpreter
+        kept = drop_installed(target, installed_distributions(base_archive, version))
+        log(f"{kept} distributions the kernel image holds already left out of the gateway's layer")
         for name, module in (("msb-kernels", "msb_kernels.cli"), ("msb-mcp", "mcp_bridge.cli")):
             script = layer / "usr" / "local" / "bin" / name
             script.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import os
 import secrets
@@ -153,6 +154,8 @@ class ClusterBackend(SandboxBackend):
         self._curve: dict[str, bool] = {}
         self._owners: set[str] = set()
         self._beating: asyncio.Task | None = None
+        self._on_network = False
+        self._starting: set[str] = set()  # kernels this process is creating: not yet live_sandboxes, never an orphan
 
     @classmethod
     def make_engine(cls, settings: MsbSettings) -> Engine:
@@ -196,6 +199,28 @@ class ClusterBackend(SandboxBackend):
 
     def kernel_networks(self) -> list[str]:
         return self.engine.network_subnets()
+
+    def _check_on_kernel_network(self) -> None:
+        """Kernels are reached on their network only: a process that is not on it (a gateway started on a node's host
+        rather than as the stack's service) would wait out every start. Asked once: the route to the network's
+        first address leaves from one of this process's addresses on it, or not."""
+        if self._on_network:
+            return
+        subnets = [ipaddress.ip_network(cidr) for cidr in self.kernel_networks()]
+        for subnet in subnets:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((str(next(subnet.hosts())), 9))  # UDP: nothing is sent
+                if ipaddress.ip_address(probe.getsockname()[0]) in subnet:
+                    self._on_network = True
+                    return
+        raise BackendUnavailable(
+            f"this process is not on the kernels' network {self.settings.swarm_network} "
+            f"({', '.join(map(str, subnets)) or 'no subnet'}), where {self.engine.name} kernels are reached",
+            [
+                "run the gateway as a service of the stack: docker stack deploy -c deploy/swarm/stack.yml msb",
+                f"or run it in a container attached to {self.settings.swarm_network} (it is attachable)",
+            ],
+        )
 
     def settings_env(self) -> dict[str, str]:
         env = super().settings_env()
@@ -288,16 +313,20 @@ class ClusterBackend(SandboxBackend):
                 "they run on other nodes",
                 ["unset those settings for this gateway", "upload and download files with the MCP file tools"],
             )
+        await asyncio.to_thread(self._check_on_kernel_network)
         owner = self.owner_for(spec)
         await self._adopt_owner(owner)
         service = self._service_for(spec, owner)
-        await asyncio.to_thread(self.engine.run, service)
+        self._starting.add(spec.sandbox_id)
         try:
+            await asyncio.to_thread(self.engine.run, service)
             state = await self._until_running(spec, service.name)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(asyncio.to_thread(self.engine.remove, service.name))
             raise
+        finally:
+            self._starting.discard(spec.sandbox_id)
         return ClusterSandbox(spec, self, service.name, state)
 
     async def _until_running(self, spec: SandboxSpec, name: str) -> TaskState:
@@ -361,7 +390,7 @@ class ClusterBackend(SandboxBackend):
             except ValueError:
                 grace = 0.0
             silent = now - beats.get(owner, record.created)
-            held = kernel_id in registry.live_sandboxes
+            held = kernel_id in registry.live_sandboxes or kernel_id in self._starting
             own_gateway = owner == gateway and grace > 0
             owner_alive = held or (silent <= OWNER_TIMEOUT and not own_gateway)
             adoptable = not held and grace > 0 and record.state.phase == "running" and (own_gateway or silent <= OWNER_TIMEOUT + grace)

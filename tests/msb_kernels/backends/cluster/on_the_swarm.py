@@ -5,6 +5,7 @@ inside the network namespace of a container on the swarm's overlay, where a gate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -163,3 +164,35 @@ async def test_a_flavor_no_node_can_hold_is_refused_at_once_with_the_schedulers_
         await start_kernel("msb-python-large")
     assert time.monotonic() - began < 10
     assert "no suitable node (insufficient resources on 2 nodes)" in refused.value.message
+
+
+async def test_the_sweep_removes_kernels_whose_owner_is_gone_and_keeps_the_rest(start_kernel, monkeypatch):
+    """Three kernels: this process's own (it beats), one of an owner that never beat and has no grace (gone for good),
+    and one of a gone gateway still within its grace (adoptable). Only the second goes, with its secrets."""
+    import docker
+
+    from msb_kernels.backends import get_backend
+    from msb_kernels.backends.cluster import backend as cluster
+    from msb_kernels.config import load_settings
+
+    km, kc = await start_kernel()
+    backend = get_backend(load_settings())
+    gone, kept = f"gone-{os.getpid()}", f"restarting-{os.getpid()}"
+    services = []
+    for owner, grace in ((gone, "0"), (kept, "600")):
+        spec = dataclasses.replace(km.provisioner.sandbox.spec, sandbox_id=f"00000000-0000-4000-8000-{os.urandom(6).hex()}")
+        service = backend._service_for(spec, owner)
+        service.labels.update({cluster.LABEL_OWNER: owner, cluster.LABEL_GRACE: grace})
+        backend.engine.run(service)
+        services.append(service)
+    began = time.monotonic()
+    while any(backend.engine.state(s.name, max_age=0).phase != "running" for s in services) and time.monotonic() - began < 60:
+        time.sleep(0.2)
+    monkeypatch.setattr(cluster, "OWNER_TIMEOUT", 0.0)  # owners that never beat are silent at once
+    swept = await backend.sweep_orphans()
+    assert swept == [services[0].kernel_id], swept
+    names = {s.name for s in backend.engine.services()}
+    assert services[0].name not in names and services[1].name in names and km.provisioner.sandbox.service in names
+    assert not docker.from_env().secrets.list(filters={"label": f"msb-kernels.service={services[0].name}"})
+    backend.engine.remove(services[1].name)
+    assert (await execute(kc, "'still here'")).result == "'still here'"

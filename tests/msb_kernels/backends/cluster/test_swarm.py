@@ -10,7 +10,9 @@ kill -9, and a node's loss (last: the worker stays dead).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -21,8 +23,12 @@ import pytest
 from tests.conftest import REPO, TEST_BASE, VENV_BIN
 from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
 from tests.msb_kernels.backends.cluster.conftest import KERNEL_IMAGE, NETWORK, SwarmSite
+
+# JupyterLab's own browser test of interrupt and restart, run again below against the gateway service (this module's `lab`).
+from tests.msb_kernels.gateway import test_jupyterlab_browser as lab_tests
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, page  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import HttpServer, KernelSocket, free_port, launch_jupyter_server, wait_until
+from tests.skips import needs_runsc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,6 +54,22 @@ def test_the_contract_and_the_container_escapes_hold_on_the_swarms_network(swarm
     assert " passed" in summary and "skipped" not in summary, summary
 
 
+async def test_a_process_off_the_kernels_network_is_told_where_to_run(swarm_site: SwarmSite, start_kernel, monkeypatch) -> None:
+    """This pytest runs on the host, not on the overlay: a swarm kernel could never be reached from here, and the start
+    says so at once, with what to do, instead of waiting out the kernel's start."""
+    from msb_kernels.errors import BackendUnavailable
+
+    monkeypatch.setenv("MSB_BACKEND", "swarm")
+    monkeypatch.setenv("DOCKER_HOST", swarm_site.docker_host)
+    began = time.monotonic()
+    with pytest.raises(BackendUnavailable) as refused:
+        await start_kernel()
+    assert time.monotonic() - began < 10
+    assert "not on the kernels' network msb-kernels" in refused.value.message
+    assert any("docker stack deploy" in suggestion for suggestion in refused.value.suggestions)
+    assert not swarm_site.client().services.list(filters={"label": "msb-kernels=1"}), "a service was left"
+
+
 # -- the gateway as a service: deploy/swarm/stack.yml ---------------------------------------------------------------
 
 
@@ -66,7 +88,9 @@ class ServiceGateway(HttpServer):
         return True
 
     def log(self) -> str:
-        return self.site.docker("service", "logs", "--raw", "msb_gateway").stdout[-6000:]
+        """The gateway service's output, every task's: stdout (the banner) and stderr (the log) together."""
+        shown = self.site.docker("service", "logs", "--raw", "msb_gateway")
+        return (shown.stdout + shown.stderr)[-20000:]
 
     def stop(self, *args, **kwargs) -> int:
         return 0
@@ -78,7 +102,14 @@ class ServiceGateway(HttpServer):
         return (await self.request("GET", f"/api/kernels/{kernel_id}")).json
 
     async def start_kernel(self, name: str = "msb-python-small") -> str:
-        response = await self.request("POST", "/api/kernels", {"name": name})
+        """A kernel; while the kernels a test just deleted still hold their node's reservation (their tasks stop within
+        seconds), the scheduler's "no suitable node" is waited out for up to 30 s."""
+        deadline = time.monotonic() + 30
+        while True:
+            response = await self.request("POST", "/api/kernels", {"name": name})
+            if response.code != 429 or b"no suitable node" not in response.body or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
         assert response.code == 201, (response.code, response.body[:500])
         return response.json["id"]
 
@@ -220,6 +251,16 @@ def test_jupyterlab_in_chromium_runs_a_notebook_on_the_swarm(page: LabPage) -> N
     assert page.wait_for_text(cell, STDOUT, "42").strip() == "42"
 
 
+def test_jupyterlab_shows_output_stderr_and_a_plot_from_the_swarm(page: LabPage) -> None:
+    lab_tests.test_a_python_notebook_shows_output_stderr_and_a_plot(page)
+
+
+def test_jupyterlab_interrupts_and_restarts_a_swarm_kernel_from_the_toolbar(page: LabPage) -> None:
+    """Lab's own test, on the gateway service: the restart's kernel is a new task at a new address, and the next cell
+    reaches it."""
+    lab_tests.test_interrupt_and_restart_from_the_toolbar(page)
+
+
 @pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing()))
 async def test_the_mcp_inspector_runs_code_on_the_swarm_through_the_gateway_service(stack: ServiceGateway, tmp_path: Path) -> None:
     log = tmp_path / "fetch.jsonl"
@@ -232,6 +273,54 @@ async def test_the_mcp_inspector_runs_code_on_the_swarm_through_the_gateway_serv
     sessions = (await inspector.call("get_sessions")).structured["sessions"]
     assert any(s["id"] == first["session_id"] and s["flavor"] == "small" for s in sessions), sessions
     await inspector.call("stop_session", session_id=first["session_id"])
+
+
+async def test_a_kernel_cannot_call_its_gateway(stack: ServiceGateway) -> None:
+    """The gateway's container is on the kernels' overlay (it reaches them there): its server closes any connection
+    from that network unread, so the token is not all that stands between a kernel and the gateway's API."""
+    kernel = await stack.start_kernel()
+    code = """
+import socket
+try:
+    with socket.create_connection(("msb_gateway", 8765), timeout=10) as s:  # Docker's DNS: the task's overlay address
+        s.sendall(b"GET /api/msb/health HTTP/1.0\\r\\n\\r\\n")
+        answer = s.recv(200)
+except OSError as exc:
+    answer = type(exc).__name__
+answer
+"""
+    socket = await KernelSocket.open(stack, kernel)
+    try:
+        answer = (await socket.execute(code)).result
+    finally:
+        socket.close()
+        await stack.request("DELETE", f"/api/kernels/{kernel}")
+    assert answer in ("b''", "'ConnectionResetError'"), answer
+    assert "refused a connection from" in stack.log()
+
+
+@needs_runsc
+async def test_a_node_whose_default_runtime_is_runsc_runs_its_kernels_in_gvisor(stack: ServiceGateway) -> None:
+    """Swarm has no runtime per service: the node's daemon decides. With runsc its default (Debian's, ptrace, and
+    --network=host, which hands gVisor the task's own network namespace), the kernels placed there run on gVisor's
+    kernel; the manager's stay on runc. Nothing in msb-kernels changes."""
+    stack.site.swarm.worker.use_default_runtime("runsc", shutil.which("runsc") or "/usr/bin/runsc", ["--platform=ptrace", "--network=host"])
+    kernels, releases = [], {}
+    try:
+        while "worker" not in releases and len(kernels) < 3:
+            kernels.append(await stack.start_kernel())
+            socket = await KernelSocket.open(stack, kernels[-1])
+            try:
+                releases[_node_of(stack, kernels[-1])] = (
+                    await socket.execute("import os, platform; (platform.release(), os.getuid())")
+                ).result
+            finally:
+                socket.close()
+        assert releases.get("worker") == "('4.4.0', 1000)", releases  # gVisor's Linux, as the gvisor backend's kernels see it
+        assert all(release != "('4.4.0', 1000)" for node, release in releases.items() if node == "manager"), releases
+    finally:
+        for kernel in kernels:
+            await stack.request("DELETE", f"/api/kernels/{kernel}")
 
 
 async def test_a_kernel_whose_node_dies_is_reported_dead_with_the_reason(stack: ServiceGateway) -> None:
