@@ -345,6 +345,8 @@ class DockerSwarm(Engine):
 
     def state(self, name: str, max_age: float = SNAPSHOT_SECONDS) -> TaskState:
         record = self._records(max_age).get(name)
+        if record is None:  # a listing taken while the service was being made does not hold it: look once more
+            record = self._records(max_age=0).get(name)
         if record is None:
             return TaskState("lost", reason="its service is gone (removed outside msb-kernels)")
         return record.state
