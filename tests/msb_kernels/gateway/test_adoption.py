@@ -234,7 +234,7 @@ async def test_a_busy_kernel_is_adopted_and_its_lost_ending_is_reported():
             "execute_request",
             {
                 "code": "import time\nprint('before', flush=True)\ntime.sleep(4)\n"
-                "print('during the restart', flush=True)\ntime.sleep(25)\nprint('after')",
+                "print('during the restart', flush=True)\ntime.sleep(12)\nprint('after')",
                 "silent": False,
                 "store_history": True,
                 "user_expressions": {},

@@ -243,18 +243,6 @@ async def lab(stack: ServiceGateway) -> AsyncIterator[HttpServer]:
     server.stop()
 
 
-def test_jupyterlab_in_chromium_runs_a_notebook_on_the_swarm(page: LabPage) -> None:
-    page.new_notebook(PYTHON)
-    cell = page.run("import os, socket; print('on', os.environ['MSB_SANDBOX'], 'as uid', os.getuid())")
-    assert page.wait_for_text(cell, STDOUT, "on swarm").strip() == "on swarm as uid 1000"
-    cell = page.run("x = 6 * 7; print(x)")
-    assert page.wait_for_text(cell, STDOUT, "42").strip() == "42"
-
-
-def test_jupyterlab_shows_output_stderr_and_a_plot_from_the_swarm(page: LabPage) -> None:
-    lab_tests.test_a_python_notebook_shows_output_stderr_and_a_plot(page)
-
-
 def test_jupyterlab_interrupts_and_restarts_a_swarm_kernel_from_the_toolbar(page: LabPage) -> None:
     """Lab's own test, on the gateway service: the restart's kernel is a new task at a new address, and the next cell
     reaches it."""
