@@ -33,6 +33,7 @@ from tests.skips import needs_runsc
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STACK = REPO / "deploy" / "swarm" / "stack.yml"
+CULL_AFTER_SECONDS = 45  # longer than any test here leaves its own kernels idle, shorter than the tests before culling's
 INNER_SUITES = ["tests/msb_kernels/backends/test_contract.py", "tests/msb_kernels/backends/cluster/on_the_swarm.py"]
 
 
@@ -143,6 +144,8 @@ async def stack(swarm_site: SwarmSite) -> AsyncIterator[ServiceGateway]:
         "msb",
         MSB_PORT=str(port),
         MSB_POOL_SIZE="python-small=1",
+        MSB_SESSION_TIMEOUT_SECONDS=str(CULL_AFTER_SECONDS),
+        MSB_CULL_INTERVAL_SECONDS="5",
         DOCKER_SOCKET=str(swarm_site.swarm.manager.socket),
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
@@ -154,27 +157,36 @@ async def stack(swarm_site: SwarmSite) -> AsyncIterator[ServiceGateway]:
         raise AssertionError(
             f"{exc}\n{tasks}\n{gateway.log()}\n{swarm_site.docker('service', 'logs', '--raw', 'msb_docker-api').stdout[-3000:]}"
         ) from None
+    gateway.idle_kernel = await gateway.start_kernel()  # used once, then left alone: the culling test finds it gone
+    socket = await KernelSocket.open(gateway, gateway.idle_kernel)
+    try:
+        await socket.execute("used = True")
+    finally:
+        socket.close()
+    gateway.idle_since = time.monotonic()
     yield gateway
     gateway.log_path.write_text(gateway.log())
     swarm_site.docker("stack", "rm", "msb")
 
 
 async def test_kernels_spread_over_both_nodes_and_one_no_node_fits_is_refused_fast(stack: ServiceGateway) -> None:
-    """Two 2-CPU nodes hold four small kernels (1 CPU reserved each, the pool's among them); a large one (4 CPUs) fits
-    on none and is refused at once with the scheduler's reason, never left pending."""
-    kernels = [await stack.start_kernel() for _ in range(3)]
-    assert {_node_of(stack, kernel) for kernel in kernels} == {"manager", "worker"}
-    began = time.monotonic()
-    refused = await stack.request("POST", "/api/kernels", {"name": "msb-python-large"})
-    took = time.monotonic() - began
-    assert refused.code == 429, (refused.code, refused.body[:500])
-    assert (
-        refused.json["reason"] == "ResourceLimitExceeded"
-        and "no suitable node (insufficient resources on 2 nodes)" in refused.json["message"]
-    )
-    assert took < 10, f"refused after {took:.1f} s"
-    for kernel in kernels:
-        assert (await stack.request("DELETE", f"/api/kernels/{kernel}")).code == 204
+    """Two 2-CPU nodes hold four small kernels (1 CPU reserved each): the pool's, the idle one the fixture started and
+    two more fill both nodes. A large one (4 CPUs) fits on none and is refused at once with the scheduler's reason,
+    never left pending."""
+    kernels = [await stack.start_kernel() for _ in range(2)]
+    try:
+        assert {_node_of(stack, kernel) for kernel in [stack.idle_kernel, *kernels]} == {"manager", "worker"}
+        began = time.monotonic()
+        refused = await stack.request("POST", "/api/kernels", {"name": "msb-python-large"})
+        took = time.monotonic() - began
+        assert refused.code == 429, (refused.code, refused.body[:500])
+        assert refused.json["reason"] == "ResourceLimitExceeded", refused.json
+        assert "no suitable node (insufficient resources on 2 nodes)" in refused.json["message"], refused.json
+        assert took < 10, f"refused after {took:.1f} s"
+        print(f"a large kernel refused in {took * 1000:.0f} ms: {refused.json['message']}")
+    finally:
+        for kernel in kernels:
+            await stack.request("DELETE", f"/api/kernels/{kernel}")
 
 
 def _node_of(stack: ServiceGateway, kernel_id: str) -> str:
@@ -285,6 +297,26 @@ answer
         await stack.request("DELETE", f"/api/kernels/{kernel}")
     assert answer in ("b''", "'ConnectionResetError'"), answer
     assert "refused a connection from" in stack.log()
+
+
+async def test_an_idle_kernel_is_culled_and_its_service_removed(stack: ServiceGateway) -> None:
+    """The kernel the stack fixture started and used once: past MSB_SESSION_TIMEOUT_SECONDS idle the gateway culls it,
+    as on one host, and its service and secrets go."""
+    kernel = stack.idle_kernel
+    await asyncio.sleep(max(0.0, CULL_AFTER_SECONDS + 10 - (time.monotonic() - stack.idle_since)))
+
+    async def culled() -> bool:
+        return all(k["id"] != kernel for k in (await stack.request("GET", "/api/kernels")).json)
+
+    try:
+        await wait_until(culled, 30, "the idle kernel to be culled")
+    except AssertionError as exc:
+        listed = (await stack.request("GET", "/api/kernels")).json
+        raise AssertionError(f"{exc}: {listed}\n{stack.log()[-4000:]}") from None
+    assert not stack.site.client().services.list(filters={"label": f"msb-kernels.kernel-id={kernel}"})
+    assert not stack.site.client().secrets.list(filters={"label": "msb-kernels=1"}) or all(
+        not s.name.startswith(f"msb-{kernel}") for s in stack.site.client().secrets.list(filters={"label": "msb-kernels=1"})
+    )
 
 
 @needs_runsc
