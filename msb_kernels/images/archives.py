@@ -104,29 +104,22 @@ def append_layer(
         write_archive(archive, tag, config, layers)
 
 
-def archive_python(archive: Path) -> str:
-    """The python3 version ("3.11") in a Docker-save archive of ours, from its layers' standard library paths."""
+def python_site(archive: Path) -> tuple[str, set[str]]:
+    """The python3 version ("3.11") in a Docker-save archive of ours, from its standard library's path, and the
+    ``name-version.dist-info`` directories of its /usr/local site (what its kernel already brings): one pass over
+    its layers, which are hundreds of MiB."""
+    version, found = None, {}
     with tarfile.open(archive) as outer:
         for member in outer:
             if member.name.endswith("/layer.tar"):
                 with tarfile.open(fileobj=outer.extractfile(member)) as layer:
                     for inner in layer:
-                        parts = inner.name.split("/")
+                        parts = inner.name.removeprefix("./").split("/")
                         if len(parts) == 4 and parts[:2] == ["usr", "lib"] and parts[2].startswith("python3.") and parts[3] == "os.py":
-                            return parts[2].removeprefix("python")
-    raise SandboxError(f"{archive} holds no python3: build it with `msb-kernels image build python --save-archive {archive}`")
-
-
-def installed_distributions(archive: Path, version: str) -> set[str]:
-    """The ``name-version.dist-info`` directories of an archive's /usr/local site: what its kernel already brings."""
-    prefix = f"usr/local/lib/python{version}/dist-packages/"
-    found = set()
-    with tarfile.open(archive) as outer:
-        for member in outer:
-            if member.name.endswith("/layer.tar"):
-                with tarfile.open(fileobj=outer.extractfile(member)) as layer:
-                    for inner in layer:
-                        rest = inner.name.removeprefix("./").removeprefix(prefix)
-                        if rest != inner.name and rest.count("/") == 0 and rest.endswith(".dist-info"):
-                            found.add(rest)
-    return found
+                            version = parts[2].removeprefix("python")
+                        elif len(parts) == 6 and parts[:3] == ["usr", "local", "lib"] and parts[4] == "dist-packages":
+                            if parts[5].endswith(".dist-info"):
+                                found.setdefault(parts[3].removeprefix("python"), set()).add(parts[5])
+    if version is None:
+        raise SandboxError(f"{archive} holds no python3: build it with `msb-kernels image build python --save-archive {archive}`")
+    return version, found.get(version, set())

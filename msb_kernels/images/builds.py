@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msb_kernels.errors import InvalidRequest, SandboxError
-from msb_kernels.images.archives import append_layer, archive_from_rootfs, archive_python, installed_distributions
+from msb_kernels.images.archives import append_layer, archive_from_rootfs, python_site
 from msb_kernels.images.rootfs import (
     DEBIAN_KERNEL_FALLBACK,
     DEBIAN_PACKAGES,
@@ -167,7 +167,7 @@ def build_gateway(
             base_archive = work / "python.tar"
             build_offline("python", "msb-kernels/python:base", keep_archive=base_archive, load=lambda archive, tag: None, log=log)
         layer = work / "layer"
-        version = archive_python(base_archive)
+        version, base_site = python_site(base_archive)
         target = layer / "usr" / "local" / "lib" / f"python{version}" / "dist-packages"
         problem = pip_into_rootfs(layer, wanted, log, version=version)
         if problem:
@@ -182,7 +182,7 @@ def build_gateway(
             log,
         )
         shutil.rmtree(target / "bin", ignore_errors=True)  # scripts for this host's interpreter
-        kept = drop_installed(target, installed_distributions(base_archive, version))
+        kept = drop_installed(target, base_site)
         log(f"{kept} distributions the kernel image holds already left out of the gateway's layer")
         for name, module in (("msb-kernels", "msb_kernels.cli"), ("msb-mcp", "mcp_bridge.cli")):
             script = layer / "usr" / "local" / "bin" / name
