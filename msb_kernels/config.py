@@ -20,6 +20,7 @@ from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import Config, Configurable
 
 from msb_kernels.choice import parse_pool_sizes
+from msb_kernels.egress import checks as egress_checks
 from msb_kernels.errors import ConfigError, MsbError
 from msb_kernels.flavors import FLAVORS, get_flavor
 
@@ -112,6 +113,19 @@ class MsbSettings(Configurable):
         False,
         help="Let kernels reach the public internet (outbound), never the host or its LAN: "
         "microVMs by their network policy, namespace sandboxes through slirp4netns.",
+    ).tag(config=True)
+    network_allow = Unicode(
+        None,
+        allow_none=True,
+        help="Hosts kernels reach through the egress proxy: names, *.wildcards, * or networks, with :ports "
+        "(none = 80 and 443); kernels have no other way out. Unset = no network (or MSB_ALLOW_NETWORK's).",
+    ).tag(config=True)
+    network_dns = Unicode(
+        None, allow_none=True, help="DNS servers the egress proxy asks, ADDRESS[:PORT],...; unset = the host's resolver."
+    ).tag(config=True)
+    network_ca_file = Unicode(None, allow_none=True, help="A PEM file of CAs the egress proxy trusts beside the system's.").tag(config=True)
+    network_secrets_file = Unicode(
+        None, allow_none=True, help='Secrets for every kernel, as JSON {"NAME": {"value": ..., "hosts": [...]}}; kernels see placeholders.'
     ).tag(config=True)
     python_image = Unicode(
         "msb-kernels/python:latest", help="microVM image for python kernels (build it with `msb-kernels image build python`)."
@@ -207,6 +221,7 @@ class MsbSettings(Configurable):
                 self._assign(name, os.environ[_env_name(name)], from_env=True)
         for name in self.trait_names(config=True):
             self._check(name, getattr(self, name))
+        egress_checks.check_together(self.allow_network, self.network_allow, self.network_secrets_file)
 
     # -- parsing and checking -------------------------------------------------
 
@@ -386,6 +401,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "shared_volume_guest_path": _check_guest_path,
     "port_range": _check_port_range,
     "python_image": _check_image,
+    **egress_checks.CHECKS,
     "node_image": _check_image,
     "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
     "swarm_network": lambda v: None if v and v.replace("-", "").replace("_", "").replace(".", "").isalnum() else "is not a network name",
@@ -433,6 +449,7 @@ _ACCEPTED: dict[str, str] = {
     "port_range": "use FIRST-LAST with 1024 <= FIRST <= LAST <= 65535 and at least 5 ports, such as 8000-9000",
     "allow_network": "use true or false",
     "python_image": "use an image reference such as msb-kernels/python:latest",
+    **egress_checks.ACCEPTED,
     "node_image": "use an image reference such as msb-kernels/node:latest",
     "boot_timeout_seconds": "use a whole number of seconds >= 1",
     "swarm_network": "use a Docker network name such as msb-kernels (letters, digits, '-', '_', '.')",

@@ -31,9 +31,15 @@ from traitlets import Unicode
 from msb_kernels import labroot
 from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
 from msb_kernels.backends.core import hostpaths
-from msb_kernels.backends.core.base import SharedVolume
+from msb_kernels.backends.core.base import EgressRoute, SharedVolume
 from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.config import MsbSettings, load_settings
+from msb_kernels.egress import route
+from msb_kernels.egress.dns import parse_dns_servers
+from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
+from msb_kernels.egress.proxy import KernelEgress
+from msb_kernels.egress.service import egress_service
+from msb_kernels.egress.tls import system_bundle
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.probe import backend_for_start
@@ -46,6 +52,7 @@ from msb_kernels.registry import (
     probe_kernel_ids,
     session_kernel_ids,
 )
+from msb_kernels.session_env import REQUESTED_NAMES, requested_names
 from msb_kernels.templates import Template, get_template
 
 log = logging.getLogger("msb_kernels")
@@ -81,6 +88,7 @@ class SandboxDescription:
     sandbox: Sandbox | None  # the live one; another object after a restart, None between a death and a restart
     created: float | None  # when the live sandbox started (time.time())
     last_exit_reason: str | None  # why the previous sandbox's kernel died, when the backend knew
+    network: str = "none"  # its way out: "none", "public internet", or the egress proxy's allow-list
 
 
 class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -91,6 +99,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     sandbox: Sandbox | None = None
     last_exit_reason: str | None = None
+    network: KernelNetwork | None = None  # its way out, chosen by pre_launch (msb_kernels.egress.grant)
+    egress: KernelEgress | None = None  # what the egress proxy holds for it, while it listens for it
     # Chosen by pre_launch, from the kernelspec's config and the start request's KERNEL_FLAVOR.
     template_spec: Template | None = None
     flavor_spec: Flavor | None = None
@@ -142,7 +152,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             sandbox=sandbox,
             created=sandbox.created if sandbox is not None else None,
             last_exit_reason=self.last_exit_reason,
+            network=self._network_text(),
         )
+
+    def _network_text(self) -> str:
+        network = self.network
+        if network is None or (network.policy is None and not network.public):
+            return "none"
+        return "public internet" if network.policy is None else f"allow-list: {network.policy or 'nothing'}"
 
     # -- launch -------------------------------------------------------------------
 
@@ -170,6 +187,21 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             if self.kernel_id not in pooled_kernel_ids and self.kernel_id not in probe_kernel_ids:
                 claim_session(self.kernel_id, self.settings.max_sessions)
         try:
+            settings = self.settings
+            self.network = network_for(
+                settings.allow_network,
+                settings.network_allow,
+                settings.network_secrets_file,
+                start_env,
+                settings.runtime_root(),
+                self.kernel_id,
+            )
+            if self.network.proxied and not self.backend.egress_routes:
+                raise SandboxError(
+                    f"the {self.backend.name} backend cannot route a kernel through the egress proxy (MSB_NETWORK_ALLOW, "
+                    "KERNEL_NETWORK_ALLOW or secrets)",
+                    ["use MSB_BACKEND=namespace or gvisor for allow-listed network", "or start the kernel without an allow-list"],
+                )
             await self._sweep_once()
         except BaseException:
             session_kernel_ids.discard(self.kernel_id)
@@ -306,30 +338,61 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         for name in PASSED_THROUGH:
             if name in env:
                 guest[name] = env[name]
-        # Variables this kernel was started with (kernelspec env, KERNEL_* from a start request):
+        # Variables this kernel was started with (kernelspec env, KERNEL_* and a session's own from a start request):
+        requested = requested_names(env)
         for name, value in env.items():
-            if name in NEVER_PASSED:
+            if name in NEVER_PASSED or name in START_ONLY_ENV or name == REQUESTED_NAMES:
                 continue
-            if name in (self.kernel_spec.env or {}) or name.startswith("KERNEL_") or os.environ.get(name) != value:
+            if name in (self.kernel_spec.env or {}) or name.startswith("KERNEL_") or name in requested or os.environ.get(name) != value:
                 guest[name] = value
         return guest
+
+    async def _open_egress(self, env: dict[str, str]) -> EgressRoute:
+        """Have this process's egress proxy listen for the kernel in its io dir, and point the kernel's tools at it."""
+        network, settings = self.network, self.settings
+        service = egress_service(settings.runtime_root(), parse_dns_servers(settings.network_dns), settings.network_ca_file)
+        self.egress = KernelEgress(self.kernel_id, network.policy, network.source, network.secrets)
+        await service.open(self.egress, self.io_dir / route.SOCKET_NAME)
+        if network.secrets:
+            bundle = system_bundle() + b"\n" + service.ca.load()
+            (self.io_dir / route.CA_BUNDLE_NAME).write_bytes(bundle)
+            os.chmod(self.io_dir / route.CA_BUNDLE_NAME, 0o644)
+        env.update(route.proxy_env(self.backend.guest_io_dir, with_ca=bool(network.secrets)))
+        env.update({secret.name: secret.placeholder for secret in network.secrets})
+        env["MSB_NETWORK_ALLOW"] = str(network.policy)
+        return EgressRoute(route.listeners(network.policy.transparent_ports()), self._guest_path(route.SOCKET_NAME))
+
+    async def _close_egress(self) -> None:
+        if self.egress is not None:
+            egress, self.egress = self.egress, None
+            service = egress_service(
+                self.settings.runtime_root(), parse_dns_servers(self.settings.network_dns), self.settings.network_ca_file
+            )
+            await service.close(egress.kernel_id)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
         shared = self.settings.shared_volume
+        env = self._guest_env(kwargs.get("env") or {}, argv[0])
+        try:
+            egress = await self._open_egress(env) if self.network.proxied else None
+        except BaseException:
+            self._forget_failed_start(remove_dir=adoptions.get(self.kernel_id) is None)
+            raise
         spec = SandboxSpec(
             sandbox_id=self.kernel_id,
             flavor=self.flavor_spec,
             template=self.template_spec.name,
             argv=argv,
-            env=self._guest_env(kwargs.get("env") or {}, argv[0]),
+            env=env,
             io_dir=self.io_dir,
             readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
             shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
             host_directories=labroot.lab_directories(self.settings),
             working_dir=labroot.working_dir(self.settings, kwargs.get("env") or {}),
             max_processes=self.settings.max_processes,
-            allow_network=self.settings.allow_network,
+            allow_network=self.network.public,
+            egress=egress,
             owner_pid=os.getpid(),
             adopt_grace=self._adopt_grace(),
             fork=self.settings.fork_kernels,
@@ -381,6 +444,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         too; a later restart's pre_launch writes it anew. Never for a failed adoption, whose sandbox still runs."""
         self.backend.release_ports(self.kernel_id)
         session_kernel_ids.discard(self.kernel_id)
+        if self.egress is not None:  # called from within the loop: close it there, without waiting for it
+            asyncio.ensure_future(self._close_egress())
         if remove_dir and getattr(self, "io_dir", None) is not None:
             remove_state_dir(self.io_dir.parent, keep_io_dir=False)
 
@@ -410,6 +475,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             await sandbox.cleanup(keep_io_dir=restart)
         if not restart:
             session_kernel_ids.discard(self.kernel_id)
+            await self._close_egress()
         if not restart and hasattr(self, "backend"):
             self.backend.release_ports(self.kernel_id)  # shutdown, cull, or the end after a crash
 

@@ -21,6 +21,7 @@ if [ "$extras" = "test" ]; then
     # Debian packages some tests need; where they cannot be installed, those tests skip and say how.
     missing=()
     command -v slirp4netns >/dev/null || missing+=(slirp4netns)  # MSB_ALLOW_NETWORK (namespace sandboxes)
+    command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || missing+=(dnsmasq-base)  # the egress tests' upstream DNS server
     command -v runsc >/dev/null || missing+=(runsc)  # the gVisor backend (tests/msb_kernels/backends/test_gvisor.py)
     command -v chromium >/dev/null || missing+=(chromium)  # JupyterLab in a browser (test_jupyterlab_browser.py)
     command -v chromedriver >/dev/null || missing+=(chromium-driver)

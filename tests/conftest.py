@@ -118,3 +118,20 @@ def host_pids(km: AsyncKernelManager) -> set[int]:
     """Host pids of every process in the kernel's sandbox (from its cgroup)."""
     sandbox = km.provisioner.sandbox
     return sandbox.cgroup.pids() if sandbox.cgroup else {sandbox.init_pid}
+
+
+@pytest.fixture(scope="session")
+def upstream() -> AsyncIterator[object]:
+    """A web host, a package index (pip's and npm's) and a DNS server in a test-made network namespace
+    (tests/upstreams.py): where the egress proxy's tests send kernels."""
+    from tests.upstreams import Upstream, UpstreamUnavailable, serve_npm_package, serve_package
+
+    host = Upstream(TEST_BASE / "upstream")
+    try:
+        host.start()
+    except UpstreamUnavailable as exc:
+        pytest.skip(f"no upstream host for the egress tests: {exc}")
+    serve_package(host)
+    host.npm_registry = serve_npm_package(host)
+    yield host
+    host.stop()

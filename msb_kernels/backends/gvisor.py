@@ -79,10 +79,15 @@ INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), 
 # starts as gVisor's root with INIT_CAPABILITIES, and keeps only CAP_KILL (to pass signals on) for
 # the reaper. The kernel gives up every capability, its bounding set too.
 GUEST_INIT = r"""
-import ctypes, os, sys
+import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 PR_CAPBSET_DROP, CAP_KILL = 24, 5
 status = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+if sys.argv[3] != "-" and os.fork() == 0:  # the egress relay binds port 53 as root, then becomes the sandbox's user
+    os.setsid()
+    egress = json.loads(sys.argv[3])
+    spec = json.dumps({"socket": egress["socket"], "bind": egress["listeners"], "user": 1000})
+    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", egress["source"], spec])
 kernel = os.fork()
 if kernel == 0:
     os.setpgid(0, 0)
@@ -91,7 +96,9 @@ if kernel == 0:
     os.setgroups([])
     os.setresgid(1000, 1000, 1000)
     os.setresuid(1000, 1000, 1000)
-    os.execv(sys.argv[3], sys.argv[3:])
+    if os.environ.get("PIP_TARGET"):  # on sys.path from the start, so what %pip installs there imports at once
+        os.makedirs(os.environ["PIP_TARGET"], exist_ok=True)
+    os.execv(sys.argv[4], sys.argv[4:])
 for cap in range(64):
     if cap != CAP_KILL:
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
@@ -99,8 +106,8 @@ os.set_inheritable(status, True)
 os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[1], str(kernel), "-1", str(status)])
 """
 # What pid 1 holds until it has started the kernel: enough to change users, to open its status file in the
-# kernel user's io dir and to trim its own bounding set; CAP_KILL is all it keeps.
-INIT_CAPABILITIES = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_OVERRIDE", "CAP_KILL"]
+# kernel user's io dir, to bind the egress relay's port 53 and to trim its own bounding set; CAP_KILL is all it keeps.
+INIT_CAPABILITIES = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_OVERRIDE", "CAP_NET_BIND_SERVICE", "CAP_KILL"]
 
 
 def process_limit(flavor: Flavor, max_processes: int) -> int:
@@ -200,6 +207,7 @@ class GVisorBackend(SandboxBackend):
     name = "gvisor"
     auto_order = 50
     transports = ("ipc",)  # --network=none: no tcp path into the sandbox
+    egress_routes = True
     guest_io_dir = "/run/kernel"
     _availability: Availability | None = None
 
@@ -275,7 +283,7 @@ class GVisorBackend(SandboxBackend):
         (root / "etc" / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
         (root / "etc" / "hostname").write_text("sandbox\n")
         (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n")
-        (root / "etc" / "resolv.conf").write_text("")
+        (root / "etc" / "resolv.conf").write_text("nameserver 127.0.0.1\n" if spec.egress else "")
         mounts: list[dict] = []
 
         def bind(source: str, destination: str, readonly: bool) -> None:
@@ -327,7 +335,17 @@ class GVisorBackend(SandboxBackend):
                 "terminal": False,
                 "user": {"uid": 0, "gid": 0},
                 "cwd": spec.working_dir or SANDBOX_HOME,
-                "args": [sys.executable, "-I", "-S", "-c", GUEST_INIT, REAPER, f"{self.guest_io_dir}/exit_status", *spec.argv],
+                "args": [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    GUEST_INIT,
+                    REAPER,
+                    f"{self.guest_io_dir}/exit_status",
+                    json.dumps(spec.egress.plan(with_source=True)) if spec.egress else "-",
+                    *spec.argv,
+                ],
                 "env": [f"{k}={v}" for k, v in env.items()],
                 "noNewPrivileges": True,
                 "rlimits": rlimits,
@@ -392,7 +410,7 @@ class GVisorBackend(SandboxBackend):
             runsc_path() or "runsc",
             f"--root={self.runsc_root}",
             "--network=none",
-            "--host-uds=create",
+            "--host-uds=all" if spec.egress else "--host-uds=create",  # all: the relay connects to the proxy's socket
             "run",
             f"--bundle={bundle}",
             spec.sandbox_id,

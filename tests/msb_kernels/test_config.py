@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 
@@ -77,7 +78,13 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "lab_token": ("lab-token", "lab-token"),
     "lab_root_path": ("{tmp}", "{tmp}"),
     "lab_root_writable": ("true", True),
+    "network_allow": ("pypi.org,*.example.com", "pypi.org,*.example.com"),
+    "network_dns": ("192.0.2.53,[2001:db8::53]:5353", "192.0.2.53,[2001:db8::53]:5353"),
+    "network_ca_file": (ssl.get_default_verify_paths().openssl_cafile, ssl.get_default_verify_paths().openssl_cafile),
+    "network_secrets_file": ("{tmp}/secrets.json", "{tmp}/secrets.json"),
 }
+# Settings that exclude another (set one or the other): each is read in a pass of its own.
+EXCLUSIVE = {"network_allow": "allow_network"}
 
 # A bad value for every setting that can have one, and the start of the advice the error must carry.
 BAD_VALUES: dict[str, str] = {
@@ -122,6 +129,10 @@ BAD_VALUES: dict[str, str] = {
     "lab_url": "127.0.0.1:8888",
     "lab_root_path": "/usr/share",
     "lab_root_writable": "perhaps",
+    "network_allow": "pypi.org:99999",
+    "network_dns": "dns.example",
+    "network_ca_file": "/etc/hostname",
+    "network_secrets_file": "/no/such/file",
 }
 # A blank variable means unset (a token is then generated), so a blank token can only come from a config file.
 BAD_CONFIG_VALUES: dict[str, str] = {"token": " ", "swarm_owner": " "}
@@ -141,15 +152,22 @@ def test_every_setting_is_covered_here():
 
 
 def test_environment_sets_every_setting(monkeypatch, tmp_path):
+    (tmp_path / "secrets.json").write_text('{"TOKEN": {"value": "x", "hosts": ["api.example.com"]}}')
     for name, (raw, _) in SAMPLES.items():
-        monkeypatch.setenv(f"MSB_{name.upper()}", raw.format(tmp=tmp_path))
+        if name not in EXCLUSIVE:
+            monkeypatch.setenv(f"MSB_{name.upper()}", raw.format(tmp=tmp_path))
     settings = load_settings()
     for name, (_, expected) in SAMPLES.items():
         if isinstance(expected, str):
             expected = expected.format(tmp=tmp_path)
         actual = getattr(settings, name)
-        assert (str(actual) if name == "shared_volume_path" else actual) == expected, name
+        if name not in EXCLUSIVE:
+            assert (str(actual) if name == "shared_volume_path" else actual) == expected, name
     assert settings.shared_volume == tmp_path
+    for name, other in EXCLUSIVE.items():
+        monkeypatch.delenv(f"MSB_{other.upper()}")
+        monkeypatch.setenv(f"MSB_{name.upper()}", SAMPLES[name][0])
+        assert getattr(load_settings(), name) == SAMPLES[name][1]
 
 
 @pytest.mark.parametrize("name", sorted(BAD_VALUES) + sorted(BAD_CONFIG_VALUES))

