@@ -6,12 +6,17 @@ is an InvalidRequest naming it and the accepted values, never a half-started ker
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions, SessionInfo
 from msb_kernels.choice import KernelChoice
 from msb_kernels.config import MsbSettings
+from msb_kernels.egress.grant import NETWORK_ALLOW_ENV, SECRETS_ENV
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
+from msb_kernels.session_env import check_env
 from msb_kernels.templates import TEMPLATES, Template, get_template
 
 
@@ -44,13 +49,50 @@ def requested(language: str | None, template: str | None, flavor: str | None) ->
     return by_language or by_template, get_flavor(flavor) if flavor is not None else None
 
 
+@dataclass(frozen=True)
+class NewSession:
+    """What a new session asks for beyond its language and flavor: its kernel's variables, a network allow-list
+    narrower than the server's, and secrets (msb_kernels.egress); a start request carries them in its env."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    network_allow: str | list[str] | None = None
+    secrets: dict[str, dict] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.env) or self.network_allow is not None or bool(self.secrets)
+
+    def start_env(self) -> dict[str, str]:
+        """The start request's env; InvalidRequest names a variable the deny list refuses."""
+        env = check_env(self.env, "env")
+        if self.network_allow is not None:
+            rules = self.network_allow if isinstance(self.network_allow, str) else ",".join(self.network_allow)
+            env[NETWORK_ALLOW_ENV] = rules.strip() or "none"
+        if self.secrets:
+            declared = {name: value.model_dump() if hasattr(value, "model_dump") else value for name, value in self.secrets.items()}
+            clash = sorted(set(declared) & set(env))
+            if clash:
+                raise InvalidRequest(f"{', '.join(clash)} is both in env and in secrets; a secret's placeholder is its variable")
+            env[SECRETS_ENV] = json.dumps(declared)
+        return env
+
+
 async def resolve_session(
-    sessions: KernelSessions, settings: MsbSettings, session_id: str | None, template: Template | None, flavor: Flavor | None
+    sessions: KernelSessions,
+    settings: MsbSettings,
+    session_id: str | None,
+    template: Template | None,
+    flavor: Flavor | None,
+    new: NewSession | None = None,
 ) -> tuple[SessionInfo, bool]:
     """The session to run in: the one named (checked against what was asked for), or a new one."""
     if session_id is not None:
         if not session_id.strip():
             raise InvalidRequest("session_id is empty; omit it to get a new session")
+        if new:
+            raise InvalidRequest(
+                "env, network_allow and secrets set up a new session; a running session keeps what it started with",
+                ["omit them to use this session", "omit session_id to start a new session with them"],
+            )
         info = await sessions.info(session_id)
         if not info.sandboxed:
             raise InvalidRequest(
@@ -81,5 +123,5 @@ async def resolve_session(
     reason = choice.template.unavailable_reason() if sessions.local_kernels else None
     if reason:
         raise InvalidRequest(f"{choice.template.name} sessions are not available here: {reason}")
-    new_id = await sessions.create(choice)
+    new_id = await sessions.create(choice, new.start_env() if new else None)
     return await sessions.info(new_id), True

@@ -165,9 +165,9 @@ class GatewayKernelSessions(KernelSessions):
             raise SandboxError(f"the gateway answered HTTP {response.status_code}: {self._message(response)}")
         return response.json()
 
-    async def create(self, choice: KernelChoice) -> str:
+    async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
         name = choice.kernel_name
-        response = await self._request("POST", "/api/kernels", json={"name": name})
+        response = await self._request("POST", "/api/kernels", json={"name": name, **({"env": env} if env else {})})
         if response.status_code >= 400:
             with contextlib.suppress(ValueError):
                 error = error_from_body(response.json())
@@ -203,6 +203,7 @@ class GatewayKernelSessions(KernelSessions):
             kernel_name=model.get("name"),
             notebook_path=paths.get(session_id),
             started_by="mcp" if session_id in self.started else "other",
+            network=msb.get("network"),
         )
 
     async def _paths_and_stats(self) -> tuple[dict[str, str], dict[str, dict]]:

@@ -68,6 +68,11 @@ class McpHttpApp:
         self._stop = asyncio.Event()
         self._start_lock = asyncio.Lock()
 
+    def sizes(self) -> dict[str, int]:
+        """The bridge's structures, and the MCP SDK's open streamable-HTTP sessions (ended by a client's DELETE or
+        after the SDK's idle timeout)."""
+        return {**self.bridge.sizes(), "transport_sessions": len(getattr(self.manager, "_server_instances", ()))}
+
     async def start(self) -> None:
         """Start the transport's task group (done on the first request when nobody called it)."""
         async with self._start_lock:

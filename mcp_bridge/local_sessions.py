@@ -26,6 +26,7 @@ from mcp_bridge.sessions import (
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+from msb_kernels.session_env import start_request_env
 from msb_kernels.status import epoch_seconds, session_status
 
 
@@ -206,12 +207,13 @@ class ManagedKernelSessions(KernelSessions):
             raise not_found(str(session_id))
         return self.kernel_manager.get_kernel(session_id)
 
-    async def create(self, choice: KernelChoice) -> str:
+    async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
         from jupyter_client.kernelspec import NoSuchKernel
 
         name = choice.kernel_name
         try:
-            session_id = await self.kernel_manager.start_kernel(kernel_name=name)
+            asked = {"env": start_request_env(env)} if env else {}
+            session_id = await self.kernel_manager.start_kernel(kernel_name=name, **asked)
         except NoSuchKernel:
             raise SandboxError(f"the kernelspec {name} is not installed", suggestions=["run `msb-kernels install`"]) from None
         except MsbError:
@@ -260,6 +262,7 @@ class ManagedKernelSessions(KernelSessions):
             kernel_name=km.kernel_name,
             notebook_path=paths.get(session_id),
             started_by="mcp" if session_id in self.started else "other",
+            network=description.network if description is not None else None,
         )
 
     async def info(self, session_id: str) -> SessionInfo:

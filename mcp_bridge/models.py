@@ -74,6 +74,7 @@ class SessionSummary(BaseModel):
     notebook_path: str | None = None
     started_by: str = "other"
     sandboxed: bool = True
+    network: str | None = Field(None, description="its way out: none, public internet, or allow-list: the hosts it may reach")
 
 
 class SessionListResponse(ToolResult):

@@ -29,8 +29,10 @@ from mcp_bridge.tools import TOOLS, choices_json
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
 from msb_kernels.flavors import describe_flavors
+from msb_kernels.metrics import MCP_CALLS
 
 log = logging.getLogger("mcp_bridge")
+TOOL_NAMES = {entry.function.__name__ for entry in TOOLS}  # a metric's labels: only names a tool has
 
 INSTRUCTIONS = f"""\
 Run Python or JavaScript (Node.js) in sandboxed, stateful Jupyter kernels.
@@ -46,6 +48,12 @@ class BridgeServer(MCPServer):
     """MCPServer whose argument and internal errors come back as error results (see rendering.error_result)."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
+        result = await self._call_tool(name, arguments, context)
+        error = (getattr(result, "structured_content", None) or {}).get("error") if getattr(result, "is_error", False) else None
+        MCP_CALLS.labels(name if name in TOOL_NAMES else "unknown", (error or {}).get("type", "error") if error is not None else "ok").inc()
+        return result
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:

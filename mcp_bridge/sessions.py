@@ -49,6 +49,7 @@ class SessionInfo:
     kernel_name: str | None = None
     notebook_path: str | None = None
     started_by: str = "other"  # "mcp" when this bridge started it; "other" for notebook users and other clients
+    network: str | None = None  # its way out: none, public internet, or the egress proxy's allow-list; None: not known
 
     @property
     def sandboxed(self) -> bool:
@@ -68,6 +69,7 @@ class SessionInfo:
             "notebook_path": self.notebook_path,
             "started_by": self.started_by,
             "sandboxed": self.sandboxed,
+            "network": self.network,
         }
 
 
@@ -147,8 +149,8 @@ class KernelSessions(abc.ABC):
         return session_id
 
     @abc.abstractmethod
-    async def create(self, choice: KernelChoice) -> str:
-        """Start a kernel; return its id once it answers."""
+    async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
+        """Start a kernel (env: what the session asked for, as a start request carries it); return its id once it answers."""
 
     @abc.abstractmethod
     async def info(self, session_id: str) -> SessionInfo:

@@ -59,6 +59,19 @@ class Bridge:
         self.tasks: set[asyncio.Task] = set()
         self.notebooks: NotebookDocuments | None = None  # the notebook tools' documents, when MSB_LAB_URL is set
 
+    def sizes(self) -> dict[str, int]:
+        """How much the bridge holds now, per structure (the gateway's metrics, and its memory soak)."""
+        sessions = self.sessions
+        return {
+            "session_states": len(self.states),
+            "executions": sum(len(state.executions) for state in list(self.states.values())),
+            "tasks": len(self.tasks),
+            "connections": len(sessions.connections),
+            "last_accessed": len(sessions.last_accessed),
+            "first_seen": len(sessions.first_seen),
+            "started": len(sessions.started),
+        }
+
     def running_executions(self, session_id: str) -> list[Execution]:
         """This session's executions that the kernel is working on now (for interrupt and restart)."""
         state = self.states.get(session_id)

@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from mcp_bridge import files
-from mcp_bridge.arguments import check_size, check_timeout, requested, resolve_session
+from mcp_bridge.arguments import NewSession, check_size, check_timeout, requested, resolve_session
 from mcp_bridge.commands import command_argv, new_marker
 from mcp_bridge.models import (
     ChoicesResponse,
@@ -51,6 +51,31 @@ FlavorArgument = Annotated[
 Language = Annotated[str | None, Field(description="python (default) or node/javascript", json_schema_extra={"enum": LANGUAGE_CHOICES})]
 TemplateArgument = Annotated[
     str | None, Field(description="alias of language: " + " or ".join(TEMPLATES), json_schema_extra={"enum": list(TEMPLATES)})
+]
+EnvArgument = Annotated[
+    dict[str, str] | None,
+    Field(description="variables for a new session's kernel; not LD_*, PYTHON*, MSB_*, JPY_* or KERNEL_*; for new sessions only"),
+]
+NetworkAllowArgument = Annotated[
+    str | list[str] | None,
+    Field(
+        description="hosts a new session may reach, within the server's allow-list: names, *.wildcards or networks, "
+        "each with :PORT if not 80 and 443 (e.g. pypi.org,*.pythonhosted.org); 'none' for no network; for new sessions only"
+    ),
+]
+
+
+class SecretDeclaration(BaseModel):
+    value: str = Field(description="the real value; the kernel never sees it")
+    hosts: list[str] = Field(description="the hosts whose requests get it, e.g. ['api.example.com']")
+
+
+SecretsArgument = Annotated[
+    dict[str, SecretDeclaration] | None,
+    Field(
+        description="secrets for a new session, NAME -> {value, hosts}: the kernel's variable NAME holds a placeholder, "
+        "which the network proxy replaces with the value in requests to those hosts only; for new sessions only"
+    ),
 ]
 Timeout = Annotated[
     float | None,
@@ -97,11 +122,15 @@ async def execute_code(
     flavor: FlavorArgument = None,
     timeout: Timeout = None,
     template: TemplateArgument = None,
+    env: EnvArgument = None,
+    network_allow: NetworkAllowArgument = None,
+    secrets: SecretsArgument = None,
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     check_size(bridge.options, "code", code)
     seconds = check_timeout(bridge.options, timeout)
-    info, created = await resolve_session(bridge.sessions, bridge.settings, session_id, *requested(language, template, flavor))
+    new = NewSession(env or {}, network_allow, secrets)
+    info, created = await resolve_session(bridge.sessions, bridge.settings, session_id, *requested(language, template, flavor), new)
     return await bridge.run_and_respond(info, created, "code", code, seconds, ctx)
 
 
@@ -120,6 +149,9 @@ async def execute_command(
     timeout: Timeout = None,
     shell: Annotated[bool, Field(description="run command with /bin/sh -c; args become $1, $2, ...")] = False,
     language: Language = None,
+    env: EnvArgument = None,
+    network_allow: NetworkAllowArgument = None,
+    secrets: SecretsArgument = None,
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     if not command.strip():
@@ -132,7 +164,12 @@ async def execute_command(
     chosen_template, chosen_flavor = requested(language, template, flavor)
     # A command runs in whatever language the named session has; the language only picks a new session's kernel.
     info, created = await resolve_session(
-        bridge.sessions, bridge.settings, session_id, chosen_template if session_id is None else None, chosen_flavor
+        bridge.sessions,
+        bridge.settings,
+        session_id,
+        chosen_template if session_id is None else None,
+        chosen_flavor,
+        NewSession(env or {}, network_allow, secrets),
     )
     marker = new_marker()
     code = get_template(info.language or "python").command_code(argv, marker)
@@ -168,6 +205,25 @@ async def get_execution_output(
 
 
 @tool(
+    "Start a new session (kernel) without running anything: its language, flavor, variables, network allow-list and "
+    "secrets. Pass the session_id it returns to execute_code."
+)
+async def start_session(
+    ctx: Context,
+    language: Language = None,
+    flavor: FlavorArgument = None,
+    template: TemplateArgument = None,
+    env: EnvArgument = None,
+    network_allow: NetworkAllowArgument = None,
+    secrets: SecretsArgument = None,
+) -> Annotated[CallToolResult, SessionListResponse]:
+    bridge = bridge_of(ctx)
+    new = NewSession(env or {}, network_allow, secrets)
+    info, _ = await resolve_session(bridge.sessions, bridge.settings, None, *requested(language, template, flavor), new)
+    return sessions_result(bridge, [info])
+
+
+@tool(
     "List sessions (kernels): the ones this assistant started and the ones notebook users started on the same gateway.",
     ToolAnnotations(read_only_hint=True),
 )
@@ -192,6 +248,7 @@ def sessions_result(bridge: Bridge, infos: list[SessionInfo]) -> CallToolResult:
         text = "\n".join(
             f"{s.id}: {s.language} {s.flavor}, {s.status}, up {s.uptime_seconds} s, last used {s.last_accessed}"
             + (f", notebook {s.notebook_path}" if s.notebook_path else "")
+            + (f", network {s.network}" if s.network else "")
             + f" (started by {s.started_by})"
             for s in response.sessions
         )

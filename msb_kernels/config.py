@@ -153,6 +153,12 @@ class MsbSettings(Configurable):
     token = Unicode(None, allow_none=True, help="Token clients send (Authorization: token ...); unset = generated and printed.").tag(
         config=True
     )
+    metrics_port = Int(
+        None,
+        allow_none=True,
+        help="A port for /metrics without the token (for a scraper that sends none); unset = only /metrics on MSB_PORT.",
+    ).tag(config=True)
+    metrics_host = Unicode("127.0.0.1", help="The address MSB_METRICS_PORT's listener binds.").tag(config=True)
     capacity_memory_mib = Int(
         None, allow_none=True, help="Memory (MiB) the flavors of all kernels may add up to; unset = the host's memory."
     ).tag(config=True)
@@ -373,6 +379,8 @@ def _at_least(minimum: float) -> Callable[[Any], str | None]:
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "host": _check_host,
     "port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
+    "metrics_port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
+    "metrics_host": _check_host,
     "token": lambda v: "is empty, which would let anyone run code" if not v.strip() else None,
     "capacity_memory_mib": _at_least(1),
     "capacity_cpus": _at_least(1),
@@ -413,6 +421,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 _ACCEPTED: dict[str, str] = {
     "host": "use a host name or address such as 127.0.0.1 (or 0.0.0.0 for every interface)",
     "port": "use a TCP port from 1 to 65535",
+    "metrics_port": "use a TCP port from 1 to 65535 other than MSB_PORT, or leave it unset",
+    "metrics_host": "use an address only your Prometheus reaches, such as 127.0.0.1",
     "token": "set a long random secret, or leave it unset to have one generated",
     "capacity_memory_mib": "use a whole number of MiB >= 1, or leave it unset for the host's memory",
     "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for no CPU limit",

@@ -26,6 +26,7 @@ from msb_kernels import labroot, registry
 from msb_kernels.choice import KernelChoice
 from msb_kernels.config import load_settings
 from msb_kernels.flavors import Flavor
+from msb_kernels.session_env import REQUESTED_NAMES, requested_names
 
 log = logging.getLogger("msb_kernels")
 
@@ -124,7 +125,8 @@ class KernelPool:
     def can_serve(self, kernel_name: str, kwargs: dict[str, Any]) -> bool:
         """Whether a waiting kernel fits this start request: the same sandbox, and no variable the kernel must see.
 
-        Any other variable the request adds reaches a fresh kernel's environment, so such a request starts its own.
+        Any other variable the request adds reaches a fresh kernel's environment (or, as KERNEL_NETWORK_ALLOW and
+        KERNEL_SECRETS do, its sandbox's way out), so such a request starts its own.
         """
         if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
             return False
@@ -132,7 +134,8 @@ class KernelPool:
         settings = load_settings(getattr(self.manager, "config", None))
         if labroot.working_dir(settings, env) is not None:
             return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
-        added = {k for k, v in env.items() if os.environ.get(k) != v and k not in REQUEST_ONLY_ENV}
+        asked = requested_names(env)  # a session's own variables, even where the host has the same value
+        added = {k for k, v in env.items() if (os.environ.get(k) != v or k in asked) and k not in (*REQUEST_ONLY_ENV, REQUESTED_NAMES)}
         flavor = (env.get("KERNEL_FLAVOR") or "").strip().lower()
         choice = KernelChoice.from_kernel_name(kernel_name)
         return added <= set(SANDBOX_ENV) and (not flavor or (choice is not None and choice.flavor.name == flavor))

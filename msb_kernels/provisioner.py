@@ -89,6 +89,7 @@ class SandboxDescription:
     created: float | None  # when the live sandbox started (time.time())
     last_exit_reason: str | None  # why the previous sandbox's kernel died, when the backend knew
     network: str = "none"  # its way out: "none", "public internet", or the egress proxy's allow-list
+    egress: dict | None = None  # the egress proxy's counters for it (KernelEgress.snapshot), while it listens for it
 
 
 class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -153,6 +154,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             created=sandbox.created if sandbox is not None else None,
             last_exit_reason=self.last_exit_reason,
             network=self._network_text(),
+            egress=self.egress.snapshot() if self.egress is not None else None,
         )
 
     def _network_text(self) -> str:

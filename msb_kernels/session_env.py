@@ -66,3 +66,10 @@ def start_request_env(requested: dict[str, str]) -> dict[str, str]:
 def requested_names(env: dict[str, str]) -> set[str]:
     """The names a start request's session asked for (the marker's), beside its KERNEL_* variables."""
     return {name for name in env.get(REQUESTED_NAMES, "").split(",") if name}
+
+
+def requested_env(env: dict[str, str]) -> dict[str, str]:
+    """The part of a start request's env that the request set: KERNEL_*, the marker and its names, the notebook's path
+    (what an adopting gateway passes again, and the pool compares)."""
+    names = requested_names(env) | {"JPY_SESSION_NAME"}
+    return {name: value for name, value in env.items() if name.startswith("KERNEL_") or name in names}

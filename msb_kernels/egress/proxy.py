@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import h11
 
+from msb_kernels import metrics
 from msb_kernels.egress import dns
 from msb_kernels.egress.policy import Policy, normalize_name, refusal_for_address
 from msb_kernels.egress.route import HEADER_MAGIC
@@ -93,6 +94,7 @@ class KernelEgress:
 
     def refuse(self, what: str, why: str) -> Refused:
         self.counts["refused"] += 1
+        metrics.EGRESS_CONNECTIONS.labels("refused").inc()
         message = f"msb-kernels: {what} {why}"
         self.refusals.append({"at": time.time(), "what": what, "why": why})
         log.info("egress: kernel %s: refused %s %s", self.kernel_id, what, why)
@@ -100,6 +102,24 @@ class KernelEgress:
 
     def not_allowed(self, host: str, port: int) -> Refused:
         return self.refuse(f"{host}:{port}", f"is not allowed by {self.source} ({self.policy or 'nothing allowed'})")
+
+    def snapshot(self) -> dict:
+        """Its policy, secrets (names and hosts, never values), counters and last refusals, for stats and metrics."""
+        return {
+            "allow": str(self.policy),
+            "source": self.source,
+            "secrets": [secret.public() for secret in self.secrets],
+            "connections_open": self.open_connections,
+            "bytes_out": self.bytes[0],
+            "bytes_in": self.bytes[1],
+            **self.counts,
+            "recent_refusals": list(self.refusals)[-5:],
+        }
+
+    def count_bytes(self, index: int, size: int) -> None:
+        """size bytes went out (index 0, to a host) or in (1)."""
+        self.bytes[index] += size
+        metrics.EGRESS_BYTES.labels(("out", "in")[index]).inc(size)
 
     def secrets_for(self, host: str, port: int) -> list[Secret]:
         return [secret for secret in self.secrets if secret.bound_for(host, port)]
@@ -143,6 +163,7 @@ async def open_upstream(egress: KernelEgress, service: EgressService, host: str,
             problems.append(f"{candidate}: {exc or 'timed out'}")
             continue
         egress.counts["allowed"] += 1
+        metrics.EGRESS_CONNECTIONS.labels("allowed").inc()
         return Stream(reader, writer)
     raise Refused(502, f"msb-kernels: cannot connect to {host}:{port} ({'; '.join(problems)})")
 
@@ -207,10 +228,12 @@ def dns_reply(egress: KernelEgress, message: bytes) -> bytes | None:
         return dns.error_answer(message, dns.RCODE_FORMERR)
     if question.qclass != dns.CLASS_IN or not egress.policy.allows_name(question.name):
         egress.counts["dns_refused"] += 1
+        metrics.EGRESS_DNS.labels("refused").inc()
         if len(egress.refusals) == 0 or egress.refusals[-1].get("what") != question.name:
             egress.refusals.append({"at": time.time(), "what": question.name, "why": "DNS: not an allowed name"})
         return dns.answer(question, dns.RCODE_NXDOMAIN)
     egress.counts["dns_answered"] += 1
+    metrics.EGRESS_DNS.labels("answered").inc()
     addresses = [egress.address_for(question.name)] if question.qtype == dns.TYPE_A else []
     return dns.answer(question, dns.RCODE_OK, addresses)  # AAAA and the rest: no data, so clients use IPv4
 
@@ -305,9 +328,9 @@ async def exchange(
             await stream.send(
                 upstream.send(h11.Request(method=event.method, target=target, headers=[(b"host", authority.encode()), *headers]))
             )
-            if not await _copy_message(server, client, upstream, stream, egress.bytes, 0):
+            if not await _copy_message(server, client, upstream, stream, egress.count_bytes, 0):
                 return
-            if not await _copy_message(upstream, stream, server, client, egress.bytes, 1, heads=True):
+            if not await _copy_message(upstream, stream, server, client, egress.count_bytes, 1, heads=True):
                 await _answer(client, server, 502, f"msb-kernels: {host}:{port} closed the connection mid-response")
                 return
             if upstream.our_state is h11.DONE and upstream.their_state is h11.DONE:
@@ -326,7 +349,7 @@ async def _copy_message(
     source_stream: Stream,
     target: h11.Connection,
     target_stream: Stream,
-    counted: list[int],
+    count: Callable[[int, int], None],
     index: int,
     heads=False,
 ) -> bool:
@@ -339,7 +362,7 @@ async def _copy_message(
             await target_stream.send(target.send(head))
         elif isinstance(part, h11.Data):
             await target_stream.send(target.send(h11.Data(data=part.data)))
-            counted[index] += len(part.data)
+            count(index, len(part.data))
         elif isinstance(part, h11.EndOfMessage):
             await target_stream.send(target.send(h11.EndOfMessage()))
             return True
@@ -423,7 +446,7 @@ async def tunnel(
         return
     upstream = upstream or await open_upstream(egress, service, host, port)
     await upstream.send(data)
-    await splice(client, upstream, egress.bytes)
+    await splice(client, upstream, egress.count_bytes)
 
 
 async def intercept(

@@ -115,20 +115,8 @@ class EgressService:
         return list(dict.fromkeys(info[4][0] for info in infos))
 
     def snapshot(self) -> dict[str, dict]:
-        """Per kernel: its policy, secrets (names and hosts), counters and recent refusals; for stats and metrics."""
-        return {
-            kernel_id: {
-                "allow": str(egress.policy),
-                "source": egress.source,
-                "secrets": [secret.public() for secret in egress.secrets],
-                "connections_open": egress.open_connections,
-                "bytes_out": egress.bytes[0],
-                "bytes_in": egress.bytes[1],
-                **egress.counts,
-                "recent_refusals": list(egress.refusals)[-5:],
-            }
-            for kernel_id, egress in list(self.kernels.items())
-        }
+        """Every kernel's KernelEgress.snapshot, for metrics."""
+        return {kernel_id: egress.snapshot() for kernel_id, egress in list(self.kernels.items())}
 
 
 def _raise_descriptor_limit() -> None:

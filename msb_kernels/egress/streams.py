@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Callable
 
 CHUNK = 64 * 1024
 HANDSHAKE_TIMEOUT = 15.0
@@ -112,15 +113,16 @@ class TLSStream(Stream):
         await self.inner.close()
 
 
-async def splice(one: Stream, other: Stream, counted: list[int] | None = None) -> None:
-    """Copy both ways until both directions end (or one fails), then close both. counted: [bytes out, bytes in]."""
+async def splice(one: Stream, other: Stream, count: Callable[[int, int], None] | None = None) -> None:
+    """Copy both ways until both directions end (or one fails), then close both. count(0, n): n bytes went from one
+    to other; count(1, n): the other way."""
 
     async def copy(source: Stream, target: Stream, index: int) -> None:
         try:
             while data := await source.recv():
                 await target.send(data)
-                if counted is not None:
-                    counted[index] += len(data)
+                if count is not None:
+                    count(index, len(data))
         finally:
             await target.send_eof()
 

@@ -62,6 +62,16 @@ class ActivityMixin:
         for channel, stream in channels.items():
             stream.on_recv(functools.partial(keep, channel))
 
+    def activity_sizes(self) -> dict[str, int]:
+        """The offline buffers' entries and the connections counted per kernel (retained_sizes)."""
+        buffers = getattr(self, "_kernel_buffers", {})
+        return {
+            "offline_buffers": len(buffers),
+            "offline_buffered_messages": sum(len(held.get("buffer", ())) for held in list(buffers.values())),
+            "kernel_connections": len(getattr(self, "_kernel_connections", {})),
+            "kernel_ports": len(getattr(self, "_kernel_ports", {})),
+        }
+
     def _stop_dropped_buffering(self, kernel_id: str, held: dict) -> None:
         if getattr(self, "_kernel_buffers", {}).get(kernel_id) is held:
             self.stop_buffering(kernel_id)

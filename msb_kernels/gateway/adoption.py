@@ -14,7 +14,7 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 
-from msb_kernels import registry
+from msb_kernels import metrics, registry
 from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.errors import MsbError
@@ -140,12 +140,14 @@ class AdoptionMixin:
             try:
                 await self._adopt(record, busy if busy.get("msg_id") else None)
             except Exception as exc:
+                metrics.ADOPTIONS.labels("lost").inc()
                 self.allocations.pop(found.sandbox_id, None)
                 self.log.warning(
                     "could not adopt kernel %s: %s; the sweep stops it", found.sandbox_id, exc.message if isinstance(exc, MsbError) else exc
                 )
                 continue
             adopted.append(found.sandbox_id)
+            metrics.ADOPTIONS.labels("adopted").inc()
         if adopted:
             self.log.info("adopted %d kernel(s) from the previous msb-kernels serve: %s", len(adopted), ", ".join(adopted))
         return adopted

@@ -163,8 +163,12 @@ class MsbGatewayApp(ServerApp):
         self.web_app.add_handlers(".*$", [(self.base_url.rstrip("/") + pattern, handler) for pattern, handler in gateway_handlers()])
         use_json_not_found(self.web_app)
         from msb_kernels.gateway.mcp import mount_mcp
+        from msb_kernels.gateway.metrics import register, serve_metrics
 
         self.mcp_lifespan = mount_mcp(self)
+        self.metrics_collector = register(km)  # beside jupyter_server's own, at /metrics behind the token
+        if self.msb_settings.metrics_port:
+            serve_metrics(self.msb_settings.metrics_host, self.msb_settings.metrics_port)
 
     def init_httpserver(self) -> None:
         """Adopt the kernels the last gateway left running before the port opens: a client reconnecting to one
@@ -245,7 +249,7 @@ class MsbGatewayApp(ServerApp):
             "  clients send it as the header  Authorization: token <token>",
             f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
             f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
-            f"  stats: {url}/api/msb/stats   health (no token): {url}/api/msb/health",
+            f"  stats: {url}/api/msb/stats   metrics: {url}/metrics   health (no token): {url}/api/msb/health",
             f"  MCP: {url}/mcp",
             self.stop_line(),
         ]
@@ -314,4 +318,7 @@ class MsbGatewayApp(ServerApp):
             await asyncio.wait_for(super().cleanup_kernels(), self.shutdown_timeout)
         except Exception as exc:  # a timeout included
             self.log.warning("kernels did not all stop cleanly (%s); killing them", str(exc) or type(exc).__name__)
-            await self.kernel_manager.shutdown_all(now=True)
+            try:
+                await self.kernel_manager.shutdown_all(now=True)
+            except Exception as again:  # the server must stop all the same; what is left, its next start sweeps
+                self.log.error("kernels could not all be stopped: %s", str(again) or type(again).__name__)

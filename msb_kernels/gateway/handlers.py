@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from typing import Any
 
@@ -33,6 +32,7 @@ from msb_kernels import __version__
 from msb_kernels.gateway.adoption import open_websockets
 from msb_kernels.gateway.errors import MsbHTTPError, msb_error_in
 from msb_kernels.gateway.records import start_env
+from msb_kernels.session_env import start_request_env
 
 
 class MsbErrorsMixin:
@@ -66,7 +66,7 @@ class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
         km = self.kernel_manager
         model = self.get_json_body() or {}
         kernel_name = str(model.get("name") or km.default_kernel_name)
-        env = {**os.environ, **start_env(model.get("env"))}
+        env = start_request_env(start_env(model.get("env")))
         kernel_id = await ensure_async(
             km.start_kernel(kernel_name=kernel_name, path=model.get("path"), kernel_id=model.get("kernel_id"), env=env)
         )

@@ -23,7 +23,7 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
-from msb_kernels import registry
+from msb_kernels import metrics, registry
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError, SandboxError
@@ -32,9 +32,10 @@ from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_execution
 from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import Allocation, describe, start_env
+from msb_kernels.gateway.records import Allocation, describe
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+from msb_kernels.session_env import requested_env
 from msb_kernels.status import iso_utc
 
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
@@ -90,22 +91,33 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         if conventional is not None:  # python3 and its kind start the msb kernelspec they stand for (pool, stats, MCP)
             kernel_name = conventional.kernel_name
         env = kwargs.get("env") or {}
-        flavor, template = self.flavor_for(kernel_name, env)
-        from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)
-        if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
-            self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
-        kernel_id = (self.pool.reserve(kernel_name, kwargs) if from_pool else None) or kernel_id or self.new_kernel_id()
+        began = time.monotonic()
+        try:
+            flavor, template = self.flavor_for(kernel_name, env)
+            from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)
+            if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
+                self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
+        except MsbError as exc:
+            metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
+            raise
+        pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
+        kernel_id = pooled or kernel_id or self.new_kernel_id()
         allocation = Allocation(
-            kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None, env=start_env(env)
+            kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None, env=requested_env(env)
         )
         self.allocations[kernel_id] = allocation
         try:
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
             self.record_for_adoption(started)
+            backend = (sandbox.info().get("backend") if (sandbox := describe(self._kernels.get(started)).sandbox) else None) or "none"
+            metrics.KERNEL_STARTS.labels(flavor.name, backend, str(pooled is not None).lower()).observe(time.monotonic() - began)
             return started
         except BaseException as exc:
+            metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
             self.allocations.pop(kernel_id, None)
+            # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
+            self._pending_kernels.pop(kernel_id, None)
             await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
             self._record_stop(allocation, "error", f"start failed: {reason}")
@@ -138,6 +150,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             reason = self._stop_reasons.pop(kernel_id, "shut down")
             exit_reason = described.last_exit_reason if (described := describe(km)) else None
             self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
+            metrics.KERNEL_STOPS.labels({"died": "died", "culled after being idle": "culled"}.get(reason, "shutdown")).inc()
+            self._count_oom(allocation, exit_reason)
         give_memory_back()
         return km
 
@@ -156,6 +170,36 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
                 "exit_reason": exit_reason,
             }
         )
+
+    @staticmethod
+    def _count_oom(allocation: Allocation, exit_reason: str | None) -> None:
+        if exit_reason == allocation.flavor.out_of_memory_message():
+            metrics.OOM_KILLS.labels(allocation.flavor.name).inc()
+
+    async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
+        metrics.KERNEL_RESTARTS.labels("requested").inc()
+        await super().restart_kernel(kernel_id, now=now)
+
+    def retained_sizes(self) -> dict[str, int]:
+        """How many entries each structure the gateway keeps holds now: each is bounded, or freed with its kernel
+        (issue 28's soak reads these beside the gateway's RSS)."""
+        return {
+            "kernels": len(self._kernels),
+            "allocations": len(self.allocations),
+            "pending_kernels": len(self._pending_kernels),
+            "recently_stopped": len(self.stopped),
+            "stop_reasons": len(self._stop_reasons),
+            "busy_files": len(self._busy_files),
+            "adoption_records": len(self._recorded),
+            "loss_reports": len(self._loss_reports),
+            "addresses": len(self._addresses),
+            "lost_executions": len(lost_executions),
+            "open_websockets": sum(len(sockets) for sockets in open_websockets.values()),
+            **self.activity_sizes(),
+            **{f"mcp_{name}": size for name, size in (self.mcp_sizes() if self.mcp_sizes else {}).items()},
+        }
+
+    mcp_sizes = None  # set by the gateway's /mcp mount: the MCP bridge's own structures (Bridge.sizes)
 
     def _kernel_moved(self, kernel_id: str) -> None:
         """A kernel now at another address (registry.kernel_moved_listeners): the activity watch and the open
@@ -187,6 +231,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             return
         sandbox = described.sandbox if (described := describe(self._kernels.get(kernel_id))) else None
         reason = sandbox.exit_reason() if sandbox is not None else None
+        metrics.KERNEL_RESTARTS.labels("died").inc()
+        self._count_oom(allocation, reason)
         self.log.warning("kernel %s died%s; restarting it", kernel_id, f" ({reason})" if reason else "")
         self._record_stop(
             allocation,

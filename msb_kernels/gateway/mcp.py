@@ -32,5 +32,6 @@ def mount_mcp(server_app: Any) -> AsgiLifespan:
     server_app.web_app.add_handlers(
         ".*$", [(server_app.base_url.rstrip("/") + pattern, handler, kwargs) for pattern, handler, kwargs in asgi_route(MCP_PATH, app)]
     )
+    server_app.kernel_manager.mcp_sizes = app.sizes
     server_app.log.info("MCP streamable HTTP at %s%s", server_app.connection_url.rstrip("/").split("?")[0], MCP_PATH)
     return AsgiLifespan(app)

@@ -10,18 +10,22 @@ from typing import Any
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import Flavor
 from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+from msb_kernels.session_env import check_env
 
-# Variables a start request may set for its kernel, besides KERNEL_*: the notebook path for stats.
+# Variables a start request may set beside KERNEL_* and its own: the notebook path for stats (a JPY_* name).
 ALLOWED_START_ENV = ("JPY_SESSION_NAME",)
 
 
 def start_env(requested: Any) -> dict[str, str]:
-    """The environment a start request may give its kernel: KERNEL_* and a few named variables."""
-    if requested is None:
-        return {}
-    if not isinstance(requested, dict):
+    """The environment a start request gives its kernel, checked against the deny list (session_env)."""
+    if requested is not None and not isinstance(requested, dict):
         raise InvalidRequest("env must be a JSON object of strings", ['send "env": {"KERNEL_FLAVOR": "medium"}, or no env'])
-    return {str(k): str(v) for k, v in requested.items() if str(k).startswith("KERNEL_") or k in ALLOWED_START_ENV}
+    return check_env(
+        {str(k): v if isinstance(v, str) else str(v) for k, v in (requested or {}).items()},
+        "env",
+        kernel_variables=True,
+        allowed=ALLOWED_START_ENV,
+    )
 
 
 @dataclass

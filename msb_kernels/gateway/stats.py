@@ -74,6 +74,8 @@ class StatsMixin:
                     "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
                     "memory_bytes": memory_bytes,
                     "keeper_pid": keeper.keeper_pid if keeper is not None else None,
+                    "network": described.network if described is not None else None,
+                    "egress": described.egress if described is not None else None,
                 }
             )
 

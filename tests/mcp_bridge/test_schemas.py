@@ -76,6 +76,7 @@ async def test_every_tool_and_every_request_error_fits_the_output_schema(mcp_ser
             "execute_command": {"command": "echo", "args": ["fits"], "session_id": python_session},
             "get_execution_output": {"session_id": python_session, "execution_id": execution_id},
             "get_sessions": {},
+            "start_session": None,  # below: it starts that session
             "interrupt_session": {"session_id": python_session},
             "get_volume_path": {"session_id": python_session},
             "upload_file": {"session_id": python_session, "path": "/tmp/fits.txt", "content": "fits", "overwrite": True},
@@ -137,9 +138,10 @@ async def test_limit_refusal_fits_the_output_schema(mcp_server, python_session, 
 async def test_timeouts_deaths_restarts_and_stops_fit_the_output_schema(mcp_server):
     async with Client(mcp_server) as raw:
         client = await checked_client(raw)
-        first = await client.call("execute_code", {"code": "kept = 1"})
-        session_id = first.structured_content["session_id"]
+        started = await client.call("start_session", {"language": "python", "env": {"FITS": "1"}})
+        session_id = started.structured_content["sessions"][0]["id"]
         try:
+            assert not (await client.call("execute_code", {"code": "kept = 1", "session_id": session_id})).is_error
             slow = await client.call("execute_code", {"code": "import time\ntime.sleep(30)", "session_id": session_id, "timeout": 0.5})
             assert result_error(slow)["type"] == "ExecutionTimeout"
             running = await client.call("execute_code", {"code": "import time\ntime.sleep(4)\nprint('late')", "session_id": session_id})

@@ -153,6 +153,10 @@ class Sandbox(abc.ABC):
         """Memory the sandbox uses now, when the backend can tell. Called by the gateway's stats and `msb-kernels list`."""
         return None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the sandbox used since it started, when the backend can tell. Called by the gateway's metrics."""
+        return None
+
     def exit_reason(self) -> str | None:
         """Why the kernel died, when the backend knows (for example out of memory).
 

@@ -38,10 +38,12 @@ def detect() -> tuple[CgroupHierarchy | None, str]:
             if fstype == "cgroup2":
                 unified = Path(mount_point)
             elif fstype == "cgroup":
-                for controller in ("memory", "cpu", "pids"):
+                for controller in ("memory", "cpu", "pids", "cpuacct"):
                     if controller in options.split(","):
                         v1[controller] = Path(mount_point)
-    if len(v1) == 3 and all(os.access(p, os.W_OK) for p in v1.values()):
+    if v1.get("cpuacct") == v1.get("cpu"):
+        v1.pop("cpuacct", None)  # mounted together (cpu,cpuacct): one group holds both
+    if {"memory", "cpu", "pids"} <= set(v1) and all(os.access(p, os.W_OK) for p in v1.values()):
         return CgroupHierarchy(1, v1), "cgroup v1 (memory, cpu, pids)"
     if unified is not None:
         available = (unified / "cgroup.controllers").read_text().split() if (unified / "cgroup.controllers").exists() else []
@@ -137,6 +139,19 @@ class SandboxCgroup:
             return int((directory / name).read_text())
         except (OSError, ValueError):
             return None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the sandbox's processes used, all of them since it started (cpuacct's or cpu.stat's)."""
+        try:
+            if self.hierarchy.version == 1:
+                return int((self.paths.get("cpuacct", self.paths["cpu"]) / "cpuacct.usage").read_text()) / 1e9
+            for line in (self.paths["unified"] / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            return None
+        return None
 
     def destroy(self, timeout: float = 5.0) -> bool:
         """Kill whatever is left in the groups and remove them. True when all are gone."""

@@ -240,6 +240,9 @@ class HostCgroupSandbox(Sandbox):
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_bytes() if self.cgroup else None
 
+    def cpu_seconds(self) -> float | None:
+        return self.cgroup.cpu_seconds() if self.cgroup else None
+
     def latch_exit_reason(self) -> None:
         """Called by cleanup once the kernel has ended and before its cgroup goes; logs the reason, if any."""
         reason = self._final_exit_reason = self.exit_reason()

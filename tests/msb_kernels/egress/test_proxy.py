@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from msb_kernels import metrics
 from msb_kernels.errors import InvalidRequest
 from tests import skips
 from tests.conftest import VENV_BIN, KernelFactory
@@ -107,6 +108,8 @@ result["imported"] = msbtiny.VALUE
 async def test_every_way_around_the_proxy_fails(allowlisted, upstream):
     backend, kc = allowlisted
     leak = f"leak{secrets.token_hex(6)}"
+    refused_before = metrics.EGRESS_CONNECTIONS.labels("refused")._value.get()
+    dns_refused_before = metrics.EGRESS_DNS.labels("refused")._value.get()
     result = await cell(
         kc,
         f"""
@@ -158,6 +161,8 @@ result = {{
     asked = upstream.dns_queries()
     assert "pypi.msb.test" in asked, "the proxy's own lookups reach the upstream DNS server (so the log is read)"
     assert not [name for name in asked if leak in name], f"a kernel's query left the host: {asked}"
+    assert metrics.EGRESS_CONNECTIONS.labels("refused")._value.get() >= refused_before + 2, "the forged header, the SNI"
+    assert metrics.EGRESS_DNS.labels("refused")._value.get() >= dns_refused_before + 2, "both DNS queries are counted"
     assert backend in ("namespace", "gvisor")
 
 

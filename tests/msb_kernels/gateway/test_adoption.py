@@ -121,6 +121,8 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
         assert after["last_activity"] >= before["last_activity"]
         assert stats["active_sessions"] == 1 and stats["total_memory_mb"] == 2048  # its place in the limits
         assert running_ids(second) == [kernel_id]  # the old pool's kernel was swept
+        metrics = (await second.request("GET", "/metrics")).body.decode()
+        assert 'msb_kernel_adoptions_total{outcome="adopted"} 1.0' in metrics.splitlines(), "adoptions are counted in /metrics"
     finally:
         lab.stop()
         if second is not None:

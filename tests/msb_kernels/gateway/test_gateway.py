@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -120,14 +121,16 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
 
 async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
     """KERNEL_FLAVOR in the start request's env, the stats, interrupt/restart/delete and JSON 404s."""
-    kernel_id = await gateway.start_kernel("msb-python-small", env={"KERNEL_FLAVOR": "medium", "NOT_KERNEL": "x"})
+    same_as_the_hosts = {"JUPYTER_RUNTIME_DIR": os.environ["JUPYTER_RUNTIME_DIR"]}  # asked for, so passed on all the same
+    kernel_id = await gateway.start_kernel("msb-python-small", env={"KERNEL_FLAVOR": "medium", "NOT_KERNEL": "x", **same_as_the_hosts})
     try:
         ws = await KernelSocket.open(gateway, kernel_id)
         reply = await ws.execute(
-            "import os\nprint(os.environ['MSB_FLAVOR'], os.environ.get('NOT_KERNEL'), "
-            "os.environ.get('MSB_TOKEN'), os.environ.get('KERNEL_FLAVOR'))"
+            "import os\nprint(os.environ['MSB_FLAVOR'], os.environ.get('NOT_KERNEL'), os.environ.get('MSB_TOKEN'), "
+            "os.environ.get('KERNEL_FLAVOR'), os.environ.get('JUPYTER_RUNTIME_DIR'), os.environ.get('KERNEL_ENV_NAMES'))"
         )
-        assert reply.stdout.split() == ["medium", "None", "None", "medium"]  # the gateway's token stays out
+        expected = ["medium", "x", "None", "medium", os.environ["JUPYTER_RUNTIME_DIR"], "None"]
+        assert reply.stdout.split() == expected  # the gateway's own token stays out; what the request set is passed
         ws.close()
         stats = await gateway.stats()
         assert stats["active_sessions"] == 1

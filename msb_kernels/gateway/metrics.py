@@ -1,0 +1,93 @@
+"""The gateway's side of /metrics: what is read at scrape time (sessions by state, each kernel's cgroup, the pool,
+the gateway's own memory and what it retains), and MSB_METRICS_PORT's listener.
+
+The counters (starts, failures, stops, restarts, OOM kills, MCP calls, adoptions, egress) are msb_kernels.metrics';
+jupyter_server's own metrics stay where they are, in the same default registry, at the same /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import Counter
+from typing import Any
+
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from msb_kernels.gateway.host import gateway_process_stats
+from msb_kernels.gateway.records import describe
+
+log = logging.getLogger("msb_kernels")
+
+
+class GatewayCollector(Collector):
+    """Reads a kernel manager (weakly: a test's gateway may come and go in one process) at each scrape."""
+
+    def __init__(self, manager: Any):
+        self._manager = weakref.ref(manager)
+
+    def collect(self):
+        manager = self._manager()
+        if manager is None:
+            return
+        sessions = GaugeMetricFamily(
+            "msb_sessions", "Sessions (kernels) by state, flavor and backend", labels=["state", "flavor", "backend"]
+        )
+        cpu = CounterMetricFamily("msb_kernel_cpu_seconds", "CPU time each kernel's sandbox used (cgroup)", labels=["kernel_id", "flavor"])
+        memory = GaugeMetricFamily(
+            "msb_kernel_memory_bytes", "Memory each kernel's sandbox holds now (cgroup)", labels=["kernel_id", "flavor"]
+        )
+        limit = GaugeMetricFamily("msb_kernel_memory_limit_bytes", "Each kernel's flavor memory", labels=["kernel_id", "flavor"])
+        counted: Counter = Counter()
+        for kernel_id, allocation in list(manager.allocations.items()):
+            described = describe(manager._kernels.get(kernel_id))
+            sandbox = described.sandbox if described is not None else None
+            backend = (sandbox.info().get("backend") if sandbox is not None else None) or "none"
+            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend)] += 1
+            labels = [kernel_id, allocation.flavor.name]
+            limit.add_metric(labels, allocation.flavor.memory_bytes)
+            if sandbox is None:
+                continue
+            try:
+                used, seconds = sandbox.memory_bytes(), sandbox.cpu_seconds()
+            except OSError:
+                continue
+            if used is not None:
+                memory.add_metric(labels, used)
+            if seconds is not None:
+                cpu.add_metric(labels, seconds)
+        for (state, flavor, backend), count in sorted(counted.items()):
+            sessions.add_metric([state, flavor, backend], count)
+        yield from (sessions, cpu, memory, limit)
+
+        pool = manager.pool.stats()
+        waiting = GaugeMetricFamily("msb_pool_waiting", "Warm kernels waiting in the pool, per kernelspec", labels=["kernel_name"])
+        for name, count in pool["waiting"].items():
+            waiting.add_metric([name], count)
+        yield waiting
+        yield CounterMetricFamily("msb_pool_hits", "Sessions the warm pool served with a kernel it had started", value=pool["handed_out"])
+
+        own = gateway_process_stats()
+        yield GaugeMetricFamily("msb_gateway_resident_bytes", "The gateway process's resident memory", value=own["rss_mib"] * 2**20)
+        retained = GaugeMetricFamily(
+            "msb_gateway_retained", "Entries the gateway keeps in its bounded structures, by structure", labels=["structure"]
+        )
+        for name, size in manager.retained_sizes().items():
+            retained.add_metric([name], size)
+        yield retained
+
+
+def register(manager: Any) -> GatewayCollector:
+    """Add the manager's collector to the default registry, which /metrics serves."""
+    collector = GatewayCollector(manager)
+    REGISTRY.register(collector)
+    return collector
+
+
+def serve_metrics(host: str, port: int) -> None:
+    """MSB_METRICS_PORT: /metrics (the default registry) on a listener of its own, without the token, for a scraper
+    that cannot send one; keep it on an address only the scraper reaches."""
+    start_http_server(port, addr=host)
+    log.info("Prometheus metrics at http://%s:%d/metrics (no token)", host, port)
