@@ -49,6 +49,14 @@ class Server:
         response.raise_for_status()
         return response.json() if response.content else None
 
+    async def get_text(self, path: str) -> str:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=120) as http:
+            response = await http.get(self.url + path, headers=self.headers)
+        response.raise_for_status()
+        return response.text
+
     async def wait_up(self, timeout: float = 90) -> None:
         import httpx
 

@@ -158,6 +158,7 @@ class GatewayKernelSessions(KernelSessions):
             raise not_found(str(session_id))
         response = await self._request("GET", f"/api/kernels/{session_id}")
         if response.status_code == 404:
+            self.forget(session_id)
             if missing_ok:
                 return None
             raise not_found(session_id)
@@ -245,7 +246,10 @@ class GatewayKernelSessions(KernelSessions):
         if response.status_code >= 400:
             raise SandboxError(f"the gateway answered HTTP {response.status_code}: {self._message(response)}")
         paths, stats = await self._paths_and_stats()
-        return [self._describe(model, paths, stats) for model in response.json()]
+        models = response.json()
+        for gone in set(self.first_seen) - {model["id"] for model in models}:
+            self.forget(gone)  # stopped, culled or deleted on the gateway, not through this bridge
+        return [self._describe(model, paths, stats) for model in models]
 
     async def connection(self, session_id: str) -> KernelConnection:
         await self.kernel_model(session_id)
@@ -278,8 +282,11 @@ class GatewayKernelSessions(KernelSessions):
         await self.kernel_model(session_id)
         await self.drop_connection(session_id)
         await self._kernel_call("DELETE", session_id, "stop")
-        self.started.discard(session_id)
-        self.last_accessed.pop(session_id, None)
+        self.forget(session_id)
+
+    def forget(self, session_id: str) -> None:
+        super().forget(session_id)
+        self._connecting.pop(session_id, None)
 
     async def interrupt(self, session_id: str) -> None:
         await self._post(session_id, "interrupt")

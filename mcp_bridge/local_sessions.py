@@ -23,6 +23,7 @@ from mcp_bridge.sessions import (
     not_found,
     parse_kernel_name,
 )
+from msb_kernels import registry
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
@@ -201,6 +202,7 @@ class ManagedKernelSessions(KernelSessions):
         self.start_timeout = start_timeout
         self.connections: dict[str, ManagedConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
+        registry.kernel_removed_listeners.append(self.forget)  # the gateway's removals: culls, Lab's shutdowns, deaths
 
     def _km(self, session_id: str) -> Any:
         if not isinstance(session_id, str) or session_id not in self.kernel_manager.list_kernel_ids():
@@ -308,8 +310,10 @@ class ManagedKernelSessions(KernelSessions):
         self._km(session_id)
         await self.drop_connection(session_id)
         await self.kernel_manager.shutdown_kernel(session_id, now=True)
-        self.started.discard(session_id)
-        self.last_accessed.pop(session_id, None)
+        self.forget(session_id)
+
+    def forget(self, session_id: str) -> None:
+        super().forget(session_id)
         self._connecting.pop(session_id, None)
 
     async def interrupt(self, session_id: str) -> None:
@@ -325,6 +329,8 @@ class ManagedKernelSessions(KernelSessions):
         """Close connections and stop every kernel this bridge started, when it owns the kernel manager. A manager
         it was given (the gateway's) decides what happens to its kernels: the gateway stops them, or, with
         MSB_KEEP_KERNELS, leaves them for the next gateway, MCP sessions included."""
+        with contextlib.suppress(ValueError):
+            registry.kernel_removed_listeners.remove(self.forget)
         for session_id in list(self.connections):
             await self.drop_connection(session_id)
         if not self.owns_kernel_manager:

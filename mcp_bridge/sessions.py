@@ -15,6 +15,7 @@ A new back end is one more subclass of both, in a module of its own.
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import logging
 import time
@@ -121,6 +122,7 @@ class KernelSessions(abc.ABC):
         self.started: set[str] = set()  # the kernels this bridge started (and stops on close)
         self.first_seen: dict[str, float] = {}
         self.connections: dict[str, KernelConnection] = {}
+        self.forgotten: list[Callable[[str], None]] = []  # told of each session forget() lets go of (the Bridge's states)
 
     def touch(self, session_id: str) -> None:
         self.last_accessed[session_id] = time.time()
@@ -129,6 +131,18 @@ class KernelSessions(abc.ABC):
         """Why the kernel died, as this bridge's connection to it saw it; None when it lives or there is none."""
         connection = self.connections.get(session_id)
         return await connection.death_reason() if connection is not None else None
+
+    def forget(self, session_id: str) -> None:
+        """Let go of what this bridge keeps for a session that is gone (stopped, culled, deleted by its notebook user)."""
+        self.started.discard(session_id)
+        self.last_accessed.pop(session_id, None)
+        self.first_seen.pop(session_id, None)
+        connection = self.connections.pop(session_id, None)
+        if connection is not None:
+            task = asyncio.ensure_future(connection.close())
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        for listener in self.forgotten:
+            listener(session_id)
 
     async def drop_connection(self, session_id: str) -> None:
         connection = self.connections.pop(session_id, None)

@@ -58,6 +58,12 @@ class Bridge:
         self.states: dict[str, SessionState] = {}
         self.tasks: set[asyncio.Task] = set()
         self.notebooks: NotebookDocuments | None = None  # the notebook tools' documents, when MSB_LAB_URL is set
+        sessions.forgotten.append(self.forget)
+
+    def forget(self, session_id: str) -> None:
+        """A session is gone (KernelSessions.forget): its kept executions go too (a call still waiting on one keeps it
+        until it has its answer)."""
+        self.states.pop(session_id, None)
 
     def sizes(self) -> dict[str, int]:
         """How much the bridge holds now, per structure (the gateway's metrics, and its memory soak)."""

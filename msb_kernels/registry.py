@@ -26,6 +26,9 @@ adoptions: dict[str, dict] = {}
 # Called with a kernel id when its kernel is reached at a new address (a cluster backend's kernel restarted as a new
 # task): the gateway moves its activity watch and its WebSockets' channels to it.
 kernel_moved_listeners: list[Callable[[str], None]] = []
+# Called with a kernel id when the gateway's kernel manager has removed it for good (a shutdown, a cull, a death it
+# does not restart): what others keep per kernel (the MCP bridge's sessions and executions) goes with it.
+kernel_removed_listeners: list[Callable[[str], None]] = []
 
 
 def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:

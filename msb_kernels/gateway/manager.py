@@ -152,6 +152,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
             metrics.KERNEL_STOPS.labels({"died": "died", "culled after being idle": "culled"}.get(reason, "shutdown")).inc()
             self._count_oom(allocation, exit_reason)
+        for listener in list(registry.kernel_removed_listeners):
+            listener(kernel_id)
         give_memory_back()
         return km
 
