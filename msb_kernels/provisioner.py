@@ -37,9 +37,6 @@ from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress import route
 from msb_kernels.egress.dns import parse_dns_servers
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
-from msb_kernels.egress.proxy import KernelEgress
-from msb_kernels.egress.service import egress_service
-from msb_kernels.egress.tls import system_bundle
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.probe import backend_for_start
@@ -101,7 +98,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     sandbox: Sandbox | None = None
     last_exit_reason: str | None = None
     network: KernelNetwork | None = None  # its way out, chosen by pre_launch (msb_kernels.egress.grant)
-    egress: KernelEgress | None = None  # what the egress proxy holds for it, while it listens for it
+    egress: Any = None  # the egress proxy's KernelEgress for it, while the proxy listens for it
     # Chosen by pre_launch, from the kernelspec's config and the start request's KERNEL_FLAVOR.
     template_spec: Template | None = None
     flavor_spec: Flavor | None = None
@@ -351,6 +348,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _open_egress(self, env: dict[str, str]) -> EgressRoute:
         """Have this process's egress proxy listen for the kernel in its io dir, and point the kernel's tools at it."""
+        from msb_kernels.egress.proxy import KernelEgress  # only where a kernel has an allow-list: h11, the proxy's thread
+        from msb_kernels.egress.service import egress_service
+        from msb_kernels.egress.tls import system_bundle
+
         network, settings = self.network, self.settings
         service = egress_service(settings.runtime_root(), parse_dns_servers(settings.network_dns), settings.network_ca_file)
         self.egress = KernelEgress(self.kernel_id, network.policy, network.source, network.secrets)
@@ -366,6 +367,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def _close_egress(self) -> None:
         if self.egress is not None:
+            from msb_kernels.egress.service import egress_service
+
             egress, self.egress = self.egress, None
             service = egress_service(
                 self.settings.runtime_root(), parse_dns_servers(self.settings.network_dns), self.settings.network_ca_file

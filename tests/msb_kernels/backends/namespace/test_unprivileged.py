@@ -26,6 +26,8 @@ from tests.conftest import REPO
 from tests.kernel_helpers import HostListener, live_processes
 
 SYSTEM_PYTHON = "/usr/bin/python3"
+# What the checkout's msb_kernels imports to start a kernel, and the egress proxy's three.
+VENV_PACKAGES = ("jupyter_client>=8.6", "ipykernel>=6.29", "traitlets", "pyzmq", "h11", "cryptography", "prometheus_client")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or shutil.which("setpriv") is None,
     reason="needs root (to become nobody), a system /usr/bin/python3 and setpriv",
@@ -46,10 +48,15 @@ SCRIPT = textwrap.dedent("""
         "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
         "data": resource.getrlimit(resource.RLIMIT_DATA)[0], "ifaces": [n for _, n in socket.if_nameindex()],
         "tmp_mib": os.statvfs("/tmp").f_blocks * os.statvfs("/tmp").f_frsize >> 20, "pty": os.ttyname(os.openpty()[1]),
-        "probe": {t: probe(t) for t in PROBE.split(",") if t}}))
+        "probe": {t: probe(t) for t in PROBE.split(",") if t}, "fetch": {u: fetch(u) for u in FETCH.split(",") if u}}))
     '''
-    CODE = f"PROBE = {os.environ.get('MSB_TEST_PROBE', '')!r}\\n" + '''
-    import socket
+    CODE = f"PROBE = {os.environ.get('MSB_TEST_PROBE', '')!r}\\nFETCH = {os.environ.get('MSB_TEST_FETCH', '')!r}\\n" + '''
+    import socket, urllib.request
+    def fetch(url):
+        try:
+            return urllib.request.urlopen(url, timeout=10).status
+        except Exception as exc:
+            return str(exc)
     def probe(target):
         host, port = target.rsplit(":", 1)
         try:
@@ -79,7 +86,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def unprivileged_python() -> Path:
-    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + " ".join(VENV_PACKAGES).encode()).hexdigest()[:12]
     venv = Path(f"/tmp/msb-unprivileged-venv-{digest}")
     if not (venv / ".ready").exists():
         shutil.rmtree(venv, ignore_errors=True)
@@ -87,7 +94,7 @@ def unprivileged_python() -> Path:
         if created.returncode != 0:
             pytest.skip(f"the system Python cannot make a venv: {created.stderr.strip()[-300:]}")
         installed = subprocess.run(
-            [str(venv / "bin/pip"), "install", "-q", "jupyter_client>=8.6", "ipykernel>=6.29", "traitlets", "pyzmq"],
+            [str(venv / "bin/pip"), "install", "-q", *VENV_PACKAGES],
             capture_output=True,
             text=True,
             timeout=600,
@@ -184,6 +191,22 @@ def test_unprivileged_user_gets_the_network_but_not_the_host(unprivileged_python
     assert set(seen["probe"]) == set(targets) and "connected" not in seen["probe"].values(), seen["probe"]
     leftover = [pid for pid in live_processes(network.HELPER) if os.stat(f"/proc/{pid}").st_uid == 65534]
     assert leftover == [], "the network helper outlived its sandbox"
+
+
+def test_unprivileged_user_gets_the_allow_list_through_the_egress_proxy(unprivileged_python, nobody_home, upstream):
+    """MSB_NETWORK_ALLOW without root: the relay, the proxy's socket and the proxy itself run as the user."""
+    seen, _ = run_as_nobody(
+        unprivileged_python,
+        nobody_home,
+        MSB_NETWORK_ALLOW="api.msb.test",
+        MSB_NETWORK_DNS=upstream.dns,
+        MSB_TEST_FETCH="http://api.msb.test/echo,http://other.msb.test/echo",
+        MSB_TEST_PROBE=f"{upstream.address}:80",
+    )
+    assert "fetch" in seen, seen
+    assert seen["fetch"]["http://api.msb.test/echo"] == 200, seen
+    assert "other.msb.test:80 is not allowed by MSB_NETWORK_ALLOW (api.msb.test)" in seen["fetch"]["http://other.msb.test/echo"], seen
+    assert seen["probe"] == {f"{upstream.address}:80": "OSError"} and seen["ifaces"] == ["lo"], seen
 
 
 def test_doctor_says_scratch_is_ram_without_root(unprivileged_python, nobody_home):
