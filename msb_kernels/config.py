@@ -146,6 +146,10 @@ class MsbSettings(Configurable):
         help="MSB_BACKEND=swarm: who this gateway is to the swarm, stable across its restarts (the stack file sets the service's "
         "name); unset = this host and runtime dir. Its kernels are adopted by the next gateway of the same owner.",
     ).tag(config=True)
+    swarm_egress_host = Unicode(
+        None, allow_none=True, help="MSB_BACKEND=swarm: the name kernels reach the egress proxy by; unset = this gateway's address."
+    ).tag(config=True)
+    swarm_egress_port = Int(3129, help="MSB_BACKEND=swarm: the port of the egress proxy on the kernels' network.").tag(config=True)
 
     # msb-kernels serve (the gateway)
     host = Unicode("127.0.0.1", help="Address msb-kernels serve listens on.").tag(config=True)
@@ -414,6 +418,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
     "swarm_network": lambda v: None if v and v.replace("-", "").replace("_", "").replace(".", "").isalnum() else "is not a network name",
     "swarm_owner": lambda v: "is empty" if not v.strip() else None,
+    "swarm_egress_host": _check_host,
+    "swarm_egress_port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
     "adopt_grace_seconds": lambda v: "is negative" if v < 0 else None,
     "offline_buffer_mib": lambda v: "is negative" if v < 0 else None,
 }
@@ -464,6 +470,8 @@ _ACCEPTED: dict[str, str] = {
     "boot_timeout_seconds": "use a whole number of seconds >= 1",
     "swarm_network": "use a Docker network name such as msb-kernels (letters, digits, '-', '_', '.')",
     "swarm_owner": "use a name that stays the same across the gateway's restarts, such as its service name, or leave it unset",
+    "swarm_egress_host": "use the gateway's service name (the stack sets it), or leave it unset for its address",
+    "swarm_egress_port": "use a TCP port from 1 to 65535",
     "keep_kernels": "use true or false",
     "lab_root_writable": "use true or false",
     "adopt_grace_seconds": "use a whole number of seconds >= 0 (0: kernels end with the gateway)",

@@ -34,8 +34,6 @@ from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import EgressRoute, SharedVolume
 from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.config import MsbSettings, load_settings
-from msb_kernels.egress import route
-from msb_kernels.egress.dns import parse_dns_servers
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
@@ -98,7 +96,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     sandbox: Sandbox | None = None
     last_exit_reason: str | None = None
     network: KernelNetwork | None = None  # its way out, chosen by pre_launch (msb_kernels.egress.grant)
-    egress: Any = None  # the egress proxy's KernelEgress for it, while the proxy listens for it
+    egress: Any = None  # its egress.attach.KernelRoute, while the proxy listens for it
     # Chosen by pre_launch, from the kernelspec's config and the start request's KERNEL_FLAVOR.
     template_spec: Template | None = None
     flavor_spec: Flavor | None = None
@@ -150,15 +148,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             sandbox=sandbox,
             created=sandbox.created if sandbox is not None else None,
             last_exit_reason=self.last_exit_reason,
-            network=self._network_text(),
-            egress=self.egress.snapshot() if self.egress is not None else None,
+            network=self.network.describe() if self.network is not None else "none",
+            egress=self.egress.egress.snapshot() if self.egress is not None else None,
         )
-
-    def _network_text(self) -> str:
-        network = self.network
-        if network is None or (network.policy is None and not network.public):
-            return "none"
-        return "public internet" if network.policy is None else f"allow-list: {network.policy or 'nothing'}"
 
     # -- launch -------------------------------------------------------------------
 
@@ -347,33 +339,20 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return guest
 
     async def _open_egress(self, env: dict[str, str]) -> EgressRoute:
-        """Have this process's egress proxy listen for the kernel in its io dir, and point the kernel's tools at it."""
-        from msb_kernels.egress.proxy import KernelEgress  # only where a kernel has an allow-list: h11, the proxy's thread
-        from msb_kernels.egress.service import egress_service
-        from msb_kernels.egress.tls import system_bundle
+        """The kernel's way out through this process's egress proxy (msb_kernels.egress.attach)."""
+        from msb_kernels.egress.attach import KernelRoute  # only where a kernel has an allow-list: h11, the proxy's thread
 
-        network, settings = self.network, self.settings
-        service = egress_service(settings.runtime_root(), parse_dns_servers(settings.network_dns), settings.network_ca_file)
-        self.egress = KernelEgress(self.kernel_id, network.policy, network.source, network.secrets)
-        await service.open(self.egress, self.io_dir / route.SOCKET_NAME)
-        if network.secrets:
-            bundle = system_bundle() + b"\n" + service.ca.load()
-            (self.io_dir / route.CA_BUNDLE_NAME).write_bytes(bundle)
-            os.chmod(self.io_dir / route.CA_BUNDLE_NAME, 0o644)
-        env.update(route.proxy_env(self.backend.guest_io_dir, with_ca=bool(network.secrets)))
-        env.update({secret.name: secret.placeholder for secret in network.secrets})
-        env["MSB_NETWORK_ALLOW"] = str(network.policy)
-        return EgressRoute(route.listeners(network.policy.transparent_ports()), self._guest_path(route.SOCKET_NAME))
+        self.egress = KernelRoute(self.settings, self.backend, self.kernel_id, self.network, self.io_dir)
+        return await self.egress.open(env)
+
+    async def _egress_at(self, address: str | None) -> None:
+        if self.egress is not None:
+            await self.egress.at(address)
 
     async def _close_egress(self) -> None:
         if self.egress is not None:
-            from msb_kernels.egress.service import egress_service
-
             egress, self.egress = self.egress, None
-            service = egress_service(
-                self.settings.runtime_root(), parse_dns_servers(self.settings.network_dns), self.settings.network_ca_file
-            )
-            await service.close(egress.kernel_id)
+            await egress.close()
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
@@ -410,6 +389,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 raise
             live_sandboxes[self.kernel_id] = self.sandbox
             self._connect_at(self.sandbox.address)
+            await self._egress_at(self.sandbox.address)
             log.info("kernel %s adopted, still running in its %s sandbox (%s)", self.kernel_id, self.backend.name, self.flavor_spec.name)
             return self.connection_info
         try:
@@ -417,6 +397,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 self.sandbox = await self.backend.create(spec)
                 live_sandboxes[self.kernel_id] = self.sandbox
                 self._connect_at(self.sandbox.address)
+                await self._egress_at(self.sandbox.address)
                 await self._until_listening(self.sandbox)
         except BaseException:
             if self.sandbox is not None:  # cancelled while the kernel imported: nobody would ever stop this sandbox

@@ -207,7 +207,7 @@ class GVisorBackend(SandboxBackend):
     name = "gvisor"
     auto_order = 50
     transports = ("ipc",)  # --network=none: no tcp path into the sandbox
-    egress_routes = True
+    egress_routes = "socket"
     guest_io_dir = "/run/kernel"
     _availability: Availability | None = None
 

@@ -39,6 +39,12 @@ class KernelNetwork:
     def proxied(self) -> bool:
         return self.policy is not None
 
+    def describe(self) -> str:
+        """Its way out in a word or a list: "none", "public internet", or "allow-list: ..." (stats, get_sessions)."""
+        if self.policy is None:
+            return "public internet" if self.public else "none"
+        return f"allow-list: {self.policy or 'nothing'}"
+
 
 def operator_policy(allow_network: bool, network_allow: str | None) -> Policy | None:
     """The widest list a kernel may get here; None: no network at all."""

@@ -9,7 +9,8 @@ decides anything: a kernel that talks to the socket itself, or kills this relay,
 
 Standard library only: no import path of ours exists in a sandbox. The namespace init reads this file by path.
 
-argv[1]: JSON {"socket": path, "bind": [[kind, address, port, "tcp"|"udp"], ...], "user": uid}
+argv[1]: JSON {"socket": path or "tcp:HOST:PORT", "bind": [[kind, address, port, "tcp"|"udp"], ...], "user": uid or null}
+(a cluster's kernel reaches its gateway's proxy over the kernels' network, which tells kernels apart by address)
 """
 
 import json
@@ -52,13 +53,18 @@ def become_user(uid):
 
 
 def proxy_connector(path):
-    """connect(kind, local address) for the egress route: a connection to the proxy's socket, its header sent."""
+    """connect(kind, local address) for the egress route: a connection to the proxy's socket (or "tcp:HOST:PORT",
+    its host looked up at each connection: a gateway that restarts elsewhere keeps its name), its header sent."""
 
     def connect(kind, local):
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if path.startswith("tcp:"):
+            host, _, port = path[4:].rpartition(":")
+            conn, target = socket.socket(socket.AF_INET, socket.SOCK_STREAM), (host, int(port))
+        else:
+            conn, target = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), path
         conn.settimeout(2)
         try:
-            conn.connect(path)
+            conn.connect(target)
             conn.sendall(f"MSB-EGRESS 1 {kind} {local[0]} {local[1]}\n".encode())
         except OSError:
             conn.close()
@@ -203,7 +209,8 @@ def relay(bound, connect):
 
 def main(spec):
     bound = bind_listeners(spec["bind"])
-    become_user(spec["user"])
+    if spec.get("user") is not None:  # started as the sandbox's root (gVisor), for port 53
+        become_user(spec["user"])
     relay(bound, proxy_connector(spec["socket"]))
 
 

@@ -17,12 +17,26 @@ KINDS = ("proxy", "transparent", "dns")
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 
-def listeners(transparent_ports: list[int]) -> list[list]:
+def listeners(transparent_ports: list[int], dns: bool = True) -> list[list]:
     """What the sandbox's init binds for the relay, as [kind, address, port, "tcp"|"udp"]: transparent listeners on
-    every loopback address (allowed names resolve to addresses of their own in 127.64.0.0/10)."""
-    bound = [["proxy", "127.0.0.1", PROXY_PORT, "tcp"], ["dns", "127.0.0.1", DNS_PORT, "tcp"], ["dns", "127.0.0.1", DNS_PORT, "udp"]]
-    bound += [["transparent", "0.0.0.0", port, "tcp"] for port in transparent_ports if port not in (PROXY_PORT, DNS_PORT)]
+    every loopback address (allowed names resolve to addresses of their own in 127.64.0.0/10). dns False: the proxy's
+    port alone (a cluster's kernel, which cannot bind port 53, and whose DNS is its engine's)."""
+    bound = [["proxy", "127.0.0.1", PROXY_PORT, "tcp"]]
+    if dns:
+        bound += [["dns", "127.0.0.1", DNS_PORT, "tcp"], ["dns", "127.0.0.1", DNS_PORT, "udp"]]
+        bound += [["transparent", "0.0.0.0", port, "tcp"] for port in transparent_ports if port not in (PROXY_PORT, DNS_PORT)]
     return bound
+
+
+# A cluster's kernel has no init of ours: its command starts the relay beside it, then becomes the kernel.
+# argv: the relay's spec (JSON, its source in "source"), then the kernel's command.
+RELAY_LAUNCHER = r"""
+import json, os, sys
+if os.fork() == 0:
+    os.setsid()
+    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", json.loads(sys.argv[1])["source"], sys.argv[1]])
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 @functools.cache

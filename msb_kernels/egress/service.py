@@ -44,6 +44,8 @@ class EgressService:
         self.kernels: dict[str, KernelEgress] = {}
         self._servers: dict[str, asyncio.AbstractServer] = {}
         self._paths: dict[str, Path] = {}
+        self.by_address: dict[str, KernelEgress] = {}  # a cluster's kernels, by their address on the kernels' network
+        self._tcp: dict[tuple[str, int], asyncio.AbstractServer] = {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="msb-egress", daemon=True)
         self._started = threading.Event()
@@ -85,6 +87,35 @@ class EgressService:
         self._paths[egress.kernel_id] = socket_path
         self.kernels[egress.kernel_id] = egress
 
+    async def listen_tcp(self, address: str, port: int) -> None:
+        """Listen on address:port (on a cluster's kernels' network) for kernels known by their address (bind_address);
+        a connection from any other address is closed unread."""
+        await self._call(self._listen_tcp(address, port))
+
+    async def _listen_tcp(self, address: str, port: int) -> None:
+        if (address, port) not in self._tcp:
+            self._tcp[(address, port)] = await asyncio.start_server(self._serve_by_address, address, port, backlog=128)
+            log.info("egress proxy for cluster kernels at %s:%d", address, port)
+
+    async def _serve_by_address(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        egress = self.by_address.get(peer[0]) if peer else None
+        if egress is None:
+            writer.close()
+            return
+        await serve(egress, self, reader, writer)
+
+    async def bind_address(self, egress: KernelEgress, address: str) -> None:
+        """The kernel egress.kernel_id is at address now (its task's): connections from there are its."""
+        await self._call(self._bind_address(egress, address))
+
+    async def _bind_address(self, egress: KernelEgress, address: str) -> None:
+        for known, other in list(self.by_address.items()):
+            if other.kernel_id == egress.kernel_id:
+                del self.by_address[known]
+        self.by_address[address] = egress
+        self.kernels[egress.kernel_id] = egress
+
     async def close(self, kernel_id: str) -> None:
         """Stop listening for kernel_id; its open connections end with it."""
         await self._call(self._close(kernel_id))
@@ -93,6 +124,9 @@ class EgressService:
         server = self._servers.pop(kernel_id, None)
         path = self._paths.pop(kernel_id, None)
         egress = self.kernels.pop(kernel_id, None)
+        for address, other in list(self.by_address.items()):
+            if other.kernel_id == kernel_id:
+                del self.by_address[address]
         if server is not None:
             server.close()
         if egress is not None:  # connections in flight belong to a kernel that is gone

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -37,6 +38,7 @@ from msb_kernels.backends.core.base import SANDBOX_LABEL, Availability, Sandbox,
 from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.config import MsbSettings, load_settings
+from msb_kernels.egress.route import RELAY_LAUNCHER, relay_source
 from msb_kernels.errors import BackendUnavailable, ResourceLimitExceeded, SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, IMAGE_CURVE_LABEL, image_for
 from msb_kernels.templates import TEMPLATES
@@ -142,6 +144,7 @@ class ClusterBackend(SandboxBackend):
     """The engine-neutral part: a subclass names its engine (make_engine) and its MSB_BACKEND name."""
 
     transports = ("tcp",)
+    egress_routes = "tcp"
     guest_io_dir = GUEST_FILES_DIR
     interrupt_by_message = True
     runs_on_cluster = True
@@ -199,6 +202,24 @@ class ClusterBackend(SandboxBackend):
 
     def kernel_networks(self) -> list[str]:
         return self.engine.network_subnets()
+
+    def egress_endpoint(self) -> tuple[str, int, str]:
+        """This process's address on the kernels' network (its proxy listens there), the port, and the name kernels dial:
+        MSB_SWARM_EGRESS_HOST (the stack's service name, which follows the gateway to its next task), else the address."""
+        address = self._own_address()
+        return address, self.settings.swarm_egress_port, self.settings.swarm_egress_host or address
+
+    def _own_address(self) -> str:
+        for cidr in self.kernel_networks():
+            subnet = ipaddress.ip_network(cidr)
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((str(next(subnet.hosts())), 9))  # UDP: nothing is sent
+                if ipaddress.ip_address(probe.getsockname()[0]) in subnet:
+                    return probe.getsockname()[0]
+        raise SandboxError(
+            f"this process has no address on the kernels' network {self.settings.swarm_network}, where their egress proxy must listen",
+            ["run the gateway as a service of the stack", "or start the kernel without MSB_NETWORK_ALLOW"],
+        )
 
     def _check_on_kernel_network(self) -> None:
         """Kernels are reached on their network only: a process that is not on it (a gateway started on a node's host
@@ -285,11 +306,15 @@ class ClusterBackend(SandboxBackend):
             LABEL_GRACE: f"{spec.adopt_grace:g}",
             LABEL_HOST: socket.gethostname(),
         }
+        argv = TEMPLATES[spec.template].guest_argv(list(spec.argv))
+        if spec.egress is not None:  # the relay beside the kernel, on 127.0.0.1:3128, to the proxy's port on this network
+            relay = {"socket": spec.egress.socket, "bind": spec.egress.listeners, "user": None, "source": relay_source()}
+            argv = ["python3", "-I", "-S", "-c", RELAY_LAUNCHER, json.dumps(relay), *argv]
         return KernelService(
             name=f"msb-{spec.sandbox_id}-{secrets.token_hex(3)}",
             kernel_id=spec.sandbox_id,
             image=image_for(self.settings, spec.template),
-            argv=TEMPLATES[spec.template].guest_argv(list(spec.argv)),
+            argv=argv,
             env=env,
             cpus=spec.flavor.cpus,
             memory_bytes=spec.flavor.memory_bytes,

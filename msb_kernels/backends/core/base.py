@@ -181,7 +181,9 @@ class SandboxBackend(abc.ABC):
     name: ClassVar[str]  # its MSB_BACKEND value and entry point name
     auto_order: ClassVar[int]  # MSB_BACKEND=auto tries lower numbers first: the stronger boundary
     transports: ClassVar[tuple[str, ...]]  # the ZMQ transports ("ipc", "tcp") it can reach kernels by; MSB_TRANSPORT=auto takes the first
-    egress_routes: ClassVar[bool] = False  # its sandboxes can start the egress relay (SandboxSpec.egress)
+    # How its sandboxes reach the egress proxy (SandboxSpec.egress): "socket", a Unix socket in the io dir; "tcp", the
+    # proxy's port on the kernels' network, where the proxy knows a kernel by its address; None: they cannot.
+    egress_routes: ClassVar[str | None] = None
     guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
 
     def __init__(self, settings: MsbSettings):
@@ -275,6 +277,11 @@ class SandboxBackend(abc.ABC):
             "MSB_SCRATCH_DIR": str(self.settings.scratch_root()),
             "MSB_TRANSPORT": self.transport,
         }
+
+    def egress_endpoint(self) -> tuple[str, int, str]:
+        """egress_routes "tcp": (the address the proxy listens on, its port, the name kernels dial it by).
+        Called by the provisioner before a proxied kernel's start."""
+        raise SandboxError(f"the {self.name} backend has no way to the egress proxy")
 
     def kernel_networks(self) -> list[str]:
         """CIDRs the kernels' own addresses are on, where they could reach the gateway itself (a cluster's overlay,

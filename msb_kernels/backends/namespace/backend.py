@@ -79,7 +79,7 @@ class NamespaceBackend(SandboxBackend):
     name = "namespace"
     auto_order = 90
     transports = ("ipc", "tcp")
-    egress_routes = True
+    egress_routes = "socket"
     guest_io_dir = "/run/kernel"
     guest_ip = "127.0.0.1"  # tcp: the sandbox's own loopback, where the relay connects
     _availability: Availability | None = None

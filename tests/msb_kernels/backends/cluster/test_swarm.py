@@ -33,6 +33,7 @@ from tests.skips import needs_runsc
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STACK = REPO / "deploy" / "swarm" / "stack.yml"
+UPSTREAM = "msbt-upstream"
 CULL_AFTER_SECONDS = 45  # longer than any test here leaves its own kernels idle, shorter than the tests before culling's
 INNER_SUITES = ["tests/msb_kernels/backends/test_contract.py", "tests/msb_kernels/backends/cluster/on_the_swarm.py"]
 
@@ -146,9 +147,21 @@ async def stack(swarm_site: SwarmSite) -> AsyncIterator[ServiceGateway]:
         MSB_POOL_SIZE="python-small=1",
         MSB_SESSION_TIMEOUT_SECONDS=str(CULL_AFTER_SECONDS),
         MSB_CULL_INTERVAL_SECONDS="5",
+        MSB_NETWORK_ALLOW=f"{UPSTREAM}:8080",
         DOCKER_SOCKET=str(swarm_site.swarm.manager.socket),
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    # A web host on the gateway's front network, which no kernel is on: the egress test's allowed host.
+    from docker.types import EndpointSpec, RestartPolicy
+
+    swarm_site.client().services.create(
+        KERNEL_IMAGE,
+        ["python3", "-m", "http.server", "8080"],
+        name=UPSTREAM,
+        networks=["msb_front"],
+        endpoint_spec=EndpointSpec(mode="dnsrr"),
+        restart_policy=RestartPolicy(condition="none"),
+    )
     gateway = ServiceGateway(swarm_site, port, token)
     try:
         await wait_until(lambda: _healthy(gateway), 120, "the stack's gateway to answer")
@@ -166,6 +179,7 @@ async def stack(swarm_site: SwarmSite) -> AsyncIterator[ServiceGateway]:
     gateway.idle_since = time.monotonic()
     yield gateway
     gateway.log_path.write_text(gateway.log())
+    swarm_site.docker("service", "rm", UPSTREAM)
     swarm_site.docker("stack", "rm", "msb")
 
 
@@ -297,6 +311,51 @@ answer
         await stack.request("DELETE", f"/api/kernels/{kernel}")
     assert answer in ("b''", "'ConnectionResetError'"), answer
     assert "refused a connection from" in stack.log()
+
+
+async def test_kernels_reach_their_allow_list_through_the_gateway_and_nothing_else(stack: ServiceGateway) -> None:
+    """MSB_NETWORK_ALLOW on a swarm: each kernel's relay (127.0.0.1:3128) reaches the gateway's proxy on the kernels'
+    network, which knows the kernel by its task's address and reaches the allowed host on its front network."""
+    upstream = stack.site.client().services.get(UPSTREAM)
+    await wait_until(lambda: _task_address(upstream), 60, "the upstream web host's task")
+    kernel = await stack.start_kernel()
+    code = f"""
+import os, socket, urllib.request
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=20).status
+    except Exception as exc:
+        return str(exc)
+def direct(address):
+    try:
+        socket.create_connection((address, 8080), timeout=5).close()
+        return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+print(os.environ["MSB_NETWORK_ALLOW"])
+print(fetch("http://{UPSTREAM}:8080/"))
+print(fetch("http://msb_docker-api:2375/version"))
+print(direct({_task_address(upstream)!r}))
+"""
+    socket = await KernelSocket.open(stack, kernel)
+    try:
+        reply = await socket.execute(code)
+    finally:
+        socket.close()
+        await stack.request("DELETE", f"/api/kernels/{kernel}")
+    lines = reply.stdout.splitlines()
+    assert lines[:2] == [f"{UPSTREAM}:8080", "200"], (lines, reply.error, stack.log()[-3000:])
+    assert "msb_docker-api:2375 is not allowed by MSB_NETWORK_ALLOW" in lines[2], lines
+    assert lines[3] != "connected", "the upstream is on no network of the kernel's: only the proxy reaches it"
+
+
+def _task_address(service) -> str | None:
+    for task in service.tasks():
+        if task["Status"]["State"] == "running":
+            for attachment in task.get("NetworksAttachments") or ():
+                if attachment["Network"]["Spec"]["Name"] == "msb_front":
+                    return attachment["Addresses"][0].split("/")[0]
+    return None
 
 
 async def test_an_idle_kernel_is_culled_and_its_service_removed(stack: ServiceGateway) -> None:
