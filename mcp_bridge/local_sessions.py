@@ -281,6 +281,9 @@ class ManagedKernelSessions(KernelSessions):
 
     async def connection(self, session_id: str) -> KernelConnection:
         km = self._km(session_id)
+        wake = getattr(self.kernel_manager, "wake_kernel", None)  # the gateway's: a hibernated kernel is restored first
+        if wake is not None:
+            await wake(session_id)
         lock = self._connecting.setdefault(session_id, asyncio.Lock())
         async with lock:
             connection = self.connections.get(session_id)

@@ -44,7 +44,7 @@ class SessionInfo:
     id: str
     language: str | None  # python or node; None for a kernel that is not an msb kernel
     flavor: str | None
-    status: str  # creating, ready, running, error, stopped
+    status: str  # creating, ready, running, hibernated, error, stopped
     created_at: float | None
     last_accessed: float | None
     kernel_name: str | None = None

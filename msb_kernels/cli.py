@@ -127,11 +127,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"-> but MSB_BACKEND={chosen} cannot start a kernel here (above); unset MSB_BACKEND to let auto pick one that can")
         return 1
     try:
-        transport = backend_classes()[chosen].transport_for(settings.transport)
+        transport = backend_classes()[chosen].transport_for(settings)
     except MsbError as exc:
         print(exc.report("msb-kernels doctor"))
         return 1
     print(f"-> kernels reached over {transport} (MSB_TRANSPORT={settings.transport})")
+    if settings.hibernate_after_seconds > 0:
+        from msb_kernels.backends import get_backend
+
+        unavailable = get_backend(settings, chosen).hibernation_unavailable()
+        after = f"MSB_HIBERNATE_AFTER_SECONDS={settings.hibernate_after_seconds}"
+        print(f"-> {after}: " + (f"kernels cannot hibernate here: {unavailable}" if unavailable else "idle kernels hibernate to disk"))
     return 0
 
 

@@ -13,16 +13,16 @@ import functools
 import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import Config, Configurable
 
-from msb_kernels.choice import parse_pool_sizes
+from msb_kernels import setting_checks as checks
 from msb_kernels.egress import checks as egress_checks
-from msb_kernels.errors import ConfigError, MsbError
-from msb_kernels.flavors import FLAVORS, get_flavor
+from msb_kernels.errors import ConfigError
+from msb_kernels.flavors import FLAVORS
 
 BACKEND_ENTRY_POINTS = "msb_kernels.backends"  # name = module:SandboxBackend subclass
 # The backends this package ships, also when it runs from a source tree that was never
@@ -31,7 +31,7 @@ BACKEND_ENTRY_POINTS = "msb_kernels.backends"  # name = module:SandboxBackend su
 # LocalProvisioner: a checkout used without `pip install` (or an install whose metadata is stale) still has them.
 BUILTIN_BACKENDS = {
     "namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
-    "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
+    "gvisor": "msb_kernels.backends.gvisor.backend:GVisorBackend",
     "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend",
     "swarm": "msb_kernels.backends.cluster.backend:SwarmBackend",
 }
@@ -54,9 +54,6 @@ def backend_names() -> tuple[str, ...]:
 
 
 TRANSPORTS = ("auto", "ipc", "tcp")  # MSB_TRANSPORT; each backend says which of ipc and tcp it can use
-
-# Guest paths the sandbox itself needs; a shared volume may not shadow them.
-RESERVED_GUEST_PATHS = ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/run", "/tmp", "/home", "/sys")
 
 
 def _env_name(trait_name: str) -> str:
@@ -182,6 +179,18 @@ class MsbSettings(Configurable):
         "closed, to replay when it reconnects (jupyter_server keeps them without a bound). Past it "
         "they are dropped and the client reconnects without them. 0: nothing is kept.",
     ).tag(config=True)
+    hibernate_after_seconds = Int(
+        0,
+        help="gVisor: idle seconds after which a kernel is checkpointed to disk and its memory freed, restored with its "
+        "state at its next request (0 = never; culling after MSB_SESSION_TIMEOUT_SECONDS still applies).",
+    ).tag(config=True)
+    hibernate_dir = Unicode(
+        None, allow_none=True, help="Where hibernated kernels' images are kept; unset = MSB_SCRATCH_DIR/hibernate."
+    ).tag(config=True)
+    hibernate_key_file = Unicode(
+        None, allow_none=True, help="A file of 32 random bytes (or 64 hex digits): hibernation images are encrypted with it (AES-GCM)."
+    ).tag(config=True)
+    hibernate_disk_mib = Int(None, allow_none=True, help="MiB all hibernation images may take together; unset = no limit.").tag(config=True)
     keep_kernels = Bool(
         False,
         help="A clean stop of msb-kernels serve leaves its kernels running, for the next one on the same "
@@ -269,7 +278,7 @@ class MsbSettings(Configurable):
     @property
     def ports(self) -> tuple[int, int]:
         """MSB_PORT_RANGE as (first, last), both included."""
-        return _parse_port_range(self.port_range)  # checked at start, so this does not raise
+        return checks.parse_port_range(self.port_range)  # checked at start, so this does not raise
 
     @property
     def shared_volume(self) -> Path | None:
@@ -290,137 +299,59 @@ class MsbSettings(Configurable):
             return Path(xdg) / "msb-kernels"
         return Path(f"/tmp/msb-kernels-{os.geteuid()}")
 
+    def hibernate_root(self) -> Path:
+        """Where hibernated kernels' images live: on a disk, as the scratch disks are."""
+        return Path(self.hibernate_dir) if self.hibernate_dir else self.scratch_root() / "hibernate"
+
     def scratch_root(self) -> Path:
         """Where sandboxes' disk images live: on a disk, not under /run, which is RAM on most hosts."""
         return Path(self.scratch_dir) if self.scratch_dir else Path("/var/tmp/msb-kernels")
 
 
-def _check_flavor(value: str) -> str | None:
-    try:
-        get_flavor(value)
-    except MsbError:
-        return "is not a flavor"
-    return None
-
-
-def _check_guest_path(value: str) -> str | None:
-    path = PurePosixPath(value)
-    if not path.is_absolute():
-        return "is not an absolute path"
-    if str(path) in RESERVED_GUEST_PATHS or any(str(path).startswith(p + "/") for p in ("/proc", "/dev", "/sys", "/usr", "/etc", "/run")):
-        return "would hide a directory the sandbox needs"
-    return None
-
-
-# Directories a Lab root may not be, nor lie under: the sandbox's own system, or a whole tree of homes.
-_NOT_LAB_ROOTS = ("/", "/tmp", "/home", "/root", "/var", "/opt", "/srv", "/mnt", "/media")
-_NOT_UNDER = ("/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot")
-
-
-def _check_lab_root(value: str) -> str | None:
-    path = os.path.realpath(value)
-    if not os.path.isabs(value):
-        return "is not an absolute path"
-    if not os.path.isdir(path):
-        return "is not an existing directory"
-    if path in _NOT_LAB_ROOTS or any(path == top or path.startswith(top + "/") for top in _NOT_UNDER):
-        return "would show a system directory or every home in the sandboxes"
-    return None
-
-
-def _check_shared_path(value: str) -> str | None:
-    path = Path(value)
-    if not path.exists():
-        return "does not exist"
-    if not path.is_dir():
-        return "is not a directory"
-    return None
-
-
-def _parse_port_range(value: str) -> tuple[int, int]:
-    first, separator, last = str(value).strip().partition("-")
-    if not separator:
-        raise ValueError("is not a range FIRST-LAST")
-    try:
-        low, high = int(first), int(last)
-    except ValueError:
-        raise ValueError("is not a range of whole numbers") from None
-    if not 1024 <= low <= high <= 65535:
-        raise ValueError("is outside 1024-65535 or has FIRST > LAST")
-    if high - low + 1 < 5:
-        raise ValueError("holds fewer than 5 ports (one kernel needs 5)")
-    return low, high
-
-
-def _check_port_range(value: str) -> str | None:
-    try:
-        _parse_port_range(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _check_image(value: str) -> str | None:
-    return "is empty" if not value.strip() else None
-
-
-def _check_pool_size(value: str) -> str | None:
-    try:
-        parse_pool_sizes(value)
-    except MsbError as exc:
-        return "is not a pool size (" + exc.message.split(": ", 1)[-1].split(";")[0] + ")"
-    return None
-
-
-def _check_host(value: str) -> str | None:
-    return "is not a host name or address" if not value.strip() or any(c.isspace() or c in "/?#" for c in value) else None
-
-
-def _at_least(minimum: float) -> Callable[[Any], str | None]:
-    return lambda v: f"is less than {minimum:g}" if v < minimum else None
-
-
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "host": _check_host,
+    "host": checks.check_host,
     "port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
     "metrics_port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
-    "metrics_host": _check_host,
+    "metrics_host": checks.check_host,
     "token": lambda v: "is empty, which would let anyone run code" if not v.strip() else None,
-    "capacity_memory_mib": _at_least(1),
-    "capacity_cpus": _at_least(1),
-    "cull_interval_seconds": _at_least(1),
-    "pool_size": _check_pool_size,
-    "mcp_running_after_seconds": _at_least(0.1),
-    "mcp_default_timeout_seconds": _at_least(0.1),
-    "mcp_max_timeout_seconds": _at_least(0.1),
-    "mcp_max_output_chars": _at_least(100),
-    "mcp_max_code_chars": _at_least(100),
+    "capacity_memory_mib": checks.at_least(1),
+    "capacity_cpus": checks.at_least(1),
+    "cull_interval_seconds": checks.at_least(1),
+    "pool_size": checks.check_pool_size,
+    "mcp_running_after_seconds": checks.at_least(0.1),
+    "mcp_default_timeout_seconds": checks.at_least(0.1),
+    "mcp_max_timeout_seconds": checks.at_least(0.1),
+    "mcp_max_output_chars": checks.at_least(100),
+    "mcp_max_code_chars": checks.at_least(100),
     "mcp_progress_interval_seconds": lambda v: (
         None if 0.1 <= v <= 10 else "is not between 0.1 and 10 (clients expect a sign of life every 10 s)"
     ),
-    "mcp_kept_executions": _at_least(1),
+    "mcp_kept_executions": checks.at_least(1),
     "lab_url": lambda v: None if v is None or v.startswith(("http://", "https://")) else "is not an http:// or https:// URL",
-    "mcp_kernel_start_timeout_seconds": _at_least(1),
-    "default_flavor": _check_flavor,
+    "mcp_kernel_start_timeout_seconds": checks.at_least(1),
+    "default_flavor": checks.check_flavor,
     "session_timeout_seconds": lambda v: "is negative" if v < 0 else None,
     "max_sessions": lambda v: "is less than 1" if v < 1 else None,
     "max_processes": lambda v: "is less than 16" if v < 16 else None,
-    "concurrent_starts": _at_least(1),
+    "concurrent_starts": checks.at_least(1),
     "backend": lambda v: None if v in backend_names() else "is not a backend",
     "transport": lambda v: None if v in TRANSPORTS else "is not a transport",
-    "shared_volume_path": _check_shared_path,
-    "lab_root_path": _check_lab_root,
-    "shared_volume_guest_path": _check_guest_path,
-    "port_range": _check_port_range,
-    "python_image": _check_image,
+    "shared_volume_path": checks.check_shared_path,
+    "lab_root_path": checks.check_lab_root,
+    "shared_volume_guest_path": checks.check_guest_path,
+    "port_range": checks.check_port_range,
+    "python_image": checks.check_image,
     **egress_checks.CHECKS,
-    "node_image": _check_image,
+    "node_image": checks.check_image,
     "boot_timeout_seconds": lambda v: "is less than 1" if v < 1 else None,
     "swarm_network": lambda v: None if v and v.replace("-", "").replace("_", "").replace(".", "").isalnum() else "is not a network name",
     "swarm_owner": lambda v: "is empty" if not v.strip() else None,
-    "swarm_egress_host": _check_host,
+    "swarm_egress_host": checks.check_host,
     "swarm_egress_port": lambda v: None if 1 <= v <= 65535 else "is not a TCP port",
     "adopt_grace_seconds": lambda v: "is negative" if v < 0 else None,
+    "hibernate_after_seconds": lambda v: "is negative" if v < 0 else None,
+    "hibernate_key_file": checks.check_key_file,
+    "hibernate_disk_mib": checks.at_least(1),
     "offline_buffer_mib": lambda v: "is negative" if v < 0 else None,
 }
 
@@ -475,6 +406,10 @@ _ACCEPTED: dict[str, str] = {
     "keep_kernels": "use true or false",
     "lab_root_writable": "use true or false",
     "adopt_grace_seconds": "use a whole number of seconds >= 0 (0: kernels end with the gateway)",
+    "hibernate_after_seconds": "use a whole number of seconds >= 0 (0: kernels are culled, never hibernated)",
+    "hibernate_dir": "use a writable directory on a disk with room for the kernels' memory",
+    "hibernate_key_file": "use a file of 32 random bytes or 64 hex digits (head -c 32 /dev/urandom > key), readable by this user only",
+    "hibernate_disk_mib": "use a whole number of MiB >= 1, or leave it unset for no limit",
 }
 
 

@@ -64,6 +64,12 @@ class SandboxError(MsbError):
     error_type = "SystemError"
 
 
+class HibernationRefused(MsbError):
+    """A kernel was not hibernated and runs on as it was; the message says why (the gateway logs and counts it)."""
+
+    error_type = "SystemError"
+
+
 class BackendUnavailable(SandboxError):
     """The chosen backend cannot run on this host; the message says why."""
 

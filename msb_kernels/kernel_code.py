@@ -251,3 +251,42 @@ def _msb_file_step(request, marker):
 
 _msb_file_step(REQUEST, MARKER)
 """
+
+
+# Python launcher for a kernel that may hold no TCP socket (gVisor's tcp transport, whose kernels runsc checkpoints):
+# ipykernel binds the pipe that forked subprocesses send their output through on tcp://127.0.0.1, and this runsc
+# cannot save a TCP endpoint that epoll watches. The same pipe, on a Unix socket in the sandbox's own tmpfs; where
+# ipykernel's IOPubThread no longer has these methods, it is left as it is (and a checkpoint says why it failed).
+# Run as `python -c <this> <ipykernel's arguments>`; PIPE is replaced with the socket's path.
+PYTHON_UNIX_PIPE_LAUNCHER = """\
+import os, sys
+import zmq
+from ipykernel import iostream, kernelapp
+
+PIPE = "ipc://" + PIPE_PATH + "-%d" % os.getpid()
+
+
+def _setup_pipe_in(self):
+    self._pipe_uuid = os.urandom(16)
+    pipe_in = self.socket.context.socket(zmq.PULL)
+    pipe_in.linger = 0
+    pipe_in.bind(PIPE)
+    self._pipe_port = 0
+    self._pipe_in = iostream.ZMQStream(pipe_in, self.io_loop)
+    self._pipe_in.on_recv(self._handle_pipe_msg)
+
+
+def _setup_pipe_out(self):
+    context = zmq.Context()
+    pipe_out = context.socket(zmq.PUSH)
+    pipe_out.linger = 3000
+    pipe_out.connect(PIPE)
+    return context, pipe_out
+
+
+if all(hasattr(iostream.IOPubThread, name) for name in ("_setup_pipe_in", "_setup_pipe_out", "_handle_pipe_msg")):
+    iostream.IOPubThread._setup_pipe_in = _setup_pipe_in
+    iostream.IOPubThread._setup_pipe_out = _setup_pipe_out
+del _setup_pipe_in, _setup_pipe_out
+sys.exit(kernelapp.launch_new_instance())
+"""

@@ -39,6 +39,15 @@ EGRESS_CONNECTIONS = Counter(
     "msb_egress_connections_total", "Connections kernels asked the egress proxy for, by decision: allowed, refused", ["decision"]
 )
 EGRESS_DNS = Counter("msb_egress_dns_queries_total", "DNS queries kernels sent the egress proxy, by answer: answered, refused", ["answer"])
+HIBERNATIONS = Counter(
+    "msb_hibernations_total",
+    "Hibernation events, by outcome: hibernated, restored, refused (the kernel runs on), failed and restore_failed (it ended)",
+    ["outcome"],
+)
+HIBERNATE_SECONDS = Histogram(
+    "msb_hibernate_seconds", "Seconds to checkpoint an idle kernel to disk, its image sealed", buckets=START_BUCKETS
+)
+RESTORE_SECONDS = Histogram("msb_restore_seconds", "Seconds to restore a hibernated kernel until it runs again", buckets=START_BUCKETS)
 EGRESS_BYTES = Counter("msb_egress_bytes_total", "Bytes through the egress proxy, by direction: out (to hosts), in", ["direction"])
 
 

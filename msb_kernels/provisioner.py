@@ -277,7 +277,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         for key in ("key", "curve_publickey", "curve_secretkey", "curve_serverkey"):
             if isinstance(info.get(key), bytes):
                 info[key] = info[key].decode()
-        if self.backend.transport == "tcp":
+        if self.backend.transport == "tcp" and self.backend.guest_sockets:
+            info.update(transport="ipc", ip=self.backend.guest_sockets)  # a relay inside joins them to the ports
+        elif self.backend.transport == "tcp":
             info["ip"] = self.backend.guest_ip
         if self.backend.transport == "ipc":
             info["ip"] = self._guest_path("kernel")

@@ -18,6 +18,7 @@ SESSION_STATUS_OF_STATE = {
     "idle": "ready",
     "busy": "running",
     "dead": "error",
+    "hibernated": "hibernated",  # checkpointed to disk (MSB_HIBERNATE_AFTER_SECONDS); the next request restores it
 }
 
 

@@ -74,6 +74,12 @@ class Template(abc.ABC):
         """Why this host cannot run the kernel, with what to do; None when it can. Called by install, doctor and tests."""
         return None
 
+    def unix_sockets_argv(self, argv: list[str], pipe_path: str) -> list[str]:
+        """``argv`` for a kernel whose every socket must be a Unix socket of its own sandbox (runsc checkpoints no TCP
+        socket of this kind); pipe_path: where the kernel may put sockets of its own making. Called by the gVisor
+        backend under its tcp transport."""
+        return argv
+
     @abc.abstractmethod
     def startup_code(self, out_of_memory_message: str) -> str:
         """What ``startup_file`` holds. Called by the provisioner before each start."""
@@ -129,6 +135,13 @@ class PythonTemplate(Template):
 
     def guest_argv(self, host_argv: list[str]) -> list[str]:
         return ["python3", *host_argv[1:]]
+
+    def unix_sockets_argv(self, argv: list[str], pipe_path: str) -> list[str]:
+        for at in range(len(argv) - 1):
+            if argv[at : at + 2] == ["-m", "ipykernel_launcher"]:
+                launcher = kernel_code.PYTHON_UNIX_PIPE_LAUNCHER.replace("PIPE_PATH", repr(pipe_path))
+                return [*argv[:at], "-c", launcher, *argv[at + 2 :]]
+        return argv
 
     def startup_code(self, out_of_memory_message: str) -> str:
         return kernel_code.PYTHON_MEMORY_HINT.format(message=out_of_memory_message) + "\n\n" + kernel_code.PYTHON_QUICK_FLUSH

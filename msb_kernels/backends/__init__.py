@@ -82,7 +82,7 @@ def get_backend(settings: MsbSettings, name: str | None = None) -> SandboxBacken
 
     name: the backend MSB_BACKEND=auto settled on after its start probe (msb_kernels.probe)."""
     name, why = (name, f"picked {name}: it passed its start probe") if name else choose_backend(settings.backend)
-    key = (name, str(settings.runtime_root()), backend_classes()[name].transport_for(settings.transport))
+    key = (name, str(settings.runtime_root()), backend_classes()[name].transport_for(settings))
     if key not in _instances:
         log.info("msb-kernels backend: %s", why)
         for warning in backend_classes()[name].availability().warnings:

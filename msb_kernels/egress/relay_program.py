@@ -1,4 +1,5 @@
-"""The byte relay that sandboxes run inside: the egress route's, and the namespace backend's tcp transport's.
+"""The byte relay: the egress route's, and the tcp transports' (the namespace backend's, and gVisor's on both sides of
+its network stack).
 
 Egress (run as ``python -I -S -c <this file> <spec>``, or called in a fork by the namespace init): the sandbox has
 loopback and nothing else. The listeners (route.listeners: the HTTP proxy's port, DNS on 53, the allowed names'
@@ -9,8 +10,12 @@ decides anything: a kernel that talks to the socket itself, or kills this relay,
 
 Standard library only: no import path of ours exists in a sandbox. The namespace init reads this file by path.
 
-argv[1]: JSON {"socket": path or "tcp:HOST:PORT", "bind": [[kind, address, port, "tcp"|"udp"], ...], "user": uid or null}
-(a cluster's kernel reaches its gateway's proxy over the kernels' network, which tells kernels apart by address)
+argv[1]: JSON {"bind": [[kind, address, port, "tcp"|"udp"], ...] or "fds": [fd, ...] (TCP listeners inherited, bound by
+the host), "user": uid or null, and where each connection goes:
+- "socket": the proxy's Unix socket path or "tcp:HOST:PORT" (a cluster's kernel reaches its gateway's proxy over the
+  kernels' network, which tells kernels apart by address), the header sent first;
+- "unix": a path prefix: a connection to port P joins the Unix socket PREFIX + P (gVisor's kernel, inside);
+- "dial": an address: a connection to port P joins ADDRESS:P (the sandbox's loopback, or gVisor's network stack).
 """
 
 import json
@@ -23,6 +28,7 @@ import time
 CHUNK = 256 * 1024
 BUFFER_LIMIT = 4 * 1024 * 1024  # per direction: past it, the relay stops reading the sender
 DNS_TIMEOUT = 5.0
+LINGER_RESET = (1).to_bytes(4, sys.byteorder) + (0).to_bytes(4, sys.byteorder)  # struct linger {on, 0 s}: close resets
 PR_CAPBSET_DROP = 24
 
 
@@ -74,9 +80,37 @@ def proxy_connector(path):
     return connect
 
 
-def relay(bound, connect):
+def port_connector(family, target):
+    """connect(kind, local) for the tcp transports: the same port at target(port), nothing sent first. None when nothing
+    listens there (yet): the client sees its connection close, and ZMQ reconnects."""
+
+    def connect(kind, local):
+        conn = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            conn.connect(target(local[1]))
+        except OSError:
+            conn.close()
+            return None
+        return conn
+
+    return connect
+
+
+def connector(spec):
+    """connect(kind, local) for a spec's "socket", "unix" or "dial"."""
+    if "unix" in spec:
+        return port_connector(socket.AF_UNIX, lambda port: spec["unix"] + str(port))
+    if "dial" in spec:
+        return port_connector(socket.AF_INET, lambda port: (spec["dial"], port))
+    return proxy_connector(spec["socket"])
+
+
+def relay(bound, connect, reset=False):
     """Serve bound ([fd, kind, proto] each) for ever: each TCP connection joined to connect(kind, the address it was
-    made to); each UDP datagram sent, framed as DNS over TCP, on a connection of its own, and its reply sent back."""
+    made to); each UDP datagram sent, framed as DNS over TCP, on a connection of its own, and its reply sent back.
+
+    reset: end each accepted connection with a reset, not a FIN. gVisor's relay wants this: its runsc (2022) cannot
+    checkpoint a TCP endpoint in TIME_WAIT or any other state but closed, and an orderly close leaves one for a minute."""
     poller = select.poll()
     listeners = {}
     for fd, kind, proto in bound:
@@ -84,6 +118,7 @@ def relay(bound, connect):
         sock.setblocking(False)
         listeners[fd] = (sock, kind, proto)
         poller.register(fd, select.POLLIN)
+    accepted = set()  # the fds of the connections accepted on a listener, whose close resets under reset
     socks, peer, pending = {}, {}, {}  # streams: fd -> socket, the socket its bytes go to, bytes waiting for it
     queries = {}  # a DNS datagram's connection: fd -> [udp socket, client address, reply bytes, deadline, connection]
 
@@ -95,6 +130,9 @@ def relay(bound, connect):
     def close(fd):
         for one in (fd, peer[fd].fileno()):
             poller.unregister(one)
+            if reset and one in accepted:
+                socks[one].setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+                accepted.discard(one)
             socks.pop(one).close()
             peer.pop(one)
             pending.pop(one)
@@ -156,8 +194,11 @@ def relay(bound, connect):
             return
         inner = connect(kind, outer.getsockname())
         if inner is None:  # nothing listens there (yet): the client sees the connection close, as if refused
+            if reset:
+                outer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
             outer.close()
             return
+        accepted.add(outer.fileno())
         for one, other in ((outer, inner), (inner, outer)):
             one.setblocking(False)
             if one.family == socket.AF_INET:
@@ -208,10 +249,10 @@ def relay(bound, connect):
 
 
 def main(spec):
-    bound = bind_listeners(spec["bind"])
+    bound = [[fd, "kernel", "tcp"] for fd in spec["fds"]] if "fds" in spec else bind_listeners(spec["bind"])
     if spec.get("user") is not None:  # started as the sandbox's root (gVisor), for port 53
         become_user(spec["user"])
-    relay(bound, proxy_connector(spec["socket"]))
+    relay(bound, connector(spec), reset=spec.get("reset", False))
 
 
 if __name__ == "__main__":

@@ -273,6 +273,13 @@ class MsbGatewayApp(ServerApp):
         if self.msb_settings.backend == "auto":  # the start probe now, in the background, so no session waits for it
             self._probe_task = asyncio.ensure_future(self._probe_backend())
         self.kernel_manager.pool.fill()  # MSB_POOL_SIZE kernels start now, so the first sessions need not wait
+        unavailable = self.kernel_manager.start_hibernation()
+        if unavailable:
+            self.log.warning(
+                "MSB_HIBERNATE_AFTER_SECONDS=%d, but kernels cannot hibernate here: %s; idle kernels are culled as before",
+                self.msb_settings.hibernate_after_seconds,
+                unavailable,
+            )
         if self.mcp_lifespan is not None:
             try:
                 await self.mcp_lifespan.startup()
@@ -304,8 +311,11 @@ class MsbGatewayApp(ServerApp):
         kernels keep running, each held by its keeper for the next gateway, and only the pool's waiting ones stop."""
         import asyncio
 
+        self.kernel_manager.stop_hibernation()
         await self.kernel_manager.pool.shutdown()
         if self.keeps_kernels_at_stop:
+            # A hibernated kernel has no process for a keeper to hold: it wakes, to be kept with the others.
+            await self.kernel_manager.wake_all(self.shutdown_timeout)
             kept = self.kernel_manager.keep_kernels()
             self.log.info(
                 "left %d kernel(s) running for the next msb-kernels serve on %s (they stop in %d s if none adopts them)",

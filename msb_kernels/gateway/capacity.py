@@ -1,5 +1,8 @@
 """Capacity and limits: the check before every start (MSB_MAX_SESSIONS, and the flavors' memory and CPUs added up
-against MSB_CAPACITY_MEMORY_MIB and MSB_CAPACITY_CPUS), and the flavor a start request gets."""
+against MSB_CAPACITY_MEMORY_MIB and MSB_CAPACITY_CPUS), and the flavor a start request gets.
+
+A hibernated kernel is a session (MSB_MAX_SESSIONS counts it) that holds no memory or CPU: those count awake kernels
+only, and a wake makes room first (hibernation.py)."""
 
 from __future__ import annotations
 
@@ -39,15 +42,24 @@ class CapacityMixin:
     def capacity_cpus(self) -> int | None:
         return self.msb_settings.capacity_cpus
 
-    def counted_flavors(self) -> list[Flavor]:
-        """Every kernel the limits count: sessions, and waiting pooled kernels if MSB_POOL_COUNTS_AS_SESSIONS."""
+    def counted_flavors(self, awake: bool = False) -> list[Flavor]:
+        """Every kernel the limits count: sessions, and waiting pooled kernels if MSB_POOL_COUNTS_AS_SESSIONS; with
+        awake, less the hibernated ones."""
         pooled = self.pool.waiting_flavors() if self.pool.counts_as_sessions else []
-        return [a.flavor for a in self.allocations.values()] + pooled
+        sessions = [a.flavor for kernel_id, a in list(self.allocations.items()) if not (awake and self.is_hibernated(kernel_id))]
+        return sessions + pooled
 
     def allocated(self) -> tuple[int, int]:
-        """Memory (MiB) and CPUs the counted kernels' flavors add up to."""
-        flavors = self.counted_flavors()
+        """Memory (MiB) and CPUs the awake kernels' flavors add up to."""
+        flavors = self.counted_flavors(awake=True)
         return sum(f.memory_mib for f in flavors), sum(f.cpus for f in flavors)
+
+    def fits(self, flavor: Flavor) -> bool:
+        """Whether one more awake kernel of this flavor stays within the memory and CPU capacity."""
+        memory, cpus = self.allocated()
+        return memory + flavor.memory_mib <= self.capacity_memory_mib and (
+            self.capacity_cpus is None or cpus + flavor.cpus <= self.capacity_cpus
+        )
 
     def check_limits(self, flavor: Flavor) -> None:
         """Raise ResourceLimitExceeded (the handlers answer 429) when one more kernel of this flavor would pass a limit."""

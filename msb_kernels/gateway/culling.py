@@ -33,7 +33,8 @@ class CullingMixin:
             return
         if getattr(kernel, "execution_state", None) != "dead" and self.effective_cull_timeout(kernel_id) <= 0:
             return  # 0 means never, for the server default and for a kernelspec's override alike
-        self._stop_reasons[kernel_id] = "culled after being idle"
+        refused = self.hibernation_refused(kernel_id)
+        self._stop_reasons[kernel_id] = "culled after being idle" + (f" (it could not hibernate: {refused})" if refused else "")
         try:
             await super().cull_kernel_if_idle(kernel_id)
         finally:

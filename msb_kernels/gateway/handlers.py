@@ -174,12 +174,19 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
 
         loop.add_timeout = add_timeout  # type: ignore[method-assign]
         try:
+            # A hibernated kernel is restored before jupyter_server's nudge asks it for kernel_info (hibernation.py).
+            await self.multi_kernel_manager.wake_kernel(self.kernel_id)
             await super().prepare()
         finally:
             if loop.__dict__.get("add_timeout") is add_timeout:
                 del loop.add_timeout
             for handle in timers:
                 loop.remove_timeout(handle)
+
+    def handle_incoming_message(self, incoming_msg: str) -> None:
+        """jupyter_server's, after a wake of a hibernated kernel is under way: ZMQ holds the message until it runs."""
+        self.multi_kernel_manager.wake_soon(self.kernel_id)
+        super().handle_incoming_message(incoming_msg)
 
     def follow_kernel(self) -> None:
         """The kernel is reached at a new address (a cluster kernel restarted as a new task): the same WebSocket, new channels."""

@@ -4,6 +4,7 @@ all stay jupyter_server's) with the warm pool and one mixin per concept, each in
 - capacity.py: the check before every start (MSB_MAX_SESSIONS, the flavors against the host capacity);
 - culling.py: culling with the per-kernelspec ``metadata.cull_idle_timeout`` override;
 - adoption.py: kernels that outlive the gateway, and adopting them;
+- hibernation.py: idle kernels checkpointed to disk, and woken by the next request;
 - activity.py: jupyter_server's activity watch in one pass, and the bounded buffer for closed clients;
 - stats.py: /api/msb/stats.
 
@@ -31,6 +32,7 @@ from msb_kernels.gateway.activity import ActivityMixin
 from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_executions, open_websockets
 from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
+from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
 from msb_kernels.gateway.records import Allocation, describe
 from msb_kernels.gateway.stats import StatsMixin
@@ -41,7 +43,7 @@ from msb_kernels.status import iso_utc
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
 
 
-class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin, StatsMixin, AsyncMappingKernelManager):
+class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMixin, ActivityMixin, StatsMixin, AsyncMappingKernelManager):
     """jupyter_server's kernel manager, with sandbox limits and stats."""
 
     # jupyter_server's culling traits, with defaults from MSB_* variables.
@@ -80,6 +82,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
         self._record_callback: PeriodicCallback | None = None
         self._addresses: dict[str, str] = {}  # where each kernel was reached when its WebSockets' channels were made
         registry.kernel_moved_listeners.append(self._kernel_moved)
+        self.init_hibernation()
 
     # -- kernel lifecycle -----------------------------------------------------------
 
@@ -141,6 +144,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             busy.close()
         self._recorded.pop(kernel_id, None)
         self._addresses.pop(kernel_id, None)
+        self.forget_hibernation(kernel_id)
         lost_executions.pop(kernel_id, None)
         task = self._loss_reports.pop(kernel_id, None)
         if task is not None:
@@ -150,7 +154,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             reason = self._stop_reasons.pop(kernel_id, "shut down")
             exit_reason = described.last_exit_reason if (described := describe(km)) else None
             self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
-            metrics.KERNEL_STOPS.labels({"died": "died", "culled after being idle": "culled"}.get(reason, "shutdown")).inc()
+            how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
+            metrics.KERNEL_STOPS.labels(how).inc()
             self._count_oom(allocation, exit_reason)
         for listener in list(registry.kernel_removed_listeners):
             listener(kernel_id)
@@ -180,7 +185,16 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
 
     async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
         metrics.KERNEL_RESTARTS.labels("requested").inc()
-        await super().restart_kernel(kernel_id, now=now)
+        # A hibernated kernel is not woken to be told to shut down: its image is deleted, and a fresh kernel starts.
+        await super().restart_kernel(kernel_id, now=now or self.is_hibernated(kernel_id))
+
+    async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+        await super().shutdown_kernel(kernel_id, now=now or self.is_hibernated(kernel_id), restart=restart)
+
+    async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
+        if self.is_hibernated(kernel_id):
+            return  # nothing runs in it: there is nothing to interrupt, and no reason to wake it
+        await super().interrupt_kernel(kernel_id)
 
     def retained_sizes(self) -> dict[str, int]:
         """How many entries each structure the gateway keeps holds now: each is bounded, or freed with its kernel
@@ -195,6 +209,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, AdoptionMixin, ActivityMixin
             "adoption_records": len(self._recorded),
             "loss_reports": len(self._loss_reports),
             "addresses": len(self._addresses),
+            "hibernation_locks": len(self._hibernation_locks),
+            "hibernation_refusals": len(self._refused_at),
             "lost_executions": len(lost_executions),
             "open_websockets": sum(len(sockets) for sockets in open_websockets.values()),
             **self.activity_sizes(),

@@ -69,6 +69,13 @@ class GatewayCollector(Collector):
         yield waiting
         yield CounterMetricFamily("msb_pool_hits", "Sessions the warm pool served with a kernel it had started", value=pool["handed_out"])
 
+        if manager.hibernate_after > 0:
+            from msb_kernels.gateway.stats import backend_stats
+
+            images = backend_stats(manager.msb_settings)[1].get("hibernation_images_bytes")
+            if images is not None:
+                yield GaugeMetricFamily("msb_hibernation_images_bytes", "Disk the hibernated kernels' images take", value=images)
+
         own = gateway_process_stats()
         yield GaugeMetricFamily("msb_gateway_resident_bytes", "The gateway process's resident memory", value=own["rss_mib"] * 2**20)
         retained = GaugeMetricFamily(

@@ -109,6 +109,7 @@ class StatsMixin:
                 "busy": self.cull_busy,
             },
             "pool": self.pool.stats(),
+            "hibernation": {**self.hibernation_stats(), "images_bytes": backend_info.get("hibernation_images_bytes")},
             # Not sessions: the namespace backend's fork servers, one per Python environment (forkservers.py).
             "fork_servers": backend_info.get("fork_servers", []),
             # Not sessions either: the process that holds this runtime dir's kernels for adoption (keeper_program.py). A kill

@@ -114,11 +114,16 @@ async def gateway() -> Gateway:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def http_inspector(gateway, tmp_path_factory) -> Inspector:
-    log = tmp_path_factory.mktemp("inspector") / "fetch.jsonl"
+def gateway_inspector(gateway: Gateway, log_dir: Path) -> Inspector:
+    """The Inspector CLI on a gateway's /mcp, with its bearer token; each fetch logged in log_dir/fetch.jsonl."""
+    log = log_dir / "fetch.jsonl"
     env = inspector_env(NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=gateway.token, MSB_TEST_FETCH_LOG=str(log))
     return Inspector([gateway.url + "/mcp"], env, fetch_log=log)
+
+
+@pytest.fixture(scope="module")
+def http_inspector(gateway, tmp_path_factory) -> Inspector:
+    return gateway_inspector(gateway, tmp_path_factory.mktemp("inspector"))
 
 
 @pytest.fixture(scope="module", params=["stdio", "http"])

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from msb_kernels.config import load_settings
+from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import ConfigError
 from msb_kernels.flavors import FLAVORS, get_flavor
 
@@ -68,6 +68,10 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "offline_buffer_mib": ("64", 64),
     "keep_kernels": ("true", True),
     "adopt_grace_seconds": ("30", 30),
+    "hibernate_after_seconds": ("120", 120),
+    "hibernate_dir": ("{tmp}/hibernate", "{tmp}/hibernate"),
+    "hibernate_key_file": ("{tmp}/hibernate.key", "{tmp}/hibernate.key"),
+    "hibernate_disk_mib": ("2048", 2048),
     "pool_size": ("python-small=2,node-medium=1", "python-small=2,node-medium=1"),
     "pool_counts_as_sessions": ("true", True),
     "mcp_running_after_seconds": ("7.5", 7.5),
@@ -124,6 +128,9 @@ BAD_VALUES: dict[str, str] = {
     "offline_buffer_mib": "-1",
     "keep_kernels": "maybe",
     "adopt_grace_seconds": "-1",
+    "hibernate_after_seconds": "-5",
+    "hibernate_key_file": "/etc/hostname",
+    "hibernate_disk_mib": "0",
     "pool_size": "python-huge=1",
     "pool_counts_as_sessions": "2",
     "mcp_running_after_seconds": "0",
@@ -144,7 +151,12 @@ BAD_VALUES: dict[str, str] = {
 }
 # A blank variable means unset (a token is then generated), so a blank token can only come from a config file.
 BAD_CONFIG_VALUES: dict[str, str] = {"token": " ", "swarm_owner": " "}
-FREE_FORM = {"runtime_dir", "scratch_dir", "lab_token"}  # any path (a bad one shows at first use, naming the setting); any token
+FREE_FORM = {
+    "runtime_dir",
+    "scratch_dir",
+    "hibernate_dir",
+    "lab_token",
+}  # any path (a bad one shows at first use, naming the setting); any token
 
 
 def _settings_names() -> set[str]:
@@ -161,6 +173,8 @@ def test_every_setting_is_covered_here():
 
 def test_environment_sets_every_setting(monkeypatch, tmp_path):
     (tmp_path / "secrets.json").write_text('{"TOKEN": {"value": "x", "hosts": ["api.example.com"]}}')
+    (tmp_path / "hibernate.key").write_text("ab" * 32)
+    (tmp_path / "hibernate.key").chmod(0o600)
     for name, (raw, _) in SAMPLES.items():
         if name not in EXCLUSIVE:
             monkeypatch.setenv(f"MSB_{name.upper()}", raw.format(tmp=tmp_path))
@@ -270,13 +284,23 @@ def test_cli_reports_a_bad_setting_without_a_traceback(command, tmp_path):
     )
 
 
-@pytest.mark.parametrize(("backend", "refused", "accepted"), [("gvisor", "tcp", "ipc"), ("microsandbox", "ipc", "tcp")])
+@pytest.mark.parametrize(("backend", "refused", "accepted"), [("swarm", "ipc", "tcp"), ("microsandbox", "ipc", "tcp")])
 def test_a_transport_the_backend_lacks_is_refused_by_name(backend, refused, accepted):
     from msb_kernels.backends import backend_classes
 
     cls = backend_classes()[backend]
-    assert cls.transport_for("auto") == accepted
+    assert cls.transport_for(MsbSettings(transport="auto")) == accepted
     with pytest.raises(ConfigError) as caught:
-        cls.transport_for(refused)
+        cls.transport_for(MsbSettings(transport=refused))
     assert str(caught.value) == f"MSB_TRANSPORT={refused}: the {backend} backend reaches its kernels only over {accepted}"
     assert f"set MSB_TRANSPORT to auto or {accepted}" in caught.value.suggestions[0]
+
+
+def test_gvisor_reaches_its_kernels_over_its_network_stack_where_they_hibernate():
+    """ipc by default (host Unix sockets, the quickest); tcp where kernels hibernate, which runsc cannot do with those."""
+    from msb_kernels.backends import backend_classes
+
+    gvisor = backend_classes()["gvisor"]
+    assert gvisor.transport_for(MsbSettings(transport="auto")) == "ipc"
+    assert gvisor.transport_for(MsbSettings(transport="auto", hibernate_after_seconds=60)) == "tcp"
+    assert gvisor.transport_for(MsbSettings(transport="tcp")) == "tcp"

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from msb_kernels.errors import ConfigError, SandboxError
+from msb_kernels.errors import ConfigError, HibernationRefused, SandboxError
 from msb_kernels.flavors import Flavor
 
 if TYPE_CHECKING:
@@ -52,6 +53,18 @@ class EgressRoute:
         from msb_kernels.egress.route import relay_source
 
         return {"listeners": self.listeners, "socket": self.socket, **({"source": relay_source()} if with_source else {})}
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How a kernel's ports reopen after they were all closed (a wake, a refused hibernation): ``first`` (IOPub and
+    control) before the others, and ``settle`` awaited in between. Clients reconnect every channel at once, and what
+    they queued meanwhile goes out as soon as the kernel is reachable: the gateway's settle waits until a SUB of its own
+    hears the kernel, so the SUBs that reconnected before it are subscribed again before any queued request runs,
+    and none of its output is lost."""
+
+    first: tuple[int, ...]
+    settle: Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -149,6 +162,19 @@ class Sandbox(abc.ABC):
         Called by the provisioner, which holds a start's turn until the shell port is bound."""
         return True
 
+    hibernated: bool = False  # checkpointed to disk: no process runs, and poll() still answers None
+
+    async def hibernate(self, reconnect: Reconnect | None = None) -> int:
+        """Checkpoint the idle kernel to disk and free its memory; the image's bytes. HibernationRefused where the kernel
+        runs on as it was (it holds what cannot be saved, the disk budget is full; reconnect: how its ports reopen);
+        SandboxError where the attempt ended the sandbox. Called by the gateway's hibernation (gateway/hibernation.py)."""
+        raise HibernationRefused("its backend cannot checkpoint kernels")
+
+    async def wake(self, reconnect: Reconnect | None = None) -> None:
+        """Restore a hibernated kernel, every variable intact, and make it reachable at its old ports again (reconnect:
+        how); SandboxError when it cannot be (the sandbox is then gone). Called by the gateway's hibernation."""
+        raise SandboxError(f"{type(self).__name__} cannot hibernate")
+
     def memory_bytes(self) -> int | None:
         """Memory the sandbox uses now, when the backend can tell. Called by the gateway's stats and `msb-kernels list`."""
         return None
@@ -189,11 +215,14 @@ class SandboxBackend(abc.ABC):
     def __init__(self, settings: MsbSettings):
         """One instance per (backend, runtime dir, transport) in a process, made by get_backend."""
         self.settings = settings
-        self.transport = self.transport_for(settings.transport)
+        self.transport = self.transport_for(settings)
 
     @classmethod
-    def transport_for(cls, requested: str) -> str:
-        """The transport MSB_TRANSPORT=requested means for this backend; ConfigError where it has no such path."""
+    def transport_for(cls, settings: MsbSettings) -> str:
+        """The transport MSB_TRANSPORT means for this backend; ConfigError where it has no such path.
+
+        Called by get_backend (one instance per transport), `msb-kernels doctor` and the backend's own __init__."""
+        requested = settings.transport
         if requested == "auto":
             return cls.transports[0]
         if requested not in cls.transports:
@@ -255,6 +284,8 @@ class SandboxBackend(abc.ABC):
     runs_on_cluster: ClassVar[bool] = False  # kernels run on a cluster's nodes: this host's memory bounds nothing (gateway capacity)
     host_ip: ClassVar[str] = "127.0.0.1"  # tcp: where the host connects to the kernel's published ports
     guest_ip: ClassVar[str] = "0.0.0.0"  # tcp: the address the kernel binds inside the guest
+    # tcp: where the kernel binds Unix sockets instead (as <prefix>-<port>), which a relay in the guest joins to its ports
+    guest_sockets: ClassVar[str | None] = None
 
     def reserve_ports(self, sandbox_id: str) -> list[int] | None:
         """tcp: the host ports for shell, iopub, stdin, control and hb, published at the same numbers in
@@ -268,6 +299,11 @@ class SandboxBackend(abc.ABC):
         """Whether the kernel this backend runs for template can speak CurveZMQ (for transport encryption)."""
         return True
 
+    def hibernation_unavailable(self) -> str | None:
+        """Why this backend's kernels cannot hibernate here (MSB_HIBERNATE_AFTER_SECONDS), or None where they can.
+        Called by the gateway at start, which says so once, and by `msb-kernels doctor`."""
+        return f"the {self.name} backend cannot checkpoint its kernels; MSB_BACKEND=gvisor runs kernels that can"
+
     def settings_env(self) -> dict[str, str]:
         """The settings that find this backend's sandboxes, as MSB_* variables, whatever config file or flag set them:
         for a process of ours that outlives this one (a keeper's closing sweep)."""
@@ -275,6 +311,7 @@ class SandboxBackend(abc.ABC):
             "MSB_BACKEND": self.name,
             "MSB_RUNTIME_DIR": str(self.settings.runtime_root()),
             "MSB_SCRATCH_DIR": str(self.settings.scratch_root()),
+            "MSB_HIBERNATE_DIR": str(self.settings.hibernate_root()),  # a swept sandbox's image goes with it
             "MSB_TRANSPORT": self.transport,
         }
 

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msb_kernels.errors import ResourceLimitExceeded
+from msb_kernels.errors import ResourceLimitExceeded, SandboxError
 
 if TYPE_CHECKING:
     from msb_kernels.config import MsbSettings
@@ -154,3 +154,48 @@ class PortManager:
 def host_ports(settings: MsbSettings) -> PortManager:
     """MSB_PORT_RANGE, shared (by the lock files) with every msb-kernels process on the same runtime dir."""
     return PortManager(*settings.ports, lock_dir=settings.runtime_root() / "ports")
+
+
+class HostListeners:
+    """tcp: each sandbox's host ports from a PortManager, bound and listening on host_ip by this process until released.
+
+    The relay that joins them to the kernel gets them by inheritance (the namespace sandbox's inside, gVisor's in the
+    sandbox's link namespace); this process keeps its own copies, so a port stays the kernel's across a restart, or
+    while gVisor's relay is stopped (a hibernated kernel)."""
+
+    def __init__(self, ports: PortManager, host_ip: str):
+        self.ports = ports
+        self.host_ip = host_ip
+        self._bound: dict[str, list[socket.socket]] = {}
+
+    def reserve(self, sandbox_id: str) -> list[int]:
+        return self.ports.allocate(sandbox_id)
+
+    def bound(self, sandbox_id: str, ports: list[int] | None = None) -> list[socket.socket]:
+        """The sandbox's listeners; a restart reuses them. ports: an adopted kernel's, which the last gateway held."""
+        if sandbox_id not in self._bound:
+            if ports is not None:
+                self.ports.claim(sandbox_id, ports)
+            listeners = []
+            try:
+                for port in ports if ports is not None else self.reserve(sandbox_id):
+                    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    listeners.append(listener)
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the last kernel's TIME_WAITs
+                    listener.bind((self.host_ip, port))
+                    listener.listen(64)
+            except OSError as exc:
+                for listener in listeners:
+                    listener.close()
+                raise SandboxError(
+                    f"cannot bind the kernel's host port on {self.host_ip}: {exc}",
+                    ["start the kernel again (another program took that port)", "or move MSB_PORT_RANGE to ports nothing else uses"],
+                ) from None
+            self._bound[sandbox_id] = listeners
+        return self._bound[sandbox_id]
+
+    def release(self, sandbox_id: str) -> None:
+        """Close the sandbox's listeners and give its ports back; harmless twice."""
+        for listener in self._bound.pop(sandbox_id, []):
+            listener.close()
+        self.ports.release(sandbox_id)

@@ -8,8 +8,10 @@ Each sandbox has a directory under the runtime root:
     <runtime root>/<sandbox id>/bundle/         the OCI bundle: config.json and a read-only root
     <runtime root>/runsc/                       runsc's own state (its --root)
 
-The kernel creates its ipc sockets in /run/kernel, a bind mount of io/; ``--host-uds=create``
-lets those sockets appear on the host, where jupyter_client connects to them. Limits:
+Under ipc (the default) the kernel creates its sockets in /run/kernel, a bind mount of io/; ``--host-uds=create``
+lets them appear on the host, where jupyter_client connects to them. Under tcp (MSB_TRANSPORT=tcp, and where
+kernels hibernate) they stay inside, behind gVisor's own network stack (netstack.py), which is what lets runsc
+checkpoint the sandbox (hibernation.py). Limits:
 
 - memory: the kernel's address space is capped at the flavor inside gVisor (RLIMIT_AS), so an
   allocation past it is a MemoryError; the host cgroup holds the whole sandbox, Sentry included,
@@ -31,15 +33,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from msb_kernels.backends.core import adoption, cgroups, hostpaths
+import msb_kernels.backends.gvisor.hibernation as hibernation
+import msb_kernels.backends.gvisor.netstack as netstack
+from msb_kernels.backends.core import adoption, cgroups
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
-from msb_kernels.backends.core.guest import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
+from msb_kernels.backends.core.ports import HostListeners, host_ports
 from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
-    HostCgroupSandbox,
     KernelStderr,
     adopt_held_sandbox,
     make_io_dir,
@@ -49,72 +53,19 @@ from msb_kernels.backends.core.state import (
     take_orphans,
     write_state,
 )
+from msb_kernels.backends.gvisor.bundle import SENTRY_MEMORY_MIB, write_bundle
+from msb_kernels.backends.gvisor.sandbox import GVisorSandbox, checkpoint_error
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.flavors import Flavor
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.setting_checks import read_key
 
 log = logging.getLogger("msb_kernels")
 
-SENTRY_MEMORY_MIB = 384  # the Sentry, the gofer and their page tables, beside the kernel's own memory
-# An idle ipykernel reserves about 750 MiB of address space it never touches (thread stacks, malloc
-# arenas), so RLIMIT_AS is the flavor plus this: an allocation past the flavor is still a MemoryError.
-ADDRESS_SPACE_HEADROOM_MIB = 768
-# Under ptrace a forked guest process costs about 30 MiB of the sandbox's host memory even when it only
-# sleeps (29 to 31 MiB each for 10 to 80 children of an idle kernel, read from the cgroup): gVisor copies
-# written pages in large units. So the process limit inside is sized to the flavor's memory, to refuse a
-# fork (EAGAIN, the kernel alive) well before the host's OOM kill would end the whole sandbox.
-GUEST_PROCESS_MIB = 32
-KERNEL_RESERVE_MIB = 256  # the kernel's own memory before it forks, left out of the room for processes
-PROCESS_ROOM_SHARE = 0.8  # of the host memory limit: the process limit bites while a fifth is still free
+RESTORE_TIMEOUT = 120  # seconds for runsc restore to bring a hibernated kernel back, a large one from a slow disk
 HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
 SENTRY_THREADS = 512
-USER_PACKAGES = f"{SANDBOX_HOME}/.local/site-packages"
+KEY_HINT = "keep MSB_HIBERNATE_KEY_FILE as it was when the kernel hibernated; a kernel whose image cannot be read is lost"
 INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), or see https://gvisor.dev/docs/user_guide/install/"
-
-# pid 1 inside: starts the kernel in its own process group as the sandbox user, then becomes the
-# namespace sandbox's reaper, which passes signals on (an interrupt is a SIGINT to pid 1 from `runsc
-# kill`), reaps the orphans of shell escapes and exits as the kernel did. gVisor, unlike Linux, lets a
-# process signal its namespace's init when their users match, so init is not the kernel's user: it
-# starts as gVisor's root with INIT_CAPABILITIES, and keeps only CAP_KILL (to pass signals on) for
-# the reaper. The kernel gives up every capability, its bounding set too.
-GUEST_INIT = r"""
-import ctypes, json, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-PR_CAPBSET_DROP, CAP_KILL = 24, 5
-status = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-if sys.argv[3] != "-" and os.fork() == 0:  # the egress relay binds port 53 as root, then becomes the sandbox's user
-    os.setsid()
-    egress = json.loads(sys.argv[3])
-    spec = json.dumps({"socket": egress["socket"], "bind": egress["listeners"], "user": 1000})
-    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", egress["source"], spec])
-kernel = os.fork()
-if kernel == 0:
-    os.setpgid(0, 0)
-    for cap in range(64):
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    os.setgroups([])
-    os.setresgid(1000, 1000, 1000)
-    os.setresuid(1000, 1000, 1000)
-    if os.environ.get("PIP_TARGET"):  # on sys.path from the start, so what %pip installs there imports at once
-        os.makedirs(os.environ["PIP_TARGET"], exist_ok=True)
-    os.execv(sys.argv[4], sys.argv[4:])
-for cap in range(64):
-    if cap != CAP_KILL:
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-os.set_inheritable(status, True)
-os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sys.argv[1], str(kernel), "-1", str(status)])
-"""
-# What pid 1 holds until it has started the kernel: enough to change users, to open its status file in the
-# kernel user's io dir, to bind the egress relay's port 53 and to trim its own bounding set; CAP_KILL is all it keeps.
-INIT_CAPABILITIES = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_OVERRIDE", "CAP_NET_BIND_SERVICE", "CAP_KILL"]
-
-
-def process_limit(flavor: Flavor, max_processes: int) -> int:
-    """RLIMIT_NPROC inside the sandbox: MSB_MAX_PROCESSES, or fewer where the flavor's memory holds fewer guest
-    processes (small 27, medium 52, large 104: the kernel's own threads count too)."""
-    room = (flavor.memory_mib + SENTRY_MEMORY_MIB) * PROCESS_ROOM_SHARE - KERNEL_RESERVE_MIB
-    return max(16, min(max_processes, int(room // GUEST_PROCESS_MIB)))
 
 
 @functools.cache
@@ -124,91 +75,15 @@ def runsc_path() -> str | None:
     )
 
 
-class GVisorSandbox(HostCgroupSandbox):
-    """A kernel under ``runsc run`` (attached: the sandbox ends with that process), which is this process's child,
-    or a keeper's (a PidfdProcess then)."""
-
-    def __init__(
-        self,
-        spec: SandboxSpec,
-        backend: GVisorBackend,
-        state_dir: Path,
-        process: asyncio.subprocess.Process | PidfdProcess,
-        cgroup: cgroups.SandboxCgroup | None,
-        stderr: KernelStderr | None,
-        keeper: KeeperLink | None = None,
-    ):
-        super().__init__(spec, cgroup)
-        self.stderr = stderr
-        self.backend = backend
-        self.state_dir = state_dir
-        self.process = process
-        self.keeper = keeper
-
-    @property
-    def init_pid(self) -> int:
-        """The host process that holds the sandbox (runsc run): its descendants are the Sentry and the gofer."""
-        return self.process.pid
-
-    @property
-    def exit_code(self) -> int | None:
-        """The kernel's status as a Popen returncode: negative for a signal, whether runsc or the kernel got it."""
-        code = self.process.returncode
-        if isinstance(self.process, PidfdProcess):
-            return code  # the reaper's word, from exit_status
-        return -(code - 128) if code is not None and code > 128 else code  # runsc run exits 128+N for signal N
-
-    async def poll(self) -> int | None:
-        return self.exit_code
-
-    async def wait(self) -> int | None:
-        await self.process.wait()
-        return self.exit_code
-
-    async def send_signal(self, signum: int) -> None:
-        if self.process.returncode is not None:
-            return
-        if signum == signal.SIGKILL:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()  # runsc run is attached: the Sentry and the gofer go with it
-            return
-        await self.backend.runsc("kill", self.sandbox_id, str(int(signum)))
-
-    async def kill(self) -> None:
-        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
-        await self.send_signal(signal.SIGKILL)
-
-    async def terminate(self) -> None:
-        self.stopped_by_owner = self.stopped_by_owner or self.process.returncode is None
-        await self.send_signal(signal.SIGTERM)
-
-    def ended_with(self) -> int | None:
-        return self.exit_code
-
-    async def cleanup(self, keep_io_dir: bool = False) -> None:
-        if self.process.returncode is None:
-            await self.kill()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.process.wait(), 10)
-        self.latch_exit_reason()
-        if self.keeper is not None:
-            self.keeper.close()
-        if isinstance(self.process, PidfdProcess):
-            self.process.close()
-        if self.stderr is not None:
-            self.stderr.close()
-        await self.backend.remove(self.state_dir, self.cgroup, keep_io_dir=keep_io_dir)
-
-    def info(self) -> dict:
-        return {**super().info(), "backend": "gvisor", "runsc_pid": self.process.pid, "limits": "cgroup" if self.cgroup else "rlimit"}
-
-
 class GVisorBackend(SandboxBackend):
     name = "gvisor"
     auto_order = 50
-    transports = ("ipc",)  # --network=none: no tcp path into the sandbox
+    # ipc: host Unix sockets (--host-uds=create), no network at all; tcp: behind gVisor's own network stack
+    # (netstack.py), which hibernation needs, so auto means tcp where MSB_HIBERNATE_AFTER_SECONDS is set.
+    transports = ("ipc", "tcp")
     egress_routes = "socket"
     guest_io_dir = "/run/kernel"
+    guest_sockets = f"{netstack.GUEST_SOCKETS}/kernel"
     _availability: Availability | None = None
 
     def __init__(self, settings: MsbSettings):
@@ -216,6 +91,50 @@ class GVisorBackend(SandboxBackend):
         self.root = settings.runtime_root()
         self.runsc_root = self.root / "runsc"
         self.hierarchy, self.limits_note = cgroups.detect()
+        self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
+        self.images = hibernation.ImageStore(
+            settings.hibernate_root(),
+            read_key(settings.hibernate_key_file) if settings.hibernate_key_file else None,
+            settings.hibernate_disk_mib << 20 if settings.hibernate_disk_mib else None,
+        )
+
+    @classmethod
+    def transport_for(cls, settings: MsbSettings) -> str:
+        if settings.transport == "auto" and settings.hibernate_after_seconds > 0:
+            return "tcp"
+        return super().transport_for(settings)
+
+    def hibernation_unavailable(self) -> str | None:
+        if self.transport != "tcp":
+            return (
+                "MSB_TRANSPORT=ipc: runsc cannot save a kernel whose sockets are the host's; "
+                "set MSB_TRANSPORT to auto or tcp for gVisor kernels that hibernate"
+            )
+        return None
+
+    # -- tcp: host ports -------------------------------------------------------
+
+    def reserve_ports(self, sandbox_id: str) -> list[int] | None:
+        return self.listeners.reserve(sandbox_id) if self.listeners else None
+
+    def release_ports(self, sandbox_id: str) -> None:
+        if self.listeners:
+            self.listeners.release(sandbox_id)
+
+    def saveable_listeners(self, spec: SandboxSpec) -> set[tuple[str, str, int]]:
+        """What the sandbox's own relays listen on, as (protocol, address, port): they poll, so runsc saves them."""
+        ports = self.listeners.ports.owned(spec.sandbox_id) if self.listeners else []
+        saveable = {("tcp", netstack.GUEST_ADDRESS, port) for port in ports}
+        if spec.egress:
+            saveable |= {(protocol, address, port) for _, address, port, protocol in spec.egress.listeners}
+        return saveable
+
+    def stats(self) -> dict:
+        stats: dict = {}
+        if self.listeners:
+            stats["ports"] = self.listeners.ports.stats()
+            stats["hibernation_images_bytes"] = self.images.used()
+        return stats
 
     # -- availability ----------------------------------------------------------
 
@@ -258,11 +177,13 @@ class GVisorBackend(SandboxBackend):
     def io_dir_for(self, sandbox_id: str) -> Path:
         return make_io_dir(self.root, sandbox_id)
 
-    async def runsc(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        """One runsc command on this backend's state (kill, delete, list)."""
-        process = await asyncio.create_subprocess_exec(
-            runsc_path() or "runsc", f"--root={self.runsc_root}", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+    async def runsc(self, *args: str, sandbox_id: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+        """One runsc command on this backend's state (kill, delete, state, exec, checkpoint). Under tcp it runs in the
+        sandbox's network namespace, where runsc's control socket is."""
+        argv = [runsc_path() or "runsc", f"--root={self.runsc_root}", *args]
+        if sandbox_id is not None and self.transport == "tcp" and netstack.exists(sandbox_id):
+            argv = netstack.in_sandbox_netns(sandbox_id, argv)
+        process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(process.communicate(), timeout)
         except asyncio.TimeoutError:
@@ -270,110 +191,13 @@ class GVisorBackend(SandboxBackend):
             out, err = await process.communicate()
         return subprocess.CompletedProcess(args, process.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
-    def _bundle(self, spec: SandboxSpec, state_dir: Path, cgroup_path: str | None) -> Path:
-        """The OCI bundle: a root that holds only generated /etc files and mount points, and the host's
-        system directories, the kernel's interpreter and its io dir mounted into it."""
-        bundle = state_dir / "bundle"
-        root = bundle / "rootfs"
-        (root / "etc").mkdir(parents=True, exist_ok=True)
-        (root / "etc" / "passwd").write_text(
-            f"root:x:0:0::/root:/usr/sbin/nologin\n{SANDBOX_USER}:x:1000:1000::{SANDBOX_HOME}:/bin/sh\n"
-            "nobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n"
-        )
-        (root / "etc" / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:1000:\nnogroup:x:65534:\n")
-        (root / "etc" / "hostname").write_text("sandbox\n")
-        (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n")
-        (root / "etc" / "resolv.conf").write_text("nameserver 127.0.0.1\n" if spec.egress else "")
-        mounts: list[dict] = []
-
-        def bind(source: str, destination: str, readonly: bool) -> None:
-            mounts.append({"destination": destination, "type": "bind", "source": source, "options": ["rbind", "ro" if readonly else "rw"]})
-
-        for name in SYSTEM_DIRS:
-            source = "/" + name
-            if os.path.islink(source):  # merged /usr: the link, not a second mount
-                os.symlink(os.readlink(source), root / name)
-            elif os.path.isdir(source):
-                bind(source, source, readonly=True)
-        for name in ETC_ENTRIES:
-            source = "/etc/" + name
-            if os.path.exists(source):
-                bind(os.path.realpath(source), source, readonly=True)
-        flavor = spec.flavor
-        for destination, size_mib, mode in (
-            ("/tmp", flavor.memory_scratch_mib, "1777"),
-            (SANDBOX_HOME, flavor.memory_scratch_mib, "0700"),
-            ("/dev/shm", flavor.shm_mib, "1777"),
-            ("/run", 1, "0755"),
-        ):
-            options = [f"size={size_mib}m", f"mode={mode}", "nosuid", "nodev"]
-            if destination == SANDBOX_HOME:
-                options += ["uid=1000", "gid=1000"]
-            mounts.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
-        # After the tmpfs mounts, so what lies under /tmp or /home shows on top of them: Lab's root first, then the
-        # kernel's and pid 1's interpreters, read-only even inside a writable Lab root.
-        for directory in spec.host_directories:
-            bind(directory.path, directory.path, readonly=not directory.writable)
-        for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}):
-            bind(path, path, readonly=True)
-        bind(str(spec.io_dir), self.guest_io_dir, readonly=False)
-        if spec.shared_volume:
-            bind(str(spec.shared_volume.host_path), spec.shared_volume.guest_path, readonly=False)
-
-        template = TEMPLATES[spec.template]
-        env = dict(spec.env)
-        if template.user_packages:
-            env.update(PIP_TARGET=USER_PACKAGES, PYTHONPATH=USER_PACKAGES, PIP_DISABLE_PIP_VERSION_CHECK="1")
-        processes = process_limit(spec.flavor, spec.max_processes)
-        rlimits = [{"type": "RLIMIT_NPROC", "hard": processes, "soft": processes}, {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
-        if template.data_limit_caps_memory:
-            address_space = flavor.memory_bytes + ADDRESS_SPACE_HEADROOM_MIB * 1024 * 1024
-            rlimits.append({"type": "RLIMIT_AS", "hard": address_space, "soft": address_space})
-        config = {
-            "ociVersion": "1.0.2",
-            "process": {
-                "terminal": False,
-                "user": {"uid": 0, "gid": 0},
-                "cwd": spec.working_dir or SANDBOX_HOME,
-                "args": [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    "-c",
-                    GUEST_INIT,
-                    REAPER,
-                    f"{self.guest_io_dir}/exit_status",
-                    json.dumps(spec.egress.plan(with_source=True)) if spec.egress else "-",
-                    *spec.argv,
-                ],
-                "env": [f"{k}={v}" for k, v in env.items()],
-                "noNewPrivileges": True,
-                "rlimits": rlimits,
-                "capabilities": {
-                    "bounding": INIT_CAPABILITIES,
-                    "effective": INIT_CAPABILITIES,
-                    "permitted": INIT_CAPABILITIES,
-                    "inheritable": [],
-                    "ambient": [],
-                },
-            },
-            "root": {"path": "rootfs", "readonly": True},
-            "hostname": "sandbox",
-            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *mounts],
-            "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")]},
-        }
-        if cgroup_path:  # made and sized by us beforehand; runsc moves the Sentry and the gofer into it
-            config["linux"]["cgroupsPath"] = cgroup_path
-        (bundle / "config.json").write_text(json.dumps(config, indent=1))
-        return bundle
-
     async def create(self, spec: SandboxSpec) -> GVisorSandbox:
         availability = self.availability()
         if not availability.ok:
             raise BackendUnavailable(f"the gvisor backend cannot run here: {availability.reason}")
         if spec.allow_network:
             raise SandboxError(
-                "MSB_ALLOW_NETWORK is not supported by the gvisor backend: its sandboxes have no network",
+                "MSB_ALLOW_NETWORK is not supported by the gvisor backend: its sandboxes reach no network",
                 ["unset MSB_ALLOW_NETWORK", "or set MSB_BACKEND=namespace for kernels that need the internet"],
             )
         if self.hierarchy is None and self.settings.require_limits:
@@ -398,23 +222,50 @@ class GVisorBackend(SandboxBackend):
             except OSError as exc:
                 cgroup.destroy(timeout=0)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
-        bundle = self._bundle(spec, state_dir, f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None)
-        record = new_state(self.name, spec, cgroup=cgroup is not None)
-        # runsc with SIGKILL as its parent-death signal: runsc run is attached, so when its parent dies, even by
-        # kill -9, the whole sandbox goes with it. Its parent is this process, or the sandbox's keeper.
-        argv = [
-            "setpriv",
-            "--pdeathsig",
-            "KILL",
-            "--",
+        listeners, relay = [], None
+        try:
+            if self.listeners:
+                listeners = self.listeners.bound(spec.sandbox_id)
+                await netstack.create(spec.sandbox_id)
+            ports = [listener.getsockname()[1] for listener in listeners]
+            bundle = write_bundle(
+                spec, state_dir, f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None, ports, self.guest_io_dir
+            )
+            record = new_state(self.name, spec, cgroup=cgroup is not None, ports=ports)
+            process, keeper, stderr = await self._start(spec, state_dir, ["run", f"--bundle={bundle}", spec.sandbox_id], record)
+            if listeners:
+                relay = netstack.HostRelay(spec.sandbox_id, listeners)
+                await relay.start()
+        except BaseException:
+            if "process" in locals():
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+                if keeper is not None:
+                    keeper.close()
+                stderr.close()
+            await self.remove(state_dir, cgroup, keep_io_dir=True)
+            raise
+        write_state(state_dir, record)
+        return GVisorSandbox(spec, self, state_dir, process, cgroup, stderr, keeper, relay)
+
+    async def _start(
+        self, spec: SandboxSpec, state_dir: Path, command: list[str], record: dict
+    ) -> tuple[asyncio.subprocess.Process | PidfdProcess, KeeperLink | None, KernelStderr]:
+        """runsc run (or restore) with this backend's flags, attached, recorded in record: the sandbox lives as long
+        as that process. runsc gets SIGKILL as its parent-death signal, so when its parent dies, even by kill -9, the
+        whole sandbox goes with it; its parent is this process, or the sandbox's keeper."""
+        runsc = [
             runsc_path() or "runsc",
             f"--root={self.runsc_root}",
-            "--network=none",
-            "--host-uds=all" if spec.egress else "--host-uds=create",  # all: the relay connects to the proxy's socket
-            "run",
-            f"--bundle={bundle}",
-            spec.sandbox_id,
+            f"--network={'sandbox' if self.transport == 'tcp' else 'none'}",
+            # all: the egress relay connects to the proxy's socket; create: the ipc kernel binds its own
+            *(["--host-uds=all"] if spec.egress else ["--host-uds=create"] if self.transport == "ipc" else []),
+            *command,
         ]
+        if self.transport == "tcp":
+            runsc = netstack.in_sandbox_netns(spec.sandbox_id, runsc)
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", *runsc]
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
@@ -427,7 +278,6 @@ class GVisorBackend(SandboxBackend):
                 )
         except (OSError, SandboxError) as exc:
             os.close(stderr_read)
-            await self.remove(state_dir, cgroup, keep_io_dir=True)
             if isinstance(exc, SandboxError):
                 raise
             raise SandboxError(f"cannot start runsc: {exc}", [INSTALL_HINT]) from exc
@@ -435,8 +285,7 @@ class GVisorBackend(SandboxBackend):
             with contextlib.suppress(OSError):
                 os.close(stderr_write)
         record.update(init_pid=process.pid, init_start=process_start_time(process.pid))  # runsc run, which holds it
-        write_state(state_dir, record)
-        return GVisorSandbox(spec, self, state_dir, process, cgroup, KernelStderr(spec.sandbox_id, stderr_read), keeper)
+        return process, keeper, KernelStderr(spec.sandbox_id, stderr_read)
 
     async def _start_kept(
         self, spec: SandboxSpec, state_dir: Path, argv: list[str], stderr_read: int, stderr_write: int
@@ -460,21 +309,68 @@ class GVisorBackend(SandboxBackend):
             keeper.close()
             raise SandboxError("runsc exited as soon as it started", [INSTALL_HINT]) from None
 
+    async def restore(self, sandbox: GVisorSandbox) -> None:
+        """runsc restore of a hibernated sandbox, as its run was started: the same bundle, cgroup and network. Returns
+        once it runs; its image is deleted then. SandboxError (the image deleted too) when it does not come back."""
+        spec, state_dir = sandbox.spec, sandbox.state_dir
+        try:
+            await netstack.readdress(spec.sandbox_id)
+            try:
+                directory = await asyncio.to_thread(self.images.open_for_restore, spec.sandbox_id)
+            except (OSError, ValueError) as exc:
+                raise SandboxError(f"cannot open the kernel's hibernation image: {exc}", [KEY_HINT]) from exc
+            record = json.loads((state_dir / "state.json").read_text())
+            command = ["restore", f"--image-path={directory}", f"--bundle={state_dir / 'bundle'}", spec.sandbox_id]
+            process, keeper, stderr = await self._start(spec, state_dir, command, record)
+            try:
+                await self._until_running(spec.sandbox_id, process, stderr)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                if keeper is not None:
+                    keeper.close()
+                stderr.close()
+                raise
+        finally:
+            self.images.remove(spec.sandbox_id)
+        sandbox.process, sandbox.keeper, sandbox.stderr = process, keeper, stderr
+        write_state(state_dir, record)
+
+    async def _until_running(self, sandbox_id: str, process: asyncio.subprocess.Process | PidfdProcess, stderr: KernelStderr) -> None:
+        deadline = time.monotonic() + RESTORE_TIMEOUT
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                said = " ".join(stderr.last_lines()[-3:]).strip()
+                raise SandboxError(f"runsc could not restore the kernel: {checkpoint_error(said) if said else 'it exited'}")
+            result = await self.runsc("state", sandbox_id, sandbox_id=sandbox_id)
+            with contextlib.suppress(ValueError):
+                if result.returncode == 0 and json.loads(result.stdout).get("status") == "running":
+                    return
+            await asyncio.sleep(0.02)
+        raise SandboxError(f"runsc did not restore the kernel within {RESTORE_TIMEOUT} s")
+
     async def adopt(self, spec: SandboxSpec) -> GVisorSandbox:
         state_dir = spec.io_dir.parent
         record, keeper, process = adopt_held_sandbox(self.name, state_dir, spec)
         cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id) if self.hierarchy and record.get("cgroup") else None
         stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
-        sandbox = GVisorSandbox(spec, self, state_dir, process, cgroup, stderr, keeper)
+        relay = None
+        if self.listeners and record.get("ports"):  # the last gateway's relay ended with it: this one starts its own
+            relay = netstack.HostRelay(spec.sandbox_id, self.listeners.bound(spec.sandbox_id, record["ports"]))
+            await relay.start()
+        sandbox = GVisorSandbox(spec, self, state_dir, process, cgroup, stderr, keeper, relay)
         sandbox.created = record.get("created", sandbox.created)
         return sandbox
 
     # -- removal and orphans ---------------------------------------------------
 
     async def remove(self, state_dir: Path, cgroup: cgroups.SandboxCgroup | None, *, keep_io_dir: bool) -> None:
-        await self.runsc("delete", "--force", state_dir.name)
+        sandbox_id = state_dir.name
+        await self.runsc("delete", "--force", sandbox_id, sandbox_id=sandbox_id)
         if cgroup is not None and not cgroup.destroy():
-            log.warning("cgroup of sandbox %s still has processes", state_dir.name)
+            log.warning("cgroup of sandbox %s still has processes", sandbox_id)
+        await netstack.destroy(sandbox_id)
+        self.images.remove(sandbox_id)
         shutil.rmtree(state_dir / "bundle", ignore_errors=True)
         remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
 

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ from msb_kernels.backends.core.base import (
     SandboxRecord,
     SandboxSpec,
 )
-from msb_kernels.backends.core.ports import host_ports
+from msb_kernels.backends.core.ports import HostListeners, host_ports
 from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
     KernelStderr,
@@ -90,46 +89,22 @@ class NamespaceBackend(SandboxBackend):
         self.hierarchy, self.limits_note = cgroups.detect()
         self.rootful = os.geteuid() == 0
         self.memory_scratch_reason = scratch.unavailable_reason()
-        self.ports = host_ports(settings) if self.transport == "tcp" else None
-        self._listeners: dict[str, list[socket.socket]] = {}  # tcp: per sandbox id, bound until release_ports
+        self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
         self.fork_servers = ForkServers(self.root / "forkservers")
 
     # -- tcp: host ports -------------------------------------------------------
 
     def reserve_ports(self, sandbox_id: str) -> list[int] | None:
-        return self.ports.allocate(sandbox_id) if self.ports else None
+        return self.listeners.reserve(sandbox_id) if self.listeners else None
 
     def release_ports(self, sandbox_id: str) -> None:
-        for listener in self._listeners.pop(sandbox_id, []):
-            listener.close()
-        if self.ports:
-            self.ports.release(sandbox_id)
-
-    def _bound_listeners(self, sandbox_id: str) -> list[socket.socket]:
-        """The sandbox's host ports, bound and listening on 127.0.0.1; a restart reuses them."""
-        if sandbox_id not in self._listeners:
-            bound = []
-            try:
-                for port in self.reserve_ports(sandbox_id) or []:
-                    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    bound.append(listener)
-                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the last kernel's TIME_WAITs
-                    listener.bind((self.host_ip, port))
-                    listener.listen(64)
-            except OSError as exc:
-                for listener in bound:
-                    listener.close()
-                raise SandboxError(
-                    f"cannot bind the kernel's host port on {self.host_ip}: {exc}",
-                    ["start the kernel again (another program took that port)", "or move MSB_PORT_RANGE to ports nothing else uses"],
-                ) from None
-            self._listeners[sandbox_id] = bound
-        return self._listeners[sandbox_id]
+        if self.listeners:
+            self.listeners.release(sandbox_id)
 
     def stats(self) -> dict:
         stats: dict = {"fork_servers": self.fork_servers.info()}
-        if self.ports:
-            stats["ports"] = self.ports.stats()
+        if self.listeners:
+            stats["ports"] = self.listeners.ports.stats()
         return stats
 
     # -- availability ----------------------------------------------------------
@@ -187,7 +162,7 @@ class NamespaceBackend(SandboxBackend):
                 f"cannot enforce flavor limits with cgroups ({self.limits_note}) and MSB_REQUIRE_LIMITS is set",
                 ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS to accept rlimits"],
             )
-        listeners = self._bound_listeners(spec.sandbox_id) if self.ports else []
+        listeners = self.listeners.bound(spec.sandbox_id) if self.listeners else []
         state_dir = spec.io_dir.parent
         network_plan = network.network_plan(state_dir, self.rootful) if spec.allow_network else None
         (state_dir / "root").mkdir(exist_ok=True)
@@ -325,8 +300,8 @@ class NamespaceBackend(SandboxBackend):
     async def adopt(self, spec: SandboxSpec) -> NamespaceSandbox:
         state_dir = spec.io_dir.parent
         record, keeper, process = adopt_held_sandbox(self.name, state_dir, spec)
-        if self.ports and record.get("ports"):
-            self.ports.claim(spec.sandbox_id, record["ports"])  # bound by the sandbox's relay, which kept them open
+        if self.listeners and record.get("ports"):
+            self.listeners.ports.claim(spec.sandbox_id, record["ports"])  # bound by the sandbox's relay, which kept them open
         cgroup = cgroups.SandboxCgroup(self.hierarchy, spec.sandbox_id) if self.hierarchy and record.get("cgroup") else None
         stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
         sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, None, stderr, keeper, bool(record.get("forked")))

@@ -601,17 +601,7 @@ def _relay(listeners: list[int]) -> None:
     _libc.prctl(PR_SET_NAME, RELAY_NAME, 0, 0, 0)
     drop_capabilities()
     close_descriptors_but(listeners)  # nothing of init's but the listeners
-
-    def to_kernel(kind: str, local: tuple) -> socket.socket | None:
-        inner = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            inner.connect(("127.0.0.1", local[1]))
-        except OSError:  # the kernel is not listening yet: ZMQ reconnects
-            inner.close()
-            return None
-        return inner
-
-    _RELAY["relay"]([[fd, "kernel", "tcp"] for fd in listeners], to_kernel)
+    _RELAY["relay"]([[fd, "kernel", "tcp"] for fd in listeners], _RELAY["connector"]({"dial": "127.0.0.1"}))
 
 
 def _helper_log_tail(network: dict) -> str:

@@ -20,7 +20,7 @@ def test_the_built_in_backends_are_entry_points_of_this_package():
     registered = {point.name: point.value for point in entry_points(group="msb_kernels.backends")}
     assert {name: registered.get(name) for name in ("namespace", "gvisor", "microsandbox")} == {
         "namespace": "msb_kernels.backends.namespace.backend:NamespaceBackend",
-        "gvisor": "msb_kernels.backends.gvisor:GVisorBackend",
+        "gvisor": "msb_kernels.backends.gvisor.backend:GVisorBackend",
         "microsandbox": "msb_kernels.backends.microsandbox.backend:MicrosandboxBackend",
     }
     assert list(backend_classes()) == sorted(backend_classes(), key=lambda name: backend_classes()[name].auto_order)

@@ -69,7 +69,7 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
     variables, flavor, notebook, creation time and last activity; jupyter server's open WebSocket (JupyterLab's
     server) reconnects by itself and the MCP Inspector CLI uses the old id as its session. The kernel's way out
     through the egress proxy, which died with the first gateway, is the second's."""
-    from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
+    from tests.mcp_bridge.test_inspector import gateway_inspector, inspector_missing
 
     if backend != "namespace" and not (availability := backend_classes()[backend].availability()).ok:
         pytest.skip(f"{backend} backend cannot run on this host: {availability.reason}")
@@ -106,14 +106,7 @@ async def test_a_kernel_survives_kill_9_of_the_gateway_for_jupyterlab_and_the_mc
         fetched = await notebook.execute("import urllib.request; print(urllib.request.urlopen('http://api.msb.test/echo').status)")
         assert fetched.stdout == "200\n", fetched.messages
 
-        inspector = Inspector(
-            [second.url + "/mcp"],
-            inspector_env(
-                NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}",
-                MSB_TEST_BEARER_TOKEN=second.token,
-                MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl"),
-            ),
-        )
+        inspector = gateway_inspector(second, tmp_path)
         result = (await inspector.call("execute_code", code="print(kept)", session_id=kernel_id)).structured
         assert result.get("stdout") == "set before the crash\n", result
 

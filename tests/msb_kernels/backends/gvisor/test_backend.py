@@ -51,7 +51,7 @@ def test_auto_picks_gvisor_over_namespaces_and_says_why(monkeypatch):
         timeout=120,
         env={**os.environ, "MSB_BACKEND": "auto", "MSB_TRANSPORT": "tcp"},
     )
-    assert doctor.returncode == 1 and "MSB_TRANSPORT=tcp: the gvisor backend reaches its kernels only over ipc" in doctor.stdout
+    assert doctor.returncode == 0 and doctor.stdout.rstrip().endswith("-> kernels reached over tcp (MSB_TRANSPORT=tcp)"), doctor.stdout
 
 
 async def test_code_runs_on_gvisors_kernel_not_the_hosts(start_kernel):
@@ -143,7 +143,7 @@ async def test_jupyter_server_and_the_mcp_inspector_share_a_gvisor_kernel_throug
     """What users run, unchanged, against `msb-kernels serve` with MSB_BACKEND=gvisor and a warm pool:
     `jupyter server --gateway-url` starts a kernel and runs a cell over its WebSocket, and the
     MCP Inspector CLI (the TypeScript SDK) uses the same kernel as its session, over HTTP /mcp."""
-    from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
+    from tests.mcp_bridge.test_inspector import gateway_inspector, inspector_missing
     from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway, launch_jupyter_server
     from tests.msb_kernels.gateway.test_notebook_users import pool_ready, pooled_ids
 
@@ -168,14 +168,7 @@ async def test_jupyter_server_and_the_mcp_inspector_share_a_gvisor_kernel_throug
             notebook = await KernelSocket.open(lab, kernel_id)
             seen = await notebook.execute("import platform; shared = 'set in the notebook'; print(platform.release())")
             assert seen.stdout == "4.4.0\n", seen.messages
-            inspector = Inspector(
-                [gateway.url + "/mcp"],
-                inspector_env(
-                    NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}",
-                    MSB_TEST_BEARER_TOKEN=gateway.token,
-                    MSB_TEST_FETCH_LOG=str(tmp_path / "fetch.jsonl"),
-                ),
-            )
+            inspector = gateway_inspector(gateway, tmp_path)
             result = (await inspector.call("execute_code", code="print(shared, platform.release())", session_id=kernel_id)).structured
             assert result.get("stdout") == "set in the notebook 4.4.0\n", result
             assert (await notebook.execute("print(shared)")).stdout == "set in the notebook\n"

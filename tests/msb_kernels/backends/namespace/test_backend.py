@@ -160,7 +160,7 @@ async def test_tcp_transport_keeps_the_hosts_sockets_out_of_the_kernels_reach(st
     assert outcomes == {"list_fds": "EACCES", "ptrace": "EPERM", "kill": "done", "pidfd_getfd": "EPERM", "foreign_sockets": []}, outcomes
     await km.shutdown_kernel(now=True)
     assert all(port_is_free(port) for port in ports)
-    assert km.provisioner.backend.ports.owned(km.kernel_id) == []
+    assert km.provisioner.backend.listeners.ports.owned(km.kernel_id) == []
 
 
 @needs_cgroups

@@ -1,0 +1,266 @@
+"""Hibernation: an idle kernel checkpointed to disk (MSB_HIBERNATE_AFTER_SECONDS), its memory freed, and woken by the
+first request that needs it, every variable intact.
+
+The backend does the checkpoint and the restore (Sandbox.hibernate and wake; gVisor's in backends/gvisor/). Here is
+when: a periodic look for idle kernels, and a wake before anything reaches a hibernated kernel: a WebSocket's connect
+and each of its messages (handlers.py), an MCP call (mcp_bridge.local_sessions), an interrupt. A shutdown or restart
+of a hibernated kernel does not wake it: its image is deleted. The kernel stays in /api/kernels and the stats with
+execution_state "hibernated"; culling still applies to it, by its last activity, as to any idle kernel.
+
+A refusal (the kernel holds what runsc cannot save, the disk budget is full) leaves the kernel running as it was: it is
+culled as it would have been without hibernation, and the log, the stats and the metrics say why. A checkpoint or
+restore that ends the sandbox stops the kernel with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import time
+from typing import Any
+
+from jupyter_server._tz import utcnow
+from tornado.ioloop import PeriodicCallback
+
+from msb_kernels import metrics
+from msb_kernels.backends.core.base import Reconnect
+from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
+from msb_kernels.gateway.records import describe
+from msb_kernels.status import iso_utc
+
+log = logging.getLogger("msb_kernels")
+
+HIBERNATED = "hibernated"  # the execution_state a hibernated kernel reports (the session status too: msb_kernels.status)
+RECENT_REFUSALS = 20
+SETTLE_SECONDS = 10.0  # at most, for IOPub to be heard after a restore; then the other channels open all the same
+
+
+def reconnect_of(km: Any) -> Reconnect:
+    """How a kernel's ports reopen after a refused hibernation or a wake: IOPub and control first, until iopub_heard."""
+    return Reconnect((km.iopub_port, km.control_port), lambda: iopub_heard(km))
+
+
+async def iopub_heard(km: Any) -> None:
+    """Once the kernel is back, only its IOPub and control ports open: ask it for kernel_info on control until a SUB of
+    our own hears a status on IOPub. The clients' SUBs reconnected before this one, so they are subscribed again too,
+    and the requests they queued (on shell, opened next) lose no output. jupyter_server's nudge, on control."""
+    from jupyter_client.session import Session
+
+    own = Session(key=km.session.key, signature_scheme=km.session.signature_scheme, username="msb-hibernation")
+    kc = km.client(session=own)
+    kc.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=True)
+    try:
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            kc.control_channel.send(own.msg("kernel_info_request"))
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    if (await kc.get_iopub_msg(timeout=0.1))["msg_type"] == "status":
+                        return
+        log.warning("kernel %s: IOPub was not heard within %.0f s of its restore", km.kernel_id, SETTLE_SECONDS)
+    finally:
+        kc.stop_channels()
+
+
+class HibernationMixin:
+    """MsbKernelManager's hibernation. State: per kernel, a lock (hibernate and wake never overlap), the last activity
+    a refusal was for (not retried until the kernel is used again), and counters for the stats."""
+
+    def init_hibernation(self) -> None:
+        self._hibernation_locks: dict[str, asyncio.Lock] = {}
+        self._refused_at: dict[str, tuple[Any, str]] = {}  # kernel id -> (the last_activity its refusal was for, why)
+        self.hibernation_counts = {"hibernated": 0, "restored": 0, "refused": 0, "failed": 0}
+        self.hibernation_refusals: list[dict] = []  # the latest, newest last: {"id", "reason", "at"}
+        self._hibernation_callback: PeriodicCallback | None = None
+
+    @property
+    def hibernate_after(self) -> int:
+        return self.msb_settings.hibernate_after_seconds
+
+    def start_hibernation(self) -> str | None:
+        """Start the periodic look, where MSB_HIBERNATE_AFTER_SECONDS is set; why kernels cannot hibernate here, if so.
+        Called by the gateway app once the server runs."""
+        if self.hibernate_after <= 0 or self._hibernation_callback is not None:
+            return None
+        from msb_kernels.backends import get_backend
+
+        try:
+            unavailable = get_backend(self.msb_settings).hibernation_unavailable()
+        except MsbError as exc:
+            unavailable = exc.message
+        interval = max(1.0, min(30.0, self.hibernate_after / 2))
+        self._hibernation_callback = PeriodicCallback(self.hibernate_idle_kernels, 1000 * interval)
+        self._hibernation_callback.start()
+        return unavailable
+
+    def stop_hibernation(self) -> None:
+        if self._hibernation_callback is not None:
+            self._hibernation_callback.stop()
+            self._hibernation_callback = None
+
+    def _sandbox(self, kernel_id: str) -> Any:
+        described = describe(self._kernels.get(kernel_id))
+        return described.sandbox if described is not None else None
+
+    def is_hibernated(self, kernel_id: str) -> bool:
+        sandbox = self._sandbox(kernel_id)
+        return bool(sandbox is not None and sandbox.hibernated)
+
+    def _lock(self, kernel_id: str) -> asyncio.Lock:
+        return self._hibernation_locks.setdefault(kernel_id, asyncio.Lock())
+
+    async def hibernate_idle_kernels(self) -> None:
+        """The periodic look: each session's kernel idle for MSB_HIBERNATE_AFTER_SECONDS, and not busy, hibernates,
+        whether or not a client is connected (it wakes when one sends something)."""
+        now = time.time()
+        for kernel_id in list(self.allocations):
+            km = self._kernels.get(kernel_id)
+            sandbox = self._sandbox(kernel_id)
+            last = getattr(km, "last_activity", None)
+            if km is None or sandbox is None or sandbox.hibernated or last is None:
+                continue
+            if getattr(km, "execution_state", None) != "idle" or self._lock(kernel_id).locked():
+                continue
+            if now - last.timestamp() < self.hibernate_after or self._refused_at.get(kernel_id, (None,))[0] == last:
+                continue
+            try:
+                await self.hibernate_kernel(kernel_id)
+            except MsbError:
+                pass  # said and counted by hibernate_kernel
+
+    async def hibernate_kernel(self, kernel_id: str) -> int:
+        """Checkpoint one kernel now; the image's bytes. HibernationRefused: it runs on; SandboxError: it is stopped."""
+        km = self._kernels.get(kernel_id)
+        sandbox = self._sandbox(kernel_id)
+        if km is None or sandbox is None:
+            raise HibernationRefused(f"kernel {kernel_id} has no sandbox to hibernate")
+        async with self._lock(kernel_id):
+            if sandbox.hibernated:
+                return 0
+            began = time.monotonic()
+            try:
+                size = await sandbox.hibernate(reconnect_of(km))
+            except HibernationRefused as exc:
+                self._refused(kernel_id, km, exc.message)
+                raise
+            except SandboxError as exc:
+                await self._ended_by(kernel_id, "failed", "hibernation failed", exc)
+                raise
+            km.execution_state = HIBERNATED
+            self._refused_at.pop(kernel_id, None)
+            self.hibernation_counts["hibernated"] += 1
+            metrics.HIBERNATIONS.labels("hibernated").inc()
+            metrics.HIBERNATE_SECONDS.observe(time.monotonic() - began)
+            self.log.info("kernel %s hibernated after %d s idle: %.1f MiB on disk", kernel_id, self.hibernate_after, size / 2**20)
+            return size
+
+    async def _ended_by(self, kernel_id: str, outcome: str, what: str, error: SandboxError) -> None:
+        """A checkpoint or restore that ended the sandbox: the kernel stops, and its stop record says why."""
+        self.hibernation_counts["failed"] += 1
+        metrics.HIBERNATIONS.labels(outcome).inc()
+        self.log.error("kernel %s: %s, which ended it: %s", kernel_id, what, error.message)
+        self._stop_reasons[kernel_id] = f"{what}: {error.message}"
+        await self.shutdown_kernel(kernel_id, now=True)
+
+    def _refused(self, kernel_id: str, km: Any, reason: str) -> None:
+        self._refused_at[kernel_id] = (getattr(km, "last_activity", None), reason)
+        self.hibernation_counts["refused"] += 1
+        metrics.HIBERNATIONS.labels("refused").inc()
+        self.hibernation_refusals = [
+            *self.hibernation_refusals[-(RECENT_REFUSALS - 1) :],
+            {"id": kernel_id, "reason": reason, "at": time.time()},
+        ]
+        self.log.warning("kernel %s stays awake: it cannot hibernate: %s", kernel_id, reason)
+
+    def _touch(self, kernel_id: str) -> None:
+        """A request is on its way: the kernel counts as active from now, so the look does not checkpoint it between the
+        request's arrival and the busy status that the kernel sends when it starts on it (the request would be lost)."""
+        km = self._kernels.get(kernel_id)
+        if km is not None and getattr(km, "last_activity", None) is not None:
+            km.last_activity = utcnow()
+
+    async def wake_kernel(self, kernel_id: str) -> None:
+        """Restore a hibernated kernel before a request reaches it; at once for one that is awake. SandboxError when it
+        cannot come back: it is stopped then, with that reason."""
+        self._touch(kernel_id)
+        sandbox = self._sandbox(kernel_id)
+        if sandbox is None or not sandbox.hibernated:
+            return
+        async with self._lock(kernel_id):
+            if not sandbox.hibernated:
+                return  # another request woke it while this one waited
+            km = self._kernels[kernel_id]
+            began = time.monotonic()
+            await self._make_room(kernel_id)
+            try:
+                await sandbox.wake(reconnect_of(km))
+            except SandboxError as exc:
+                await self._ended_by(kernel_id, "restore_failed", "restore from hibernation failed", exc)
+                raise
+            km.execution_state = "idle"
+            self._touch(kernel_id)
+            self.hibernation_counts["restored"] += 1
+            metrics.HIBERNATIONS.labels("restored").inc()
+            metrics.RESTORE_SECONDS.observe(time.monotonic() - began)
+
+    async def _make_room(self, kernel_id: str) -> None:
+        """Hibernate the least recently used idle kernels until the one waking fits the capacity (MSB_CAPACITY_*):
+        so a host holds more sessions than its memory, as long as few are in use at once."""
+        flavor = self.allocations[kernel_id].flavor
+        tried: set[str] = {kernel_id}
+        while not self.fits(flavor):
+            idle = [
+                (km.last_activity, other)
+                for other in list(self.allocations)
+                if other not in tried
+                and (km := self._kernels.get(other)) is not None
+                and getattr(km, "execution_state", None) == "idle"
+                and getattr(km, "last_activity", None) is not None
+                and not self.is_hibernated(other)
+            ]
+            if not idle:
+                memory, _ = self.allocated()
+                raise ResourceLimitExceeded(
+                    f"kernel {kernel_id} cannot wake: the host's capacity is taken by kernels in use "
+                    f"({memory} MiB of MSB_CAPACITY_MEMORY_MIB={self.capacity_memory_mib} allocated, none idle to hibernate)",
+                    ["try again once a kernel is idle or stopped", "or raise MSB_CAPACITY_MEMORY_MIB / MSB_CAPACITY_CPUS"],
+                    limit="capacity_memory",
+                )
+            victim = min(idle)[1]
+            tried.add(victim)
+            with contextlib.suppress(MsbError):  # refused or failed: said and counted there; the next one is tried
+                await self.hibernate_kernel(victim)
+
+    def wake_soon(self, kernel_id: str) -> None:
+        """wake_kernel from sync code (a WebSocket message): what was sent waits in ZMQ's queue until the kernel is back."""
+        self._touch(kernel_id)
+        if self.is_hibernated(kernel_id):
+            task = asyncio.ensure_future(self.wake_kernel(kernel_id))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())  # said and counted by wake_kernel
+
+    def hibernation_refused(self, kernel_id: str) -> str | None:
+        """Why the kernel's last try to hibernate was refused, if it was: the cull that ends it says so."""
+        refused = self._refused_at.get(kernel_id)
+        return refused[1] if refused else None
+
+    async def wake_all(self, timeout: float) -> None:
+        """Restore every hibernated kernel (at a stop with MSB_KEEP_KERNELS); one that does not come back in time is lost."""
+        hibernated = [kernel_id for kernel_id in list(self.allocations) if self.is_hibernated(kernel_id)]
+        if hibernated:
+            self.log.info("waking %d hibernated kernel(s), for the next msb-kernels serve to adopt", len(hibernated))
+            await asyncio.wait([asyncio.ensure_future(self.wake_kernel(kernel_id)) for kernel_id in hibernated], timeout=timeout)
+
+    def forget_hibernation(self, kernel_id: str) -> None:
+        self._hibernation_locks.pop(kernel_id, None)
+        self._refused_at.pop(kernel_id, None)
+
+    def hibernation_stats(self) -> dict:
+        hibernated = [kernel_id for kernel_id in list(self.allocations) if self.is_hibernated(kernel_id)]
+        return {
+            "after_seconds": self.hibernate_after,
+            "hibernated_now": len(hibernated),
+            **self.hibernation_counts,
+            "recent_refusals": [{**refusal, "at": iso_utc(refusal["at"])} for refusal in self.hibernation_refusals],
+        }

@@ -1,0 +1,124 @@
+"""The checks of single settings (msb_kernels.config's _CHECKS): each takes a value and says what is wrong with it, or
+None. Pure functions of the value, so the settings class stays the one list of settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from msb_kernels.choice import parse_pool_sizes
+from msb_kernels.errors import MsbError
+from msb_kernels.flavors import get_flavor
+
+# Guest paths the sandbox itself needs; a shared volume may not shadow them.
+RESERVED_GUEST_PATHS = ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/run", "/tmp", "/home", "/sys")
+
+
+def check_flavor(value: str) -> str | None:
+    try:
+        get_flavor(value)
+    except MsbError:
+        return "is not a flavor"
+    return None
+
+
+def check_guest_path(value: str) -> str | None:
+    path = PurePosixPath(value)
+    if not path.is_absolute():
+        return "is not an absolute path"
+    if str(path) in RESERVED_GUEST_PATHS or any(str(path).startswith(p + "/") for p in ("/proc", "/dev", "/sys", "/usr", "/etc", "/run")):
+        return "would hide a directory the sandbox needs"
+    return None
+
+
+# Directories a Lab root may not be, nor lie under: the sandbox's own system, or a whole tree of homes.
+_NOT_LAB_ROOTS = ("/", "/tmp", "/home", "/root", "/var", "/opt", "/srv", "/mnt", "/media")
+_NOT_UNDER = ("/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot")
+
+
+def check_lab_root(value: str) -> str | None:
+    path = os.path.realpath(value)
+    if not os.path.isabs(value):
+        return "is not an absolute path"
+    if not os.path.isdir(path):
+        return "is not an existing directory"
+    if path in _NOT_LAB_ROOTS or any(path == top or path.startswith(top + "/") for top in _NOT_UNDER):
+        return "would show a system directory or every home in the sandboxes"
+    return None
+
+
+def check_shared_path(value: str) -> str | None:
+    path = Path(value)
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is not a directory"
+    return None
+
+
+def parse_port_range(value: str) -> tuple[int, int]:
+    first, separator, last = str(value).strip().partition("-")
+    if not separator:
+        raise ValueError("is not a range FIRST-LAST")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        raise ValueError("is not a range of whole numbers") from None
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError("is outside 1024-65535 or has FIRST > LAST")
+    if high - low + 1 < 5:
+        raise ValueError("holds fewer than 5 ports (one kernel needs 5)")
+    return low, high
+
+
+def check_port_range(value: str) -> str | None:
+    try:
+        parse_port_range(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def check_image(value: str) -> str | None:
+    return "is empty" if not value.strip() else None
+
+
+def check_pool_size(value: str) -> str | None:
+    try:
+        parse_pool_sizes(value)
+    except MsbError as exc:
+        return "is not a pool size (" + exc.message.split(": ", 1)[-1].split(";")[0] + ")"
+    return None
+
+
+def check_host(value: str) -> str | None:
+    return "is not a host name or address" if not value.strip() or any(c.isspace() or c in "/?#" for c in value) else None
+
+
+def at_least(minimum: float) -> Callable[[Any], str | None]:
+    return lambda v: f"is less than {minimum:g}" if v < minimum else None
+
+
+def read_key(path: str) -> bytes:
+    """A hibernation key (MSB_HIBERNATE_KEY_FILE): 32 bytes, raw or as 64 hex digits; ValueError says what is wrong."""
+    data = Path(path).read_bytes()
+    text = data.strip()
+    if len(text) == 64 and all(c in b"0123456789abcdefABCDEF" for c in text):
+        return bytes.fromhex(text.decode())
+    if len(data) == 32:
+        return data
+    raise ValueError(f"holds {len(data)} bytes, not a 32-byte key")
+
+
+def check_key_file(value: str) -> str | None:
+    """A hibernation key in a file no one else may read."""
+    try:
+        read_key(value)
+        private = not os.stat(value).st_mode & 0o077
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    except ValueError as exc:
+        return str(exc)
+    return None if private else "is readable by other users"

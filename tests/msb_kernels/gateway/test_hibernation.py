@@ -1,0 +1,218 @@
+"""Hibernation through `msb-kernels serve` (MSB_HIBERNATE_AFTER_SECONDS), with the clients users have: JupyterLab in
+headless Chromium, the MCP Inspector CLI, and plain REST. The checkpoint itself is tested in
+tests/msb_kernels/backends/gvisor/test_hibernation.py."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from msb_kernels.backends.gvisor import netstack
+from tests.conftest import TEST_BASE
+from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, KernelSocket, launch_gateway, launch_jupyter_server, wait_until
+from tests.skips import needs_runsc
+
+pytestmark = [pytest.mark.slow, needs_runsc, pytest.mark.timeout(600)]
+
+AFTER = 2  # seconds idle before a kernel hibernates
+ASLEEP_WITHIN = 30.0  # the look runs every AFTER / 2 s (at least 1 s); a checkpoint takes a second or two
+
+
+@pytest.fixture(scope="module")
+async def gateway() -> AsyncIterator[Gateway]:
+    """A gateway whose gVisor kernels hibernate after AFTER idle seconds (this module's `gateway`, for `page` too)."""
+    server = await launch_gateway({"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": str(AFTER)})
+    yield server
+    server.stop()
+
+
+async def kernel_entry(gateway: Gateway, kernel_id: str) -> dict:
+    (entry,) = [k for k in (await gateway.stats())["kernels"] if k["id"] == kernel_id]
+    return entry
+
+
+async def until_hibernated(gateway: Gateway, kernel_id: str) -> dict:
+    async def asleep() -> dict | None:
+        entry = await kernel_entry(gateway, kernel_id)
+        return entry if entry["execution_state"] == "hibernated" else None
+
+    return await wait_until(asleep, ASLEEP_WITHIN, f"kernel {kernel_id} to hibernate")
+
+
+async def test_the_mcp_inspector_reads_back_what_it_set_before_the_kernel_hibernated(gateway: Gateway, tmp_path) -> None:
+    """execute_code sets state; the kernel hibernates (get_sessions says so, its memory is freed); execute_code with the
+    same session reads the state back. Then REST: an interrupt leaves it asleep, a restart gives a fresh kernel, and a
+    shutdown deletes its image and network."""
+    from tests.mcp_bridge.test_inspector import gateway_inspector, inspector_missing
+
+    if missing := inspector_missing():
+        pytest.skip(missing)
+    inspector = gateway_inspector(gateway, tmp_path)
+    started = await inspector.call("execute_code", code="import numpy; kept = numpy.arange(10**6); print('set')")
+    assert started.structured["stdout"] == "set\n", started.result
+    session = started.structured["session_id"]
+    awake = (await kernel_entry(gateway, session))["memory_bytes"]
+
+    asleep = await until_hibernated(gateway, session)
+    print(f"memory {awake / 2**20:.0f} MiB awake, {(asleep['memory_bytes'] or 0) / 2**20:.0f} MiB hibernated")
+    assert (asleep["memory_bytes"] or 0) < awake / 10, asleep
+    listed = (await inspector.call("get_sessions")).structured["sessions"]
+    assert [s["status"] for s in listed if s["id"] == session] == ["hibernated"], listed
+    model = (await gateway.request("GET", f"/api/kernels/{session}")).json
+    assert model["execution_state"] == "hibernated", model
+    images = TEST_BASE / "scratch" / "hibernate" / session
+    assert images.is_dir()
+
+    read = await inspector.call("execute_code", code="print(kept.sum())", session_id=session)
+    assert read.structured["stdout"] == "499999500000\n", read.result
+    stats = (await gateway.stats())["hibernation"]
+    assert stats["hibernated"] >= 1 and stats["restored"] >= 1, stats
+    assert not images.exists()
+    metrics = (await gateway.request("GET", "/metrics")).body.decode()
+    assert 'msb_hibernations_total{outcome="restored"}' in metrics and "msb_restore_seconds_count" in metrics
+
+    await until_hibernated(gateway, session)
+    assert (await gateway.request("POST", f"/api/kernels/{session}/interrupt")).code == 204
+    assert (await kernel_entry(gateway, session))["execution_state"] == "hibernated"
+    assert (await gateway.request("POST", f"/api/kernels/{session}/restart")).code == 200
+    assert not images.exists()
+    socket = await KernelSocket.open(gateway, session)
+    try:
+        assert (await socket.execute("print('kept' in globals())")).stdout == "False\n"
+    finally:
+        socket.close()
+
+    await until_hibernated(gateway, session)
+    assert images.is_dir()
+    assert (await gateway.request("DELETE", f"/api/kernels/{session}")).code == 204
+    assert not images.exists()
+    assert not any(name in netstack_names() for name in netstack.names(session))
+
+
+def netstack_names() -> str:
+    import subprocess
+
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+async def test_a_message_on_an_open_websocket_wakes_the_kernel_and_is_answered(gateway: Gateway) -> None:
+    """The WebSocket stays open while the kernel sleeps; what it sends then waits in ZMQ's queue until the restore."""
+    kernel_id = await gateway.start_kernel()
+    socket = await KernelSocket.open(gateway, kernel_id)
+    try:
+        assert (await socket.execute("n = 1")).reply["content"]["status"] == "ok"
+        await until_hibernated(gateway, kernel_id)
+        assert (await socket.execute("print(n)", timeout=60)).stdout == "1\n", gateway.log()[-3000:]
+    finally:
+        socket.close()
+        await gateway.request("DELETE", f"/api/kernels/{kernel_id}")
+
+
+async def test_a_kernel_that_cannot_hibernate_runs_on_and_the_stats_say_why(gateway: Gateway) -> None:
+    kernel_id = await gateway.start_kernel()
+    socket = await KernelSocket.open(gateway, kernel_id)
+    try:
+        code = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 8765)); s.listen(); kept = 'awake'"
+        assert (await socket.execute(code)).reply["content"]["status"] == "ok"
+
+        async def refused() -> list:
+            return [r for r in (await gateway.stats())["hibernation"]["recent_refusals"] if r["id"] == kernel_id]
+
+        (refusal,) = await wait_until(refused, ASLEEP_WITHIN, "the gateway to try, and refuse")
+        assert "tcp listening on 127.0.0.1:8765" in refusal["reason"], refusal
+        assert f"kernel {kernel_id} stays awake: it cannot hibernate" in gateway.log()
+        assert (await kernel_entry(gateway, kernel_id))["execution_state"] == "idle"
+        assert (await socket.execute("print(kept)")).stdout == "awake\n"
+    finally:
+        socket.close()
+        await gateway.request("DELETE", f"/api/kernels/{kernel_id}")
+
+
+async def test_an_image_that_cannot_be_restored_stops_the_kernel_and_says_why(gateway: Gateway) -> None:
+    """A hibernated kernel whose image was damaged on disk (here: replaced) does not come back: the request that woke
+    it is refused with the reason, the kernel is stopped and its stop record says why. Nothing hangs."""
+    kernel_id = await gateway.start_kernel()
+    socket = await KernelSocket.open(gateway, kernel_id)
+    assert (await socket.execute("x = 1")).reply["content"]["status"] == "ok"
+    socket.close()
+    await until_hibernated(gateway, kernel_id)
+    (image,) = (TEST_BASE / "scratch" / "hibernate" / kernel_id).iterdir()
+    image.write_bytes(b"not a checkpoint")
+    with contextlib.suppress(Exception):  # a new WebSocket wakes it, and is refused when the kernel cannot come back
+        (await KernelSocket.open(gateway, kernel_id)).close()
+
+    async def stopped() -> dict | None:
+        return next((r for r in (await gateway.stats())["recently_stopped"] if r["id"] == kernel_id), None)
+
+    record = await wait_until(stopped, 30, "the kernel's stop record")
+    assert record["reason"].startswith("restore from hibernation failed: runsc could not restore the kernel"), record
+    assert (await gateway.request("GET", f"/api/kernels/{kernel_id}")).code == 404
+    assert "restore from hibernation failed" in gateway.log()
+
+
+async def test_a_stop_that_keeps_kernels_wakes_a_hibernated_one_for_the_next_gateway(gateway_factory) -> None:
+    """A hibernated kernel has no process for a keeper to hold: `serve --keep-kernels` wakes it at the stop, and the
+    next gateway adopts it, over tcp, with its state."""
+    from tests.msb_kernels.gateway.test_adoption import take_over
+
+    env = {"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": str(AFTER), "MSB_KEEP_KERNELS": "1"}
+    first = await gateway_factory(extra_env=env, runtime_dir=TEST_BASE / "hib-keep")
+    kernel_id = await first.start_kernel()
+    socket = await KernelSocket.open(first, kernel_id)
+    assert (await socket.execute("kept = 'through a restart'")).reply["content"]["status"] == "ok"
+    socket.close()
+    await until_hibernated(first, kernel_id)
+    first.stop()
+    assert "waking 1 hibernated kernel(s), for the next msb-kernels serve to adopt" in first.log()
+    second = await take_over(first, env)
+    try:
+        assert "adopted 1 running kernel(s)" in second.log(), second.log()[-3000:]
+        socket = await KernelSocket.open(second, kernel_id)
+        assert (await socket.execute("print(kept)")).stdout == "through a restart\n"
+        socket.close()
+    finally:
+        await second.request("DELETE", f"/api/kernels/{kernel_id}")  # or this stop would keep it too
+        second.stop()
+
+
+# -- JupyterLab in Chromium ---------------------------------------------------------------------------------------
+
+try:
+    from tests.msb_kernels.gateway.browser import (  # noqa: F401 (browser and page are fixtures)
+        PYTHON,
+        STDOUT,
+        LabPage,
+        browser,
+        page,
+    )
+except pytest.skip.Exception:  # selenium missing: the browser test below skips with the reason the import gave
+    LabPage = None  # type: ignore[assignment,misc]
+
+
+@pytest.fixture(scope="module")
+async def lab(gateway: Gateway) -> AsyncIterator[HttpServer]:
+    server = await launch_jupyter_server(gateway, app="lab")
+    yield server
+    server.stop(signal.SIGKILL)  # its kernel is deleted by the test; a Lab that served a room hangs 15 s at SIGTERM
+
+
+@pytest.mark.skipif(LabPage is None, reason="selenium is a test extra: pip install -e '.[test]'")
+async def test_jupyterlab_runs_a_cell_on_a_hibernated_kernel_without_a_reload(page, gateway: Gateway) -> None:
+    """Set a variable, wait past the timeout, see the kernel's memory freed, run a cell that reads it: the answer comes,
+    in the same page, on the same WebSocket."""
+    page.new_notebook(PYTHON)
+    page.wait_for_text(page.run("secret = 6 * 7; print('set')"), STDOUT, "set")
+    (kernel_id,) = [k["id"] for k in (await gateway.stats())["kernels"]]
+    asleep = await until_hibernated(gateway, kernel_id)
+    assert (asleep["memory_bytes"] or 0) < 16 * 2**20, asleep
+    cell = page.run("print(secret)")
+    try:
+        shown = page.wait_for_text(cell, STDOUT, "42", 60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{gateway.log()[-4000:]}") from None
+    assert shown.strip() == "42"
+    assert (await kernel_entry(gateway, kernel_id))["execution_state"] in ("idle", "busy")
+    assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204  # Lab's stop need not wait for it
