@@ -178,6 +178,31 @@ async def test_a_stop_that_keeps_kernels_wakes_a_hibernated_one_for_the_next_gat
         second.stop()
 
 
+async def test_a_host_holds_more_sessions_than_its_memory_and_a_wake_makes_room(gateway_factory) -> None:
+    """Capacity for one small kernel awake: a second session starts once the first sleeps, and the first's wake puts
+    the second, idle but not yet asleep, to sleep to make room. Both keep their state."""
+    after = 4  # long enough that the second kernel is still awake when the first is woken
+    env = {"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": str(after), "MSB_CAPACITY_MEMORY_MIB": "1024", "MSB_POOL_SIZE": "0"}
+    gateway = await gateway_factory(extra_env=env, runtime_dir=TEST_BASE / "hib-room")
+    first = await gateway.start_kernel()
+    refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"})
+    assert refused.code == 429 and "host capacity reached" in refused.body.decode(), refused.body
+    one = await KernelSocket.open(gateway, first)
+    assert (await one.execute("mine = 'first'")).reply["content"]["status"] == "ok"
+    await until_hibernated(gateway, first)
+    second = await gateway.start_kernel()
+    two = await KernelSocket.open(gateway, second)
+    try:
+        assert (await two.execute("mine = 'second'")).reply["content"]["status"] == "ok"
+        assert (await one.execute("print(mine)", timeout=60)).stdout == "first\n"  # its wake hibernates the second
+        assert (await kernel_entry(gateway, second))["execution_state"] == "hibernated"
+        assert (await two.execute("print(mine)", timeout=60)).stdout == "second\n"  # and back: the first sleeps
+        assert (await kernel_entry(gateway, first))["execution_state"] == "hibernated"
+    finally:
+        one.close()
+        two.close()
+
+
 # -- JupyterLab in Chromium ---------------------------------------------------------------------------------------
 
 try:
