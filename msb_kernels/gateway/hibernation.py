@@ -19,6 +19,7 @@ import contextlib
 import logging
 import queue
 import time
+from collections import deque
 from typing import Any
 
 from jupyter_server._tz import utcnow
@@ -72,7 +73,7 @@ class HibernationMixin:
         self._hibernation_locks: dict[str, asyncio.Lock] = {}
         self._refused_at: dict[str, tuple[Any, str]] = {}  # kernel id -> (the last_activity its refusal was for, why)
         self.hibernation_counts = {"hibernated": 0, "restored": 0, "refused": 0, "failed": 0}
-        self.hibernation_refusals: list[dict] = []  # the latest, newest last: {"id", "reason", "at"}
+        self.hibernation_refusals: deque[dict] = deque(maxlen=RECENT_REFUSALS)  # newest last: {"id", "reason", "at"}
         self._hibernation_callback: PeriodicCallback | None = None
 
     @property
@@ -168,10 +169,7 @@ class HibernationMixin:
         self._refused_at[kernel_id] = (getattr(km, "last_activity", None), reason)
         self.hibernation_counts["refused"] += 1
         metrics.HIBERNATIONS.labels("refused").inc()
-        self.hibernation_refusals = [
-            *self.hibernation_refusals[-(RECENT_REFUSALS - 1) :],
-            {"id": kernel_id, "reason": reason, "at": time.time()},
-        ]
+        self.hibernation_refusals.append({"id": kernel_id, "reason": reason, "at": time.time()})
         self.log.warning("kernel %s stays awake: it cannot hibernate: %s", kernel_id, reason)
 
     def _touch(self, kernel_id: str) -> None:

@@ -17,7 +17,7 @@ from tests.skips import needs_runsc
 
 pytestmark = [pytest.mark.slow, needs_runsc, pytest.mark.timeout(600)]
 
-AFTER = 2  # seconds idle before a kernel hibernates
+AFTER = 3  # seconds idle before a kernel hibernates: past an Inspector call's reply and the stats read after it
 ASLEEP_WITHIN = 30.0  # the look runs every AFTER / 2 s (at least 1 s); a checkpoint takes a second or two
 
 
