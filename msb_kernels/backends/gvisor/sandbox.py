@@ -166,6 +166,8 @@ class GVisorSandbox(HostCgroupSandbox):
         await self.process.wait()  # runsc run ends once its sandbox is saved
         self._release_process()
         size = await asyncio.to_thread(images.seal, sandbox_id)
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.reclaim)
         log.info("kernel %s hibernated: %d MiB image in %.2f s", sandbox_id, size >> 20, time.monotonic() - started)
         return size
 

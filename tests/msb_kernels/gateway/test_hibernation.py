@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slow, needs_runsc, pytest.mark.timeout(600)]
 
 AFTER = 3  # seconds idle before a kernel hibernates: past an Inspector call's reply and the stats read after it
 ASLEEP_WITHIN = 30.0  # the look runs every AFTER / 2 s (at least 1 s); a checkpoint takes a second or two
+FREED = 4 * 2**20  # what a hibernated kernel's cgroup may still hold: no process, and its page cache given back
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ async def test_the_mcp_inspector_reads_back_what_it_set_before_the_kernel_hibern
 
     asleep = await until_hibernated(gateway, session)
     print(f"memory {awake / 2**20:.0f} MiB awake, {(asleep['memory_bytes'] or 0) / 2**20:.0f} MiB hibernated")
-    assert (asleep["memory_bytes"] or 0) < awake / 10, asleep
+    assert (asleep["memory_bytes"] or 0) < FREED, asleep
     listed = (await inspector.call("get_sessions")).structured["sessions"]
     assert [s["status"] for s in listed if s["id"] == session] == ["hibernated"], listed
     model = (await gateway.request("GET", f"/api/kernels/{session}")).json
@@ -228,11 +229,12 @@ async def lab(gateway: Gateway) -> AsyncIterator[HttpServer]:
 async def test_jupyterlab_runs_a_cell_on_a_hibernated_kernel_without_a_reload(page, gateway: Gateway) -> None:
     """Set a variable, wait past the timeout, see the kernel's memory freed, run a cell that reads it: the answer comes,
     in the same page, on the same WebSocket."""
+    before = {k["id"] for k in (await gateway.stats())["kernels"]}  # the module's gateway may hold others' kernels
     page.new_notebook(PYTHON)
     page.wait_for_text(page.run("secret = 6 * 7; print('set')"), STDOUT, "set")
-    (kernel_id,) = [k["id"] for k in (await gateway.stats())["kernels"]]
+    (kernel_id,) = {k["id"] for k in (await gateway.stats())["kernels"]} - before
     asleep = await until_hibernated(gateway, kernel_id)
-    assert (asleep["memory_bytes"] or 0) < 16 * 2**20, asleep
+    assert (asleep["memory_bytes"] or 0) < FREED, asleep
     cell = page.run("print(secret)")
     try:
         shown = page.wait_for_text(cell, STDOUT, "42", 60)

@@ -63,7 +63,7 @@ async def test_a_hibernated_kernel_frees_its_memory_and_wakes_with_every_variabl
     assert sandbox.cgroup is None or sandbox.cgroup.pids() == set()
     asleep = sandbox.memory_bytes() or 0
     print(f"memory {awake / 2**20:.0f} MiB awake, {asleep / 2**20:.0f} MiB asleep; image {size / 2**20:.1f} MiB")
-    assert asleep < awake / 10
+    assert asleep < min(awake / 10, 4 * 2**20)  # no process, and the page cache it left given back
     image_dir = hibernating / sandbox.sandbox_id
     assert stat.S_IMODE(hibernating.stat().st_mode) == 0o700 and stat.S_IMODE(image_dir.stat().st_mode) == 0o700
     assert sorted(os.listdir(image_dir)) == [hibernation.SEALED]
