@@ -28,7 +28,7 @@ from tornado.ioloop import PeriodicCallback
 from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
-from msb_kernels.gateway.records import describe
+from msb_kernels.gateway.records import sandbox_of
 from msb_kernels.status import iso_utc
 
 log = logging.getLogger("msb_kernels")
@@ -102,8 +102,7 @@ class HibernationMixin:
             self._hibernation_callback = None
 
     def _sandbox(self, kernel_id: str) -> Any:
-        described = describe(self._kernels.get(kernel_id))
-        return described.sandbox if described is not None else None
+        return sandbox_of(self._kernels.get(kernel_id))
 
     def is_hibernated(self, kernel_id: str) -> bool:
         sandbox = self._sandbox(kernel_id)

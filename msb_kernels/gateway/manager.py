@@ -34,7 +34,7 @@ from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import Allocation, describe
+from msb_kernels.gateway.records import Allocation, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.session_env import requested_env
@@ -113,7 +113,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
             self.record_for_adoption(started)
-            backend = (sandbox.info().get("backend") if (sandbox := describe(self._kernels.get(started)).sandbox) else None) or "none"
+            backend = backend_of(self._kernels.get(started))
             metrics.KERNEL_STARTS.labels(flavor.name, backend, str(pooled is not None).lower()).observe(time.monotonic() - began)
             return started
         except BaseException as exc:
@@ -247,7 +247,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         allocation = self.allocations.get(kernel_id)
         if allocation is None:
             return
-        sandbox = described.sandbox if (described := describe(self._kernels.get(kernel_id))) else None
+        sandbox = sandbox_of(self._kernels.get(kernel_id))
         reason = sandbox.exit_reason() if sandbox is not None else None
         metrics.KERNEL_RESTARTS.labels("died").inc()
         self._count_oom(allocation, reason)

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from msb_kernels.gateway.host import gateway_process_stats
-from msb_kernels.gateway.records import describe
+from msb_kernels.gateway.records import backend_of, sandbox_of
 
 log = logging.getLogger("msb_kernels")
 
@@ -42,10 +42,9 @@ class GatewayCollector(Collector):
         limit = GaugeMetricFamily("msb_kernel_memory_limit_bytes", "Each kernel's flavor memory", labels=["kernel_id", "flavor"])
         counted: Counter = Counter()
         for kernel_id, allocation in list(manager.allocations.items()):
-            described = describe(manager._kernels.get(kernel_id))
-            sandbox = described.sandbox if described is not None else None
-            backend = (sandbox.info().get("backend") if sandbox is not None else None) or "none"
-            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend)] += 1
+            km = manager._kernels.get(kernel_id)
+            sandbox = sandbox_of(km)
+            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend_of(km))] += 1
             labels = [kernel_id, allocation.flavor.name]
             limit.add_metric(labels, allocation.flavor.memory_bytes)
             if sandbox is None:

@@ -45,3 +45,15 @@ def describe(km: Any) -> SandboxDescription | None:
     """The sandbox side of a kernel manager; None before its provisioner exists or for a kernel not in a sandbox."""
     provisioner = getattr(km, "provisioner", None)
     return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None
+
+
+def sandbox_of(km: Any) -> Any:
+    """The kernel's Sandbox (msb_kernels.backends.core.base); None where describe() has none."""
+    described = describe(km)
+    return described.sandbox if described is not None else None
+
+
+def backend_of(km: Any) -> str:
+    """The backend a kernel runs on, as stats and metrics label it: "none" for a kernel not in a sandbox."""
+    sandbox = sandbox_of(km)
+    return (sandbox.info().get("backend") if sandbox is not None else None) or "none"

@@ -162,6 +162,11 @@ class GVisorSandbox(HostCgroupSandbox):
             if await self._still_running():
                 await self._reopen(reconnect)
                 raise HibernationRefused(f"runsc could not checkpoint it: {said}")
+            # Its runsc run is on its way out: reap it, so the kernel reads as dead to whoever handles the error.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 10)
+            if self.process.returncode is None:
+                await self.kill()
             raise SandboxError(f"runsc could not checkpoint the kernel, which ended it: {said}")
         await self.process.wait()  # runsc run ends once its sandbox is saved
         self._release_process()

@@ -97,6 +97,33 @@ async def test_a_kernel_that_holds_a_socket_runsc_cannot_save_stays_awake_with_i
     assert (await execute(kc, "kept")).result == "'here'"
 
 
+async def test_a_checkpoint_that_ends_the_sandbox_is_an_error_that_says_why(hibernating, start_kernel, monkeypatch):
+    """Past the socket check (skipped here, as a socket opened just after it would be), runsc's failed save destroys
+    the sandbox: hibernate raises SandboxError with runsc's reason, no image is left, and the kernel is dead, not asleep,
+    so the gateway stops it with that reason instead of waking a kernel that is gone."""
+    km, kc = await start_kernel()
+    sandbox = km.provisioner.sandbox
+    # A listener that epoll watches (a server's event loop): runsc saves an idle one, but not one with waiters.
+    code = (
+        "import select, socket, threading; s = socket.create_server(('127.0.0.1', 8766)); watch = select.epoll()\n"
+        "watch.register(s, select.EPOLLIN); threading.Thread(target=watch.poll, daemon=True).start()"
+    )
+    assert (await execute(kc, code)).status == "ok"
+
+    async def nothing_blocks(wait: float = 2.0) -> list[str]:
+        return []
+
+    monkeypatch.setattr(sandbox, "_settled_sockets", nothing_blocks)
+    with pytest.raises(SandboxError, match=r"runsc could not checkpoint the kernel, which ended it: .*(endpoint|save)") as failed:
+        await sandbox.hibernate(reconnect_of(km))
+    print(failed.value)
+    assert not sandbox.hibernated and not (hibernating / sandbox.sandbox_id).exists()
+    assert not await km.is_alive()
+    names = netstack.names(sandbox.sandbox_id)
+    await km.shutdown_kernel(now=True)
+    assert not any(name in netns_names() for name in names)
+
+
 async def test_past_the_disk_budget_a_kernel_stays_awake_and_the_error_names_the_setting(hibernating, start_kernel, monkeypatch):
     monkeypatch.setenv("MSB_HIBERNATE_DISK_MIB", "1")
     monkeypatch.setenv("MSB_RUNTIME_DIR", os.environ["MSB_RUNTIME_DIR"] + "b")  # a backend with these settings
