@@ -23,6 +23,7 @@ from mcp_bridge.gateway_sessions import GatewayKernelSessions
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions
+from msb_kernels import slow_imports
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import MsbError
 
@@ -136,6 +137,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    slow_imports.defer()
     parser = argparse.ArgumentParser(prog="msb-mcp", description="MCP server over sandboxed, stateful Jupyter kernels")
     parser.add_argument(
         "--gateway",

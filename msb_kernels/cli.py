@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from msb_kernels import slow_imports
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.cli import add_serve_parser
@@ -333,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    slow_imports.defer()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
