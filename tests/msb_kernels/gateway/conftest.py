@@ -211,16 +211,23 @@ async def launch_gateway(
     args: list[str] | None = None,
     port: int | None = None,
     token: str | None = None,
+    venv: Path | None = None,
 ) -> Gateway:
-    """port and token: a gateway that takes over from another, where its clients expect it."""
+    """port and token: a gateway that takes over from another, where its clients expect it. venv: one a user made
+    elsewhere, with msb-kernels and its kernelspecs installed into it; the gateway runs from it, as its user's would,
+    seeing nothing of the suite's (JUPYTER_PATH, PYTHONPATH, PATH)."""
     number = next(_counter)
     runtime_dir = runtime_dir or TEST_BASE / f"g{number}"  # short: ipc socket paths must fit in 107 bytes
     token = token or secrets.token_hex(16)
     port = port or free_port()
     env = {**os.environ, "MSB_RUNTIME_DIR": str(runtime_dir), "MSB_TOKEN": token, **(extra_env or {})}
+    if venv is not None:
+        env = {**env, "JUPYTER_PATH": None, "PYTHONPATH": None, "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"}
     env = {name: value for name, value in env.items() if value is not None}  # None in extra_env: leave it unset
     log_path = TEST_BASE / f"serve-{number}-{port}.log"
-    process = _start_process([str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), *(args or [])], env, log_path)
+    # A copied venv's scripts name the original's interpreter: its own python runs the copy.
+    program = [str(venv / "bin" / "python"), "-m", "msb_kernels.cli"] if venv is not None else [str(VENV_BIN / "msb-kernels")]
+    process = _start_process([*program, "serve", "--port", str(port), *(args or [])], env, log_path)
     gateway = Gateway(port, token, process, log_path, runtime_dir=runtime_dir, env=env)
     await _wait_for_http(gateway, "/api/msb/health", token=None)
     return gateway

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from msb_kernels.backends.core import hostpaths
-from tests.skips import every_builtin_backend
+from tests.skips import every_builtin_backend, needs_runsc
 
 SECRET = "host-secret-beside-the-venv"
 PROBE_CELL = """
@@ -84,6 +84,13 @@ def user_venvs():
     shutil.rmtree(tmp_base, ignore_errors=True)
 
 
+def _install(venv: Path, env: dict) -> None:
+    """msb-kernels' kernelspecs into that venv, as its user installs them."""
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "msb_kernels.cli", "install"], env=env, capture_output=True, timeout=120, check=True
+    )
+
+
 def _run(venv: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
     """msb-kernels from that venv, as its user runs it: its own kernelspecs (installed into it), nothing of the suite's."""
     env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "PYTHONPATH")}
@@ -93,9 +100,7 @@ def _run(venv: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
         PATH=f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
     )
     try:
-        subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "msb_kernels.cli", "install"], env=env, capture_output=True, timeout=120, check=True
-        )
+        _install(venv, env)
         return subprocess.run(
             [str(venv / "bin" / "python"), "-m", "msb_kernels.cli", *args],
             env=env,
@@ -139,3 +144,38 @@ def test_the_demo_runs_from_a_venv_in_tmp_and_in_a_home_directory_with_auto(user
         assert result.returncode == 0, f"{place}: {result.stdout[-1500:]}\n{result.stderr[-3000:]}"
         assert "state survives between cells: 42" in result.stdout and "done in" in result.stdout, place
         assert "Traceback" not in result.stderr and "failed its start probe" not in result.stderr, (place, result.stderr[-2000:])
+
+
+@pytest.mark.slow
+@needs_runsc
+async def test_a_kernel_hibernates_and_wakes_from_a_venv_in_tmp_and_in_a_home_directory(user_venvs):
+    """A checkpoint holds the sandbox's mounts, the venv's bind over the sandbox's own /tmp or /home among them, and
+    runsc restore must find them again. A gateway from each place at once, run from that venv as its user runs it; a
+    notebook's WebSocket stays open across the sleep."""
+    import asyncio
+
+    from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway, wait_until
+
+    async def sleep_and_wake(place: str) -> None:
+        venv = user_venvs[place]
+        _install(venv, {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "PYTHONPATH")})
+        runtime = Path(tempfile.mkdtemp(prefix="msbt-hb-", dir="/tmp"))
+        settings = {"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": "2", "MSB_HIBERNATE_DIR": str(runtime / "images")}
+        gateway = await launch_gateway(settings, runtime_dir=runtime / "rt", venv=venv)
+        try:
+            kernel_id = await gateway.start_kernel()
+            notebook = await KernelSocket.open(gateway, kernel_id)
+            assert (await notebook.execute("import sys; x = 41; sys.prefix")).result == repr(str(venv))
+
+            async def hibernated() -> bool:
+                (entry,) = [k for k in (await gateway.stats())["kernels"] if k["id"] == kernel_id]
+                return entry["execution_state"] == "hibernated"
+
+            await wait_until(hibernated, 30, f"the kernel from {place} to hibernate")
+            assert (await notebook.execute("x + 1", timeout=60)).result == "42", gateway.log()[-3000:]
+            notebook.connection.close()
+        finally:
+            gateway.stop()
+            shutil.rmtree(runtime, ignore_errors=True)
+
+    await asyncio.gather(sleep_and_wake("tmp"), sleep_and_wake("home"))
