@@ -22,7 +22,7 @@ VENV_BIN = Path(sys.executable).parent
 def _isolate_environment() -> Path:
     """Point every msb and Jupyter directory at a fresh temp dir before anything reads them."""
     for name in list(os.environ):
-        if name.startswith("MSB_"):
+        if name.startswith("MSB_") and not name.startswith("MSB_TESTS_"):  # the suite's own switches stay
             del os.environ[name]
     # Short path: ZMQ ipc socket paths must fit in 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="msbt-", dir="/tmp"))
