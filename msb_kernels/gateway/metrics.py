@@ -42,9 +42,8 @@ class GatewayCollector(Collector):
         limit = GaugeMetricFamily("msb_kernel_memory_limit_bytes", "Each kernel's flavor memory", labels=["kernel_id", "flavor"])
         counted: Counter = Counter()
         for kernel_id, allocation in list(manager.allocations.items()):
-            km = manager._kernels.get(kernel_id)
-            sandbox = sandbox_of(km)
-            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend_of(km))] += 1
+            sandbox = sandbox_of(manager._kernels.get(kernel_id))
+            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend_of(sandbox))] += 1
             labels = [kernel_id, allocation.flavor.name]
             limit.add_metric(labels, allocation.flavor.memory_bytes)
             if sandbox is None:

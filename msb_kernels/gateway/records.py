@@ -53,7 +53,6 @@ def sandbox_of(km: Any) -> Any:
     return described.sandbox if described is not None else None
 
 
-def backend_of(km: Any) -> str:
-    """The backend a kernel runs on, as stats and metrics label it: "none" for a kernel not in a sandbox."""
-    sandbox = sandbox_of(km)
+def backend_of(sandbox: Any) -> str:
+    """The backend a sandbox_of() runs on, as metrics label it: "none" for a kernel not in a sandbox."""
     return (sandbox.info().get("backend") if sandbox is not None else None) or "none"
