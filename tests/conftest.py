@@ -45,6 +45,13 @@ def _isolate_environment() -> Path:
 TEST_BASE = _isolate_environment()
 
 
+def venv_environment(venv: Path) -> dict[str, str]:
+    """The environment a user of a venv made elsewhere runs msb-kernels in: none of the suite's kernelspecs
+    (JUPYTER_PATH) or modules (PYTHONPATH), and that venv's bin first on PATH."""
+    env = {name: value for name, value in os.environ.items() if name not in ("JUPYTER_PATH", "PYTHONPATH")}
+    return {**env, "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"}
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under MSB_TESTS_STRICT_SKIPS, a skip that tests/skips.py does not expect fails the test."""

@@ -27,7 +27,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from mcp_bridge import jupyter_ws
 from msb_kernels.gateway.app import JUPYTERLAB_ALLOWED_ENVS
-from tests.conftest import TEST_BASE, VENV_BIN
+from tests.conftest import TEST_BASE, VENV_BIN, venv_environment
 
 START_TIMEOUT = 60.0  # kernel and server starts: the test machine is small and shared
 _counter = itertools.count(1)
@@ -220,9 +220,8 @@ async def launch_gateway(
     runtime_dir = runtime_dir or TEST_BASE / f"g{number}"  # short: ipc socket paths must fit in 107 bytes
     token = token or secrets.token_hex(16)
     port = port or free_port()
-    env = {**os.environ, "MSB_RUNTIME_DIR": str(runtime_dir), "MSB_TOKEN": token, **(extra_env or {})}
-    if venv is not None:
-        env = {**env, "JUPYTER_PATH": None, "PYTHONPATH": None, "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"}
+    base = venv_environment(venv) if venv is not None else os.environ
+    env = {**base, "MSB_RUNTIME_DIR": str(runtime_dir), "MSB_TOKEN": token, **(extra_env or {})}
     env = {name: value for name, value in env.items() if value is not None}  # None in extra_env: leave it unset
     log_path = TEST_BASE / f"serve-{number}-{port}.log"
     # A copied venv's scripts name the original's interpreter: its own python runs the copy.

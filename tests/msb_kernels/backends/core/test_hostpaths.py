@@ -21,6 +21,7 @@ import nbformat
 import pytest
 
 from msb_kernels.backends.core import hostpaths
+from tests.conftest import venv_environment
 from tests.skips import every_builtin_backend, needs_runsc
 
 SECRET = "host-secret-beside-the-venv"
@@ -93,12 +94,7 @@ def _install(venv: Path, env: dict) -> None:
 
 def _run(venv: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
     """msb-kernels from that venv, as its user runs it: its own kernelspecs (installed into it), nothing of the suite's."""
-    env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "PYTHONPATH")}
-    env.update(
-        MSB_BACKEND=backend,
-        MSB_RUNTIME_DIR=tempfile.mkdtemp(prefix="msbt-rt-", dir="/tmp"),
-        PATH=f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
-    )
+    env = {**venv_environment(venv), "MSB_BACKEND": backend, "MSB_RUNTIME_DIR": tempfile.mkdtemp(prefix="msbt-rt-", dir="/tmp")}
     try:
         _install(venv, env)
         return subprocess.run(
@@ -158,7 +154,7 @@ async def test_a_kernel_hibernates_and_wakes_from_a_venv_in_tmp_and_in_a_home_di
 
     async def sleep_and_wake(place: str) -> None:
         venv = user_venvs[place]
-        _install(venv, {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "PYTHONPATH")})
+        _install(venv, venv_environment(venv))
         runtime = Path(tempfile.mkdtemp(prefix="msbt-hb-", dir="/tmp"))
         settings = {"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": "2", "MSB_HIBERNATE_DIR": str(runtime / "images")}
         gateway = await launch_gateway(settings, runtime_dir=runtime / "rt", venv=venv)
