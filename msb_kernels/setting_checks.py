@@ -24,11 +24,15 @@ def check_flavor(value: str) -> str | None:
     return None
 
 
+def _at_or_under(path: str, tops: tuple[str, ...]) -> bool:
+    return any(path == top or path.startswith(top + "/") for top in tops)
+
+
 def check_guest_path(value: str) -> str | None:
     path = PurePosixPath(value)
     if not path.is_absolute():
         return "is not an absolute path"
-    if str(path) in RESERVED_GUEST_PATHS or any(str(path).startswith(p + "/") for p in ("/proc", "/dev", "/sys", "/usr", "/etc", "/run")):
+    if str(path) in RESERVED_GUEST_PATHS or _at_or_under(str(path), ("/proc", "/dev", "/sys", "/usr", "/etc", "/run")):
         return "would hide a directory the sandbox needs"
     return None
 
@@ -44,7 +48,7 @@ def check_lab_root(value: str) -> str | None:
         return "is not an absolute path"
     if not os.path.isdir(path):
         return "is not an existing directory"
-    if path in _NOT_LAB_ROOTS or any(path == top or path.startswith(top + "/") for top in _NOT_UNDER):
+    if path in _NOT_LAB_ROOTS or _at_or_under(path, _NOT_UNDER):
         return "would show a system directory or every home in the sandboxes"
     return None
 
