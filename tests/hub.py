@@ -8,7 +8,7 @@ loads the deploy config first: the proxy's path, and an admin service whose toke
 
 API::
 
-    launch_hub(users=..., extra_config="") -> Hub
+    launch_hub(users=..., admins=(), env=None, extra_config="") -> Hub
     Hub .url .token (admin) .gateway_url .log() .gateway_log()
         .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
         .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
@@ -121,7 +121,8 @@ class Hub(HttpServer):
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import WebDriverWait
 
-        driver.delete_all_cookies()
+        # Every cookie, not only those the current page sees (delete_all_cookies): the Hub's own are on /hub/.
+        driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
         driver.get(f"{self.url}/hub/login")
         WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.ID, "username_input"))
         driver.find_element(By.ID, "username_input").send_keys(user)
@@ -161,10 +162,13 @@ c.JupyterHub.load_roles.append(
 """
 
 
-async def launch_hub(users: tuple[str, ...] = ("alice", "bob"), admins: tuple[str, ...] = (), extra_config: str = "") -> Hub:
+async def launch_hub(
+    users: tuple[str, ...] = ("alice", "bob"), admins: tuple[str, ...] = (), env: dict | None = None, extra_config: str = ""
+) -> Hub:
     """Start a Hub with the deploy config and wait until it, its proxy and its gateway answer.
 
-    extra_config: more config lines after the deploy config's (``c`` is the config)."""
+    env: more variables for the Hub (MSB_* ones reach the gateway); extra_config: more config lines after the
+    deploy config's (``c`` is the config)."""
     state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
     state_dir.mkdir(parents=True)
     port, gateway_port = free_port(), free_port()
@@ -187,6 +191,7 @@ async def launch_hub(users: tuple[str, ...] = ("alice", "bob"), admins: tuple[st
         "MSB_HUB_ALLOW_ROOT": "1" if os.geteuid() == 0 else "",
         # The gateway's own: a runtime dir of its own, short for ipc socket paths (107 bytes).
         "MSB_RUNTIME_DIR": str(Path(TEST_BASE) / f"h{port}"),
+        **(env or {}),
     }
     log_path = state_dir / "jupyterhub.log"
     with open(log_path, "wb") as log:
