@@ -190,10 +190,10 @@ async def get_execution_output(
     since: Annotated[int, Field(description="output_offset from the previous answer; 0 for all", ge=0)] = 0,
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
+    await bridge.sessions.check(session_id)  # SessionNotFound first: gone, or not the caller's
     state = bridge.states.get(session_id)
     execution = state.executions.get(execution_id) if state else None
     if execution is None:
-        await bridge.sessions.info(session_id)  # SessionNotFound first, when the session is gone
         raise InvalidRequest(
             f"session {session_id} has no execution {execution_id!r}: only the last {bridge.options.kept_executions} "
             "are kept, and none from before a restart of the server (the session and its variables outlive "
