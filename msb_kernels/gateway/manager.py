@@ -38,6 +38,7 @@ from msb_kernels.gateway.host import give_memory_back
 from msb_kernels.gateway.records import Allocation, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.identity.people import acting, may_see, set_acting
+from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, has_own_directory
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.session_env import requested_env
 from msb_kernels.status import iso_utc
@@ -138,6 +139,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         if conventional is not None:  # python3 and its kind start the msb kernelspec they stand for (pool, stats, MCP)
             kernel_name = conventional.kernel_name
         env = kwargs.get("env") or {}
+        person = acting()
+        if self.msb_settings.shared_volume and has_own_directory(person):
+            env = kwargs["env"] = {**env, VOLUME_OWNER_ENV: person.slug}  # their own part of the shared volume
         began = time.monotonic()
         try:
             flavor, template = self.flavor_for(kernel_name, env)
@@ -158,7 +162,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             template,
             notebook_path=env.get("JPY_SESSION_NAME") or None,
             env=requested_env(env),
-            owner=person.name if (person := acting()) is not None else None,  # never a name the request asserts
+            owner=person.name if person is not None else None,  # never a name the request asserts
         )
         self.allocations[kernel_id] = allocation
         try:

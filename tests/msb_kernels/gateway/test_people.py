@@ -50,7 +50,17 @@ async def team() -> AsyncIterator[Team]:
     users_file = TEST_BASE / "team-users.json"
     tokens = {name: add_user(users_file, name, admin=name == "ops") for name in ("alice", "bob", "ops")}
     # No MSB_TOKEN: with a users file, every token is a person's.
-    gateway = await launch_gateway(extra_env={"MSB_USERS_FILE": str(users_file), "MSB_TOKEN": None, "MSB_MAX_SESSIONS_PER_USER": "2"})
+    shared = TEST_BASE / "team-shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # the sandbox user is not the host user
+    gateway = await launch_gateway(
+        extra_env={
+            "MSB_USERS_FILE": str(users_file),
+            "MSB_TOKEN": None,
+            "MSB_MAX_SESSIONS_PER_USER": "2",
+            "MSB_SHARED_VOLUME_PATH": str(shared),
+        }
+    )
     gateway.token = tokens["alice"]
     yield Team(gateway, tokens, users_file)
     gateway.stop()
@@ -133,7 +143,9 @@ async def test_tokens_nobody_issued_are_refused_and_metrics_are_for_admins(team)
         response = await team.gateway.request("GET", "/api/kernels", token=token)
         assert response.code in (401, 403), (token, response.code)
     assert (await team.rest("alice", "GET", "/metrics")).code == 403
-    assert (await team.rest("ops", "GET", "/metrics")).code == 200
+    metrics = await team.rest("ops", "GET", "/metrics")
+    assert metrics.code == 200
+    assert "msb_sessions_per_person" in metrics.body.decode()
     # A person removed from the file is refused at once (the gateway rereads the file).
     carol = add_user(team.users_file, "carol")
     assert (await team.gateway.request("GET", "/api/kernels", token=carol)).code == 200
@@ -275,3 +287,39 @@ def test_a_users_file_others_can_read_is_refused_with_the_chmod_that_fixes_it(tm
     assert result.returncode != 0
     assert f"chmod 600 {users_file}" in result.stderr and "0644" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_each_person_has_their_own_directory_of_the_shared_volume(team):
+    shared = TEST_BASE / "team-shared"
+    async with mcp_as(team, "alice") as alice:
+        wrote = await alice.call_tool(
+            "execute_code", {"code": "open('/shared/notes.txt', 'w').write('alice-only'); import os; os.listdir('/shared')"}
+        )
+        assert not wrote.is_error, wrote.content[0].text
+        alice_session = wrote.structured_content["session_id"]
+        volume = await alice.call_tool("get_volume_path", {})
+        assert str(shared / "alice") in volume.structured_content["description"]
+    async with mcp_as(team, "bob") as bob:
+        looked = await bob.call_tool(
+            "execute_code",
+            {"code": "import os; sorted(os.listdir('/shared')), os.path.exists('/shared/../alice'), os.path.exists('/shared/notes.txt')"},
+        )
+        assert looked.structured_content["results"][0]["data"]["text/plain"] == "([], False, False)", looked.content[0].text
+        bob_session = looked.structured_content["session_id"]
+        assert str(shared / "bob") in (await bob.call_tool("get_volume_path", {})).structured_content["description"]
+    assert (shared / "alice" / "notes.txt").read_text() == "alice-only"
+    assert not (shared / "bob" / "notes.txt").exists()
+    for who, session in (("alice", alice_session), ("bob", bob_session)):
+        await team.rest(who, "DELETE", f"/api/kernels/{session}")
+
+
+def test_sessions_per_person_keep_a_bounded_label_set():
+    from types import SimpleNamespace
+
+    from msb_kernels.gateway.metrics import PEOPLE_LABELS, sessions_per_person
+
+    allocations = [SimpleNamespace(owner=f"person{i}") for i in range(300)] + [SimpleNamespace(owner="busy")] * 5
+    allocations.append(SimpleNamespace(owner=None))
+    samples = {sample.labels["person"]: sample.value for sample in sessions_per_person(allocations).samples}
+    assert len(samples) == PEOPLE_LABELS + 1 and samples["busy"] == 5 and sum(samples.values()) == 306
+    assert samples["(others)"] == 306 - sum(v for k, v in samples.items() if k != "(others)")
