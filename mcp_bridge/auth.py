@@ -9,8 +9,10 @@ so the bridge reads the person back from the request that carried the call (``pe
 
 from __future__ import annotations
 
+import contextlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -60,3 +62,28 @@ def single_token(token: str, person: Person) -> PersonVerifier:
         return person if hmac.compare_digest(candidate.encode(), expected) else None
 
     return PersonVerifier(person_for)
+
+
+# The bearer token and the origin (scheme://host) of the request that carried the tool call now running: under
+# JupyterHub, the notebook tools reach the caller's own server with it (mcp_bridge.notebooks.hub).
+_credentials: ContextVar[tuple[str | None, str | None]] = ContextVar("msb_mcp_credentials", default=(None, None))
+
+
+def caller_credentials() -> tuple[str | None, str | None]:
+    return _credentials.get()
+
+
+@contextlib.contextmanager
+def calling_with(request: Any) -> Iterator[None]:
+    """Keep the token and origin of ``request`` (the HTTP request of a tool call) for the call's span."""
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    token = user.access_token.token if isinstance(user, AuthenticatedUser) else None
+    headers = getattr(request, "headers", None) or {}
+    host = headers.get("x-forwarded-host") or headers.get("host")
+    proto = headers.get("x-forwarded-proto") or (scope or {}).get("scheme", "http")
+    reset = _credentials.set((token, f"{proto}://{host}" if host else None))
+    try:
+        yield
+    finally:
+        _credentials.reset(reset)

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from mcp_bridge.auth import single_token
+from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.server import build_server
 from mcp_bridge.sessions import KernelSessions
@@ -45,9 +46,10 @@ class McpHttpApp:
         settings: MsbSettings | None = None,
         options: BridgeOptions | None = None,
         resource_metadata_path: str | None = None,
+        personal_labs: PersonalLabs | None = None,
     ):
         self.sessions = sessions
-        self.server = build_server(sessions, settings, options)
+        self.server = build_server(sessions, settings, options, personal_labs=personal_labs)
         self.bridge = bridge_of(self.server)
         self.verifier = verifier
         self.resource_metadata_path = resource_metadata_path  # where the host serves RFC 9728 metadata, from its root

@@ -18,8 +18,9 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from pydantic import ValidationError
 
-from mcp_bridge.auth import person_of_request
+from mcp_bridge.auth import calling_with, person_of_request
 from mcp_bridge.notebooks.documents import NotebookDocuments
+from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.notebooks.lab import LabServer
 from mcp_bridge.notebooks.tools import NOTEBOOK_INSTRUCTIONS
 from mcp_bridge.options import BridgeOptions
@@ -55,7 +56,7 @@ class BridgeServer(MCPServer):
         # touches only their kernels (msb_kernels.identity.people.may_see). Over stdio there is no request: the system.
         request_context = getattr(context, "_request_context", None)
         request = getattr(request_context, "request", None)
-        with acting_as(person_of_request(request), client_name(request_context, request)):
+        with acting_as(person_of_request(request), client_name(request_context, request)), calling_with(request):
             result = await self._call_tool(name, arguments, context)
             error = (getattr(result, "structured_content", None) or {}).get("error") if getattr(result, "is_error", False) else None
             outcome = (error or {}).get("type", "error") if error is not None else "ok"
@@ -135,14 +136,21 @@ def root_logging_left_alone() -> Iterator[None]:
 
 
 def build_server(
-    sessions: KernelSessions, settings: MsbSettings | None = None, options: BridgeOptions | None = None, *, name: str = "msb-kernels"
+    sessions: KernelSessions,
+    settings: MsbSettings | None = None,
+    options: BridgeOptions | None = None,
+    *,
+    name: str = "msb-kernels",
+    personal_labs: PersonalLabs | None = None,
 ) -> MCPServer:
-    """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown)."""
+    """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown).
+    ``personal_labs``: under JupyterHub, the notebook tools use each caller's own server (mcp_bridge.notebooks.hub)."""
     settings = settings or load_settings()
     options = options or BridgeOptions.from_settings(settings)
     with root_logging_left_alone():
         server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
     server.bridge = Bridge(sessions, settings, options)  # type: ignore[attr-defined]
+    server.bridge.personal_labs = personal_labs  # type: ignore[attr-defined]
     if settings.lab_url:
         server.bridge.notebooks = NotebookDocuments(LabServer(settings.lab_url, settings.lab_token))  # type: ignore[attr-defined]
     for entry in TOOLS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from msb_kernels.errors import ConfigError, MsbError
 from msb_kernels.identity.people import Person
@@ -56,6 +57,16 @@ class HubService:
         return cls(
             env["JUPYTERHUB_API_URL"], env["JUPYTERHUB_API_TOKEN"], name, prefix.rstrip("/") + "/", env.get("JUPYTERHUB_SERVICE_URL")
         )
+
+    @property
+    def public_origin(self) -> str | None:
+        """Where people reach the Hub's proxy (scheme://host:port), when JupyterHub was told (its public_url):
+        JUPYTERHUB_PUBLIC_URL is this service's public URL, prefix and all."""
+        public = os.environ.get("JUPYTERHUB_PUBLIC_URL")
+        if not public:
+            return None
+        parsed = urlparse(public)
+        return f"{parsed.scheme}://{parsed.netloc}" if parsed.scheme and parsed.netloc else None
 
     @property
     def access_scope(self) -> str:
