@@ -1,17 +1,21 @@
 """The MCP server over streamable HTTP, as an ASGI app the gateway mounts (at /mcp).
 
 Every request must carry ``Authorization: Bearer <token>`` and pass the Host and
-Origin checks (DNS-rebinding protection) before the MCP transport sees it.
+Origin checks (DNS-rebinding protection) before the MCP transport sees it. The token
+names a person (mcp_bridge.auth): the MCP session is theirs, and so is every tool call
+on it. A request without a valid token is answered 401 with ``WWW-Authenticate`` that
+points at the RFC 9728 protected-resource metadata, where the gateway serves it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 from typing import Any
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import TokenVerifier
 from mcp.server.streamable_http import MCP_PROTOCOL_VERSION_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
@@ -19,12 +23,15 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from mcp_bridge.auth import single_token
+from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.server import build_server
 from mcp_bridge.sessions import KernelSessions
 from mcp_bridge.supervisor import bridge_of
 from msb_kernels.config import MsbSettings
-from msb_kernels.errors import ConfigError
+from msb_kernels.errors import ConfigError, MsbError
+from msb_kernels.identity.people import Person
 
 
 class McpHttpApp:
@@ -33,18 +40,19 @@ class McpHttpApp:
     def __init__(
         self,
         sessions: KernelSessions,
-        token: str,
+        verifier: TokenVerifier,
         allowed_hosts: list[str] | None,
         allowed_origins: list[str],
         settings: MsbSettings | None = None,
         options: BridgeOptions | None = None,
+        resource_metadata_path: str | None = None,
+        personal_labs: PersonalLabs | None = None,
     ):
-        if not token:
-            raise ConfigError("the MCP HTTP endpoint needs a token; set one (it is checked as `Authorization: Bearer <token>`)")
         self.sessions = sessions
-        self.server = build_server(sessions, settings, options)
+        self.server = build_server(sessions, settings, options, personal_labs=personal_labs)
         self.bridge = bridge_of(self.server)
-        self._expected = f"Bearer {token}".encode()
+        self.verifier = verifier
+        self.resource_metadata_path = resource_metadata_path  # where the host serves RFC 9728 metadata, from its root
         # allowed_hosts None: a server on every interface, reached by names it cannot know (a swarm's nodes). The Host
         # check guards against DNS rebinding of a local server's cookies or open endpoints; here every call carries
         # the token in a header, which a page of another origin cannot read or send, as jupyter_server's own
@@ -106,14 +114,21 @@ class McpHttpApp:
             await refusal(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        try:
+            access = await self.verifier.verify_token(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        except MsbError as exc:  # the token's issuer (JupyterHub) did not answer: nothing to do with this token
+            await _json(send, 503, {"error": {"type": type(exc).__name__, "message": exc.message, "suggestions": exc.suggestions}})
+            return
+        if access is None:
             await _json(
                 send,
                 401,
                 {"error": {"type": "Unauthorized", "message": "a valid `Authorization: Bearer <token>` header is required"}},
-                [(b"www-authenticate", b'Bearer realm="msb-kernels"')],
+                [(b"www-authenticate", self._challenge(scope, headers))],
             )
             return
+        scope = {**scope, "user": AuthenticatedUser(access)}  # the SDK binds the MCP session to this principal
         await self.start()
         manager = self.manager
         if scope["method"] == "POST" and _single_exchange(headers):
@@ -121,6 +136,15 @@ class McpHttpApp:
             if body is not None and not _asks_for_progress(body):
                 manager = self.unstreamed
         await manager.handle_request(scope, receive, send)
+
+    def _challenge(self, scope: Scope, headers: dict[bytes, bytes]) -> bytes:
+        """RFC 6750's challenge, with RFC 9728's resource_metadata where the host serves that document."""
+        challenge = 'Bearer realm="msb-kernels", error="invalid_token"'
+        if self.resource_metadata_path:
+            host = headers.get(b"x-forwarded-host", headers.get(b"host", b"")).decode("latin-1")
+            proto = headers.get(b"x-forwarded-proto", scope.get("scheme", "http").encode()).decode("latin-1")
+            challenge += f', resource_metadata="{proto}://{host}{self.resource_metadata_path}"'
+        return challenge.encode("latin-1")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -195,10 +219,12 @@ def asgi_app(
     settings: MsbSettings | None = None,
     options: BridgeOptions | None = None,
 ) -> Any:
-    """MCP streamable HTTP at the app's root path, behind a bearer token and Host/Origin checks.
+    """MCP streamable HTTP at the app's root path, behind one bearer token (one person) and Host/Origin checks.
 
     ``allowed_hosts`` are Host header values ("127.0.0.1:8888", or "localhost:*" for any port), None for any;
     ``allowed_origins`` are Origin values ("http://localhost:8888", "http://localhost:*").
     Requests without an Origin header (non-browser clients) pass the Origin check.
     """
-    return McpHttpApp(sessions, token, allowed_hosts, allowed_origins, settings, options)
+    if not token:
+        raise ConfigError("the MCP HTTP endpoint needs a token; set one (it is checked as `Authorization: Bearer <token>`)")
+    return McpHttpApp(sessions, single_token(token, Person("owner", admin=True)), allowed_hosts, allowed_origins, settings, options)

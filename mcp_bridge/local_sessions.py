@@ -267,6 +267,9 @@ class ManagedKernelSessions(KernelSessions):
             network=description.network if description is not None else None,
         )
 
+    async def check(self, session_id: str) -> None:
+        self._km(session_id)
+
     async def info(self, session_id: str) -> SessionInfo:
         self._km(session_id)
         return await self._describe(session_id, await self._notebook_paths())

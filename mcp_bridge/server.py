@@ -18,7 +18,9 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from pydantic import ValidationError
 
+from mcp_bridge.auth import calling_with, person_of_request
 from mcp_bridge.notebooks.documents import NotebookDocuments
+from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.notebooks.lab import LabServer
 from mcp_bridge.notebooks.tools import NOTEBOOK_INSTRUCTIONS
 from mcp_bridge.options import BridgeOptions
@@ -26,9 +28,11 @@ from mcp_bridge.rendering import error_result, validation_error
 from mcp_bridge.sessions import KernelSessions
 from mcp_bridge.supervisor import Bridge
 from mcp_bridge.tools import TOOLS, choices_json
+from msb_kernels import audit
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
 from msb_kernels.flavors import describe_flavors
+from msb_kernels.identity.people import acting_as
 from msb_kernels.metrics import MCP_CALLS
 
 log = logging.getLogger("mcp_bridge")
@@ -48,9 +52,19 @@ class BridgeServer(MCPServer):
     """MCPServer whose argument and internal errors come back as error results (see rendering.error_result)."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
-        result = await self._call_tool(name, arguments, context)
-        error = (getattr(result, "structured_content", None) or {}).get("error") if getattr(result, "is_error", False) else None
-        MCP_CALLS.labels(name if name in TOOL_NAMES else "unknown", (error or {}).get("type", "error") if error is not None else "ok").inc()
+        # The tool runs as the person whose token carried this call: the gateway's kernel manager then shows and
+        # touches only their kernels (msb_kernels.identity.people.may_see). Over stdio there is no request: the system.
+        request_context = getattr(context, "_request_context", None)
+        request = getattr(request_context, "request", None)
+        with acting_as(person_of_request(request), client_name(request_context, request)), calling_with(request):
+            result = await self._call_tool(name, arguments, context)
+            error = (getattr(result, "structured_content", None) or {}).get("error") if getattr(result, "is_error", False) else None
+            outcome = (error or {}).get("type", "error") if error is not None else "ok"
+            session = arguments.get("session_id") or (getattr(result, "structured_content", None) or {}).get("session_id")
+            audit.record(
+                "mcp_call", outcome, session if isinstance(session, str) else None, tool=name, **audit.code_fields(_code_of(arguments))
+            )
+        MCP_CALLS.labels(name if name in TOOL_NAMES else "unknown", outcome).inc()
         return result
 
     async def _call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
@@ -87,6 +101,21 @@ class BridgeServer(MCPServer):
             )
 
 
+def client_name(request_context: Any, request: Any) -> str:
+    """The MCP client by the name it gave at initialize (the audit trail's "client"), else its User-Agent."""
+    params = getattr(getattr(request_context, "session", None), "client_params", None)
+    info = getattr(params, "client_info", None)
+    if info is not None:
+        return f"mcp: {info.name} {info.version}"[:80]
+    agent = getattr(request, "headers", {}).get("user-agent") if request is not None else None
+    return f"mcp: {agent}"[:80] if agent else "mcp"
+
+
+def _code_of(arguments: dict[str, Any]) -> str | None:
+    code = arguments.get("code", arguments.get("command", arguments.get("source")))
+    return code if isinstance(code, str) else None
+
+
 @contextlib.contextmanager
 def root_logging_left_alone() -> Iterator[None]:
     """Undo what ``MCPServer()`` does to the root logger: ``logging.basicConfig(level=INFO)`` with a rich handler.
@@ -107,14 +136,21 @@ def root_logging_left_alone() -> Iterator[None]:
 
 
 def build_server(
-    sessions: KernelSessions, settings: MsbSettings | None = None, options: BridgeOptions | None = None, *, name: str = "msb-kernels"
+    sessions: KernelSessions,
+    settings: MsbSettings | None = None,
+    options: BridgeOptions | None = None,
+    *,
+    name: str = "msb-kernels",
+    personal_labs: PersonalLabs | None = None,
 ) -> MCPServer:
-    """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown)."""
+    """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown).
+    ``personal_labs``: under JupyterHub, the notebook tools use each caller's own server (mcp_bridge.notebooks.hub)."""
     settings = settings or load_settings()
     options = options or BridgeOptions.from_settings(settings)
     with root_logging_left_alone():
         server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
     server.bridge = Bridge(sessions, settings, options)  # type: ignore[attr-defined]
+    server.bridge.personal_labs = personal_labs  # type: ignore[attr-defined]
     if settings.lab_url:
         server.bridge.notebooks = NotebookDocuments(LabServer(settings.lab_url, settings.lab_token))  # type: ignore[attr-defined]
     for entry in TOOLS:

@@ -166,6 +166,10 @@ class KernelSessions(abc.ABC):
     async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
         """Start a kernel (env: what the session asked for, as a start request carries it); return its id once it answers."""
 
+    async def check(self, session_id: str) -> None:
+        """SessionNotFound unless the session exists for this caller (a person sees their own kernels only)."""
+        await self.info(session_id)
+
     @abc.abstractmethod
     async def info(self, session_id: str) -> SessionInfo:
         """Raise SessionNotFound for an id that is not a live kernel."""

@@ -19,6 +19,7 @@ from mcp_types import CallToolResult
 
 from mcp_bridge.executions import Execution
 from mcp_bridge.notebooks.documents import NotebookDocuments
+from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result
 from mcp_bridge.sessions import KernelConnection, KernelSessions, SessionInfo
@@ -58,6 +59,7 @@ class Bridge:
         self.states: dict[str, SessionState] = {}
         self.tasks: set[asyncio.Task] = set()
         self.notebooks: NotebookDocuments | None = None  # the notebook tools' documents, when MSB_LAB_URL is set
+        self.personal_labs: PersonalLabs | None = None  # under JupyterHub: each caller's own server instead
         sessions.forgotten.append(self.forget)
 
     def forget(self, session_id: str) -> None:
@@ -261,6 +263,8 @@ class Bridge:
                 await task
         if self.notebooks is not None:
             await self.notebooks.close()
+        if self.personal_labs is not None:
+            await self.personal_labs.close()
 
 
 def bridge_of(server_or_context: MCPServer | Context) -> Bridge:

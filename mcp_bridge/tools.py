@@ -39,6 +39,8 @@ from mcp_bridge.supervisor import Bridge, bridge_of
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import FLAVORS, describe_flavors
+from msb_kernels.identity.people import acting
+from msb_kernels.identity.volumes import has_own_directory
 from msb_kernels.templates import LANGUAGE_ALIASES, TEMPLATES, get_template
 
 LANGUAGE_CHOICES = ["python", "node", "javascript"]
@@ -190,10 +192,10 @@ async def get_execution_output(
     since: Annotated[int, Field(description="output_offset from the previous answer; 0 for all", ge=0)] = 0,
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
+    await bridge.sessions.check(session_id)  # SessionNotFound first: gone, or not the caller's
     state = bridge.states.get(session_id)
     execution = state.executions.get(execution_id) if state else None
     if execution is None:
-        await bridge.sessions.info(session_id)  # SessionNotFound first, when the session is gone
         raise InvalidRequest(
             f"session {session_id} has no execution {execution_id!r}: only the last {bridge.options.kept_executions} "
             "are kept, and none from before a restart of the server (the session and its variables outlive "
@@ -371,7 +373,15 @@ async def get_volume_path(
         await bridge.sessions.info(session_id)
     host = bridge.settings.shared_volume
     guest = bridge.settings.shared_volume_guest_path
-    if host is not None:
+    person = acting()
+    if host is not None and has_own_directory(person):
+        response = VolumePathResponse(
+            volume_path=guest,
+            available=True,
+            description=f"{person.name}'s own directory of the shared volume, mounted at {guest} in each of {person.name}'s "
+            f"sandboxes (host: {host / person.slug}); no other person's kernels see it",
+        )
+    elif host is not None:
         response = VolumePathResponse(
             volume_path=guest,
             available=True,

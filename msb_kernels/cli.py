@@ -15,6 +15,7 @@ from msb_kernels import slow_imports
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.cli import add_serve_parser
+from msb_kernels.identity.cli import add_users_parser
 
 DEFAULT_NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "hello.ipynb"
 
@@ -330,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docker-socket", default="/var/run/docker.sock", metavar="PATH", help="the engine's socket (a swarm manager's)")
     p.set_defaults(func=cmd_swarm_proxy)
     add_serve_parser(sub)
+    add_users_parser(sub)
     return parser
 
 

@@ -154,6 +154,23 @@ class MsbSettings(Configurable):
     token = Unicode(None, allow_none=True, help="Token clients send (Authorization: token ...); unset = generated and printed.").tag(
         config=True
     )
+    users_file = Unicode(
+        None,
+        allow_none=True,
+        help="A team's people without a JupyterHub: a JSON file of hashed tokens and admin flags, written by "
+        "`msb-kernels users add`; each person sees only their own kernels. Unset = the single token (one person).",
+    ).tag(config=True)
+    hub_auth_cache_seconds = Int(
+        30, help="Under JupyterHub: seconds a Hub token's check is remembered (a revoked token is refused after at most this)."
+    ).tag(config=True)
+    max_sessions_per_user = Int(
+        None, allow_none=True, help="Most kernels one person runs at once (admins too); unset = only MSB_MAX_SESSIONS."
+    ).tag(config=True)
+    user_memory_mib = Int(
+        None,
+        allow_none=True,
+        help="Memory (MiB) one person's kernels' flavors may add up to, their share of MSB_CAPACITY_MEMORY_MIB; unset = no share.",
+    ).tag(config=True)
     metrics_port = Int(
         None,
         allow_none=True,
@@ -315,6 +332,10 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "metrics_host": checks.check_host,
     "token": lambda v: "is empty, which would let anyone run code" if not v.strip() else None,
     "capacity_memory_mib": checks.at_least(1),
+    "users_file": checks.check_users_file,
+    "hub_auth_cache_seconds": lambda v: "is negative" if v < 0 else None,
+    "max_sessions_per_user": checks.at_least(1),
+    "user_memory_mib": checks.at_least(1),
     "capacity_cpus": checks.at_least(1),
     "cull_interval_seconds": checks.at_least(1),
     "pool_size": checks.check_pool_size,
@@ -363,6 +384,10 @@ _ACCEPTED: dict[str, str] = {
     "token": "set a long random secret, or leave it unset to have one generated",
     "capacity_memory_mib": "use a whole number of MiB >= 1, or leave it unset for the host's memory",
     "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for no CPU limit",
+    "users_file": "create it with `msb-kernels users add NAME --file PATH` (mode 0600), or leave it unset for the single token",
+    "hub_auth_cache_seconds": "use a whole number of seconds >= 0 (0 asks the Hub at every request)",
+    "max_sessions_per_user": "use a whole number >= 1, or leave it unset for no per-person limit",
+    "user_memory_mib": "use a whole number of MiB >= 1, or leave it unset for no per-person share",
     "cull_interval_seconds": "use a whole number of seconds >= 1",
     "cull_connected": "use true or false",
     "cull_busy": "use true or false",

@@ -37,6 +37,7 @@ from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
+from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, volume_for
 from msb_kernels.probe import backend_for_start
 from msb_kernels.registry import (
     adoptions,
@@ -55,7 +56,7 @@ log = logging.getLogger("msb_kernels")
 GUEST_CONNECTION_FILE = "connection.json"
 # Host variables a kernel may see; everything else from the host environment stays out.
 PASSED_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "JPY_SESSION_NAME", "TERM")
-NEVER_PASSED = ("JPY_PARENT_PID", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+NEVER_PASSED = ("JPY_PARENT_PID", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", VOLUME_OWNER_ENV)
 
 _swept_runtime_dirs: set[str] = set()
 # How long a start holds its turn at most while the kernel imports; past it the next start goes anyway.
@@ -358,7 +359,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
-        shared = self.settings.shared_volume
+        shared = volume_for(self.settings.shared_volume, kwargs.get("env") or {})  # its person's own directory of it
         env = self._guest_env(kwargs.get("env") or {}, argv[0])
         try:
             egress = await self._open_egress(env) if self.network.proxied else None

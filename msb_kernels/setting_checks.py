@@ -126,3 +126,15 @@ def check_key_file(value: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None if private else "is readable by other users"
+
+
+def check_users_file(value: str) -> str | None:
+    """MSB_USERS_FILE: a file only its owner reads and writes (its admin flags are powers); its content is read by
+    msb_kernels.identity.users_file, which names what is wrong inside."""
+    path = Path(value)
+    if not path.is_file():
+        return "does not exist" if not path.exists() else "is not a file"
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return f"has mode {mode:04o}, which lets other users read or change it (run chmod 600 {path})"
+    return None

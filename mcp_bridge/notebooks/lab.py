@@ -50,6 +50,11 @@ class LabServer:
         headers = {"Authorization": f"token {token}"} if token else {}
         self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
 
+    def use_token(self, token: str) -> None:
+        """A person's newer token for their own server (under JupyterHub, the one their MCP client sends now)."""
+        self.token = token
+        self.http.headers["Authorization"] = f"token {token}"
+
     async def close(self) -> None:
         await self.http.aclose()
 

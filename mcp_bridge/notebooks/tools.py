@@ -8,6 +8,7 @@ are written by the bridge's own task (mcp_bridge.notebooks.runs), not by the req
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 from mcp.server.mcpserver import Context
@@ -16,6 +17,7 @@ from pycrdt import Map
 from pydantic import Field
 
 from mcp_bridge.arguments import check_size, check_timeout
+from mcp_bridge.auth import caller_credentials
 from mcp_bridge.models import (
     CellInfo,
     ExecutionResponse,
@@ -34,7 +36,8 @@ from mcp_bridge.rendering import execution_result, model_result
 from mcp_bridge.sessions import SessionInfo
 from mcp_bridge.supervisor import Bridge, bridge_of
 from mcp_bridge.tools import Timeout, sessions_result, tool
-from msb_kernels.errors import InvalidRequest, SessionNotFound
+from msb_kernels.errors import InvalidRequest, MsbError, SessionNotFound
+from msb_kernels.identity.people import acting
 
 Notebook = Annotated[str, Field(description="the notebook's path in JupyterLab, e.g. 'project/analysis.ipynb'")]
 CellId = Annotated[str | None, Field(description="the cell's id (from read_notebook); stable while others edit")]
@@ -50,8 +53,19 @@ The person sees every change and output live; execute_cell returns 'running' wit
 
 
 def documents_of(bridge: Bridge) -> NotebookDocuments:
+    """The notebooks of the caller's JupyterLab: under JupyterHub their own server; else the one Lab at MSB_LAB_URL,
+    which is one person's, so only the single token's person and admins may edit it."""
+    person = acting()
+    if bridge.personal_labs is not None and person is not None:
+        token, origin = caller_credentials()
+        return bridge.personal_labs.documents(person, token, origin)
     if bridge.notebooks is None:
         raise no_lab()
+    if person is not None and not person.admin:
+        raise InvalidRequest(
+            f"the notebook tools here reach one JupyterLab (MSB_LAB_URL), which is not {person.name}'s",
+            ["run the gateway as a JupyterHub service: each person's assistant then works in their own JupyterLab"],
+        )
     return bridge.notebooks
 
 
@@ -374,8 +388,11 @@ async def list_files(
 async def list_kernels(ctx: Context) -> Annotated[CallToolResult, SessionListResponse]:
     bridge = bridge_of(ctx)
     infos = await bridge.sessions.list()
-    if bridge.notebooks is not None:  # the notebook as Lab names it, which the notebook tools take
-        paths = {s["kernel"]["id"]: s["path"] for s in await bridge.notebooks.lab.sessions() if s.get("kernel") and s.get("path")}
+    documents = None
+    with contextlib.suppress(MsbError):  # no Lab for this caller: the gateway's own notebook paths stand
+        documents = documents_of(bridge)
+    if documents is not None:  # the notebook as Lab names it, which the notebook tools take
+        paths = {s["kernel"]["id"]: s["path"] for s in await documents.lab.sessions() if s.get("kernel") and s.get("path")}
         for info in infos:
             info.notebook_path = paths.get(info.id, info.notebook_path)
     return sessions_result(bridge, infos)

@@ -41,6 +41,7 @@ import os
 import signal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from jupyter_core.application import JupyterApp
 from jupyter_server.serverapp import ServerApp
@@ -50,14 +51,13 @@ from msb_kernels import __version__
 from msb_kernels.backends import choose_backend
 from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError, MsbError
-from msb_kernels.gateway.handlers import (
-    PerSocketIdentityConnection,
-    TokenOnlyIdentityProvider,
-    gateway_handlers,
-    use_json_not_found,
-)
+from msb_kernels.gateway.handlers import PerSocketIdentityConnection, gateway_handlers, use_json_not_found
+from msb_kernels.gateway.identity import MsbAuthorizer, MsbIdentityProvider
 from msb_kernels.gateway.kernelspecs import MsbKernelSpecManager
 from msb_kernels.gateway.manager import MsbKernelManager
+from msb_kernels.gateway.sessions import MsbSessionManager
+from msb_kernels.identity.hub import HubService
+from msb_kernels.identity.tokens import Tokens
 
 # The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
 # variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.
@@ -93,16 +93,28 @@ class MsbGatewayApp(ServerApp):
 
     kernel_manager_class = MsbKernelManager
     kernel_spec_manager_class = MsbKernelSpecManager
-    identity_provider_class = TokenOnlyIdentityProvider
+    session_manager_class = MsbSessionManager
+    identity_provider_class = MsbIdentityProvider
+    authorizer_class = MsbAuthorizer
     kernel_websocket_connection_class = PerSocketIdentityConnection
+
+    hub_service: HubService | None = None  # JupyterHub's word on this process, when it runs as a Hub service
 
     @default("port")
     def _msb_port_default(self) -> int:
+        if self.hub_service and self.hub_service.url and "MSB_PORT" not in os.environ:
+            return urlparse(self.hub_service.url).port or self.msb_settings.port  # where the Hub's proxy sends requests
         return self.msb_settings.port
 
     @default("ip")
     def _msb_ip_default(self) -> str:
+        if self.hub_service and self.hub_service.url and "MSB_HOST" not in os.environ:
+            return urlparse(self.hub_service.url).hostname or self.msb_settings.host
         return self.msb_settings.host
+
+    @default("base_url")
+    def _msb_base_url_default(self) -> str:
+        return self.hub_service.prefix if self.hub_service else "/"  # behind the Hub's proxy at /services/<name>/
 
     @default("port_retries")
     def _msb_port_retries_default(self) -> int:
@@ -139,9 +151,13 @@ class MsbGatewayApp(ServerApp):
 
     def initialize(self, argv: list[str] | None = None, **kwargs: Any) -> None:
         self.msb_settings = load_settings(self.config)  # a bad MSB_* value fails here, naming the variable
+        self.hub_service = HubService.from_environment()
+        people = self.hub_service is not None or bool(self.msb_settings.users_file)
         self.runtime_dir_lock = hold_runtime_dir(self.msb_settings.runtime_root())
         if self.msb_settings.token and "token" not in self.config.IdentityProvider:
             self.config.IdentityProvider.token = self.msb_settings.token
+        elif people and "token" not in self.config.IdentityProvider and not os.environ.get("JUPYTER_TOKEN"):
+            self.config.IdentityProvider.token = ""  # every token is a person's; no generated admin token to leak in a log
         kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions
         super().initialize(argv, **kwargs)
         # Sandbox and pool messages go to this server's log, in its format and at its --log-level. traitlets leaves
@@ -152,15 +168,22 @@ class MsbGatewayApp(ServerApp):
         msb_log.handlers, msb_log.propagate = list(self.log.handlers), False
         for logger in (self.log, logging.getLogger("tornado"), msb_log):
             logger.setLevel(level)
-        if not self.identity_provider.token:
+        if not self.identity_provider.token and not people:
             raise ConfigError(
                 "the token is empty, which would let anyone run code here; "
                 "set MSB_TOKEN to a secret, or leave it unset to have one generated"
             )
+        self.identity_provider.tokens = Tokens(
+            self.identity_provider.token or None,
+            Path(self.msb_settings.users_file) if self.msb_settings.users_file else None,
+            self.hub_service,
+            self.msb_settings.hub_auth_cache_seconds,
+        )
         km = self.kernel_manager
         for name in ("capacity_memory_mib", "capacity_cpus", "cull_idle_timeout", "cull_interval", "cull_connected", "cull_busy"):
             getattr(km, name)  # read every MSB_* setting now, so a bad one stops the start, not the first kernel
         self.web_app.add_handlers(".*$", [(self.base_url.rstrip("/") + pattern, handler) for pattern, handler in gateway_handlers()])
+        self.web_app.settings["msb_hub_service"] = self.hub_service
         use_json_not_found(self.web_app)
         from msb_kernels.gateway.mcp import mount_mcp
         from msb_kernels.gateway.metrics import register, serve_metrics
@@ -240,12 +263,10 @@ class MsbGatewayApp(ServerApp):
 
     def banner(self) -> str:
         url = f"http://{self.ip if self.ip not in ('', '0.0.0.0') else '127.0.0.1'}:{self.port}{self.base_url.rstrip('/')}"
-        token = self.identity_provider.token
-        generated = self.identity_provider.token_generated
         lines = [
             f"msb-kernels serve: listening on {url}",
             self.backend_line(),
-            f"  token: {token}" if generated else "  token: the one set in MSB_TOKEN (or config)",
+            *self.people_lines(),
             "  clients send it as the header  Authorization: token <token>",
             f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
             f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
@@ -256,6 +277,19 @@ class MsbGatewayApp(ServerApp):
         if self.adopted:
             lines.insert(2, f"  adopted {len(self.adopted)} running kernel(s) from the previous msb-kernels serve")
         return "\n".join(lines)
+
+    def people_lines(self) -> list[str]:
+        """Who may use this gateway, and with which token: each person sees only the kernels they started."""
+        token, lines = self.identity_provider.token, []
+        if token:
+            lines.append(f"  token: {token}" if self.identity_provider.token_generated else "  token: the one set in MSB_TOKEN (or config)")
+        if self.msb_settings.users_file:
+            lines.append(f"  people: the users file {self.msb_settings.users_file} (`msb-kernels users add NAME` gives a token)")
+        if self.hub_service is not None:
+            lines.append(
+                f"  people: JupyterHub's tokens with the scope {self.hub_service.access_scope} (a person's server token, or one from /hub/token)"
+            )
+        return lines
 
     @property
     def keeps_kernels_at_stop(self) -> bool:
@@ -272,6 +306,7 @@ class MsbGatewayApp(ServerApp):
     async def _post_start(self) -> None:
         if self.msb_settings.backend == "auto":  # the start probe now, in the background, so no session waits for it
             self._probe_task = asyncio.ensure_future(self._probe_backend())
+        self.kernel_manager.initialize_culler()  # now, as the system: started by a request, its timer would act as that person
         self.kernel_manager.pool.fill()  # MSB_POOL_SIZE kernels start now, so the first sessions need not wait
         unavailable = self.kernel_manager.start_hibernation()
         if unavailable:

@@ -14,6 +14,7 @@ from msb_kernels.backends import get_backend
 from msb_kernels.errors import NoSuchKernelspec, ResourceLimitExceeded
 from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
 from msb_kernels.gateway.host import host_memory_mib
+from msb_kernels.identity.people import acting
 from msb_kernels.registry import check_session_limit
 
 CLUSTER_CAPACITY_MIB = 2**40  # no bound of this host's
@@ -98,6 +99,39 @@ class CapacityMixin:
             suggestions,
             limit=over[0][0],
         )
+
+    def check_share(self, flavor: Flavor) -> None:
+        """A person's fair share (MSB_MAX_SESSIONS_PER_USER, MSB_USER_MEMORY_MIB): checked before the host's limits and
+        counting only the caller's own kernels, so one person at their limit is refused while the others still start
+        at once. The refusal names the setting and the person's use; the system (the pool) has no share."""
+        person = acting()
+        if person is None:
+            return
+        settings = self.msb_settings
+        mine = [(kernel_id, a) for kernel_id, a in list(self.allocations.items()) if a.owner == person.name]
+        if settings.max_sessions_per_user is not None and len(mine) >= settings.max_sessions_per_user:
+            raise ResourceLimitExceeded(
+                f"{person.name} runs {len(mine)} of MSB_MAX_SESSIONS_PER_USER={settings.max_sessions_per_user} kernels",
+                [
+                    "stop one of your sessions you no longer need (DELETE /api/kernels/<id>, or the MCP stop_session)",
+                    "or ask the operator to raise MSB_MAX_SESSIONS_PER_USER",
+                ],
+                limit="max_sessions_per_user",
+            )
+        if settings.user_memory_mib is not None:
+            used = sum(a.flavor.memory_mib for kernel_id, a in mine if not self.is_hibernated(kernel_id))
+            if used + flavor.memory_mib > settings.user_memory_mib:
+                smaller = [f.name for f in FLAVORS.values() if used + f.memory_mib <= settings.user_memory_mib]
+                raise ResourceLimitExceeded(
+                    f"{person.name}'s kernels hold {used} MiB of MSB_USER_MEMORY_MIB={settings.user_memory_mib}; "
+                    f"a {flavor.name} kernel ({flavor.memory_mib} MiB) does not fit",
+                    [
+                        "stop one of your sessions you no longer need",
+                        *([f"pick a smaller flavor: {', '.join(smaller)}"] if smaller else []),
+                        "or ask the operator to raise MSB_USER_MEMORY_MIB",
+                    ],
+                    limit="user_memory",
+                )
 
     def flavor_for(self, kernel_name: str, env: dict[str, str]) -> tuple[Flavor, str]:
         """The flavor and template a start request gets: KERNEL_FLAVOR in its env, else the kernelspec's."""

@@ -18,21 +18,21 @@ import jupyter_server
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import json_packer
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
-from jupyter_server.auth.identity import IdentityProvider
-from jupyter_server.base.handlers import APIHandler, APIVersionHandler, Template404
-from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
+from jupyter_server.base.handlers import APIHandler, APIVersionHandler, PrometheusMetricsHandler, Template404
+from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1, serialize_msg_to_ws_v1
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
-from jupyter_server.services.kernels.handlers import MainKernelHandler, _kernel_id_regex
+from jupyter_server.services.kernels.handlers import KernelActionHandler, MainKernelHandler, _kernel_action_regex, _kernel_id_regex
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.services.sessions.handlers import SessionRootHandler
 from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from msb_kernels import __version__
+from msb_kernels import __version__, audit
 from msb_kernels.gateway.adoption import open_websockets
 from msb_kernels.gateway.errors import MsbHTTPError, msb_error_in
 from msb_kernels.gateway.records import start_env
+from msb_kernels.identity.people import Person, acting, acting_as, acting_client
 from msb_kernels.session_env import start_request_env
 
 
@@ -81,6 +81,18 @@ class MsbSessionRootHandler(MsbErrorsMixin, SessionRootHandler):
     pass
 
 
+class MsbKernelActionHandler(MsbErrorsMixin, KernelActionHandler):
+    """``POST /api/kernels/{id}/interrupt|restart``: jupyter_server's, but a kernel that does not exist for the caller
+    (gone, or another person's) is a 404, where jupyter_server answers a failed restart with a 500."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str, action: str) -> None:
+        if kernel_id not in self.kernel_manager:
+            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")
+        await super().post(kernel_id, action)
+
+
 class StatsHandler(MsbErrorsMixin, APIHandler):
     auth_resource = "kernels"
 
@@ -115,11 +127,42 @@ class JsonNotFoundHandler(APIHandler):
         raise web.HTTPError(404, f"no such endpoint: {self.request.path}")
 
 
-class TokenOnlyIdentityProvider(IdentityProvider):
-    """Token authentication only: no /login or /logout pages, and an empty token is refused."""
+class AdminMetricsHandler(PrometheusMetricsHandler):
+    """``GET /metrics``: jupyter_server's, for admins only (its sessions per person name every person)."""
 
-    def get_handlers(self) -> list:
-        return []
+    auth_resource = "metrics"
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        super().get()
+
+
+class ProtectedResourceHandler(APIHandler):
+    """RFC 9728 metadata for /mcp: what an MCP client reads after a 401 to learn which tokens this resource takes.
+
+    Served at ``<base_url>.well-known/oauth-protected-resource/mcp`` (the RFC's own place when the gateway is at /;
+    behind a Hub's proxy only the service's prefix reaches it, so the 401's ``resource_metadata`` names this path).
+    Under JupyterHub the Hub is the authorization server; it has no client registration and no RFC 8414 metadata,
+    so a client gets its token at /hub/token rather than through an OAuth flow. Elsewhere no authorization server
+    exists (the users file and the single token are handed out by the operator), which the SDK's
+    ProtectedResourceMetadata cannot say (it requires one), so the document is written here.
+    """
+
+    @allow_unauthenticated
+    def get(self) -> None:
+        base = f"{self.request.protocol}://{self.request.host}"
+        document: dict[str, Any] = {
+            "resource": base + url_path_join(self.base_url, "mcp"),
+            "bearer_methods_supported": ["header"],
+            "resource_name": "msb-kernels: sandboxed Jupyter kernels",
+        }
+        hub = self.settings.get("msb_hub_service")
+        if hub is not None:
+            document["authorization_servers"] = [base + "/hub/"]
+            document["scopes_supported"] = [hub.access_scope]
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(document))
 
 
 def use_json_not_found(web_app: web.Application) -> None:
@@ -148,6 +191,9 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
     requests reach the socket that asked.
     """
 
+    person: Person | None = None  # who opened this WebSocket (the audit trail's person for what it sends)
+    client: str | None = None
+
     def create_stream(self) -> None:
         identity = f"{self.session.session}-{uuid.uuid4().hex[:12]}".encode()
         for channel in ("iopub", "shell", "control", "stdin"):
@@ -172,6 +218,7 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
                 timers.append(handle)  # prepare's give_up, which closes over this connection
             return handle
 
+        self.person, self.client = acting(), acting_client()
         loop.add_timeout = add_timeout  # type: ignore[method-assign]
         try:
             # A hibernated kernel is restored before jupyter_server's nudge asks it for kernel_info (hibernation.py).
@@ -184,8 +231,13 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
                 loop.remove_timeout(handle)
 
     def handle_incoming_message(self, incoming_msg: str) -> None:
-        """jupyter_server's, after a wake of a hibernated kernel is under way: ZMQ holds the message until it runs."""
+        """jupyter_server's, after a wake of a hibernated kernel is under way: ZMQ holds the message until it runs.
+        An execute_request is a line of the audit trail, as the person who opened this WebSocket."""
         self.multi_kernel_manager.wake_soon(self.kernel_id)
+        code = executed_code(incoming_msg, self.subprotocol == "v1.kernel.websocket.jupyter.org")
+        if code is not None:
+            with acting_as(self.person, self.client):
+                audit.record("execute", "sent", self.kernel_id, **audit.code_fields(code))
         super().handle_incoming_message(incoming_msg)
 
     def follow_kernel(self) -> None:
@@ -220,6 +272,28 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
             self.write_message(json.dumps({**message, "channel": channel}, default=json_default))
 
 
+def executed_code(message: str | bytes, v1: bool) -> str | None:
+    """The code of a client's execute_request over the WebSocket (JSON, or the v1 binary framing); None for any
+    other message, or one that does not parse (jupyter_server then says why)."""
+    try:
+        if v1:
+            _, parts = deserialize_msg_from_ws_v1(message)
+            if json.loads(parts[0]).get("msg_type") != "execute_request":
+                return None
+            content = json.loads(parts[3])
+        else:
+            if '"execute_request"' not in (message if isinstance(message, str) else message.decode(errors="replace")):
+                return None  # most messages are not executions: skip the parse
+            parsed = json.loads(message)
+            if parsed.get("header", {}).get("msg_type") != "execute_request":
+                return None
+            content = parsed.get("content") or {}
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return None
+    code = content.get("code") if isinstance(content, dict) else None
+    return code if isinstance(code, str) else None
+
+
 class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):
     """Kernel channels with TCP_NODELAY: a reply is several small frames, and with Nagle's algorithm
     each one after the first waits for the client's delayed ACK (about 40 ms per execute)."""
@@ -243,7 +317,10 @@ def gateway_handlers() -> list[tuple[str, type]]:
         (r"/api/?", AuthenticatedVersionHandler),
         (r"/api/msb/health", HealthHandler),
         (r"/api/msb/stats", StatsHandler),
+        (r"/metrics", AdminMetricsHandler),
+        (r"/\.well-known/oauth-protected-resource/mcp", ProtectedResourceHandler),
         (r"/api/kernels", MsbMainKernelHandler),
         (r"/api/sessions", MsbSessionRootHandler),
+        (rf"/api/kernels/{_kernel_id_regex}/{_kernel_action_regex}", MsbKernelActionHandler),
         (rf"/api/kernels/{_kernel_id_regex}/channels", NoDelayKernelWebsocketHandler),
     ]

@@ -29,6 +29,7 @@ from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.records import sandbox_of
+from msb_kernels.identity.people import acting_as, may_see
 from msb_kernels.status import iso_utc
 
 log = logging.getLogger("msb_kernels")
@@ -168,7 +169,8 @@ class HibernationMixin:
         self._refused_at[kernel_id] = (getattr(km, "last_activity", None), reason)
         self.hibernation_counts["refused"] += 1
         metrics.HIBERNATIONS.labels("refused").inc()
-        self.hibernation_refusals.append({"id": kernel_id, "reason": reason, "at": time.time()})
+        owner = allocation.owner if (allocation := self.allocations.get(kernel_id)) is not None else None
+        self.hibernation_refusals.append({"id": kernel_id, "owner": owner, "reason": reason, "at": time.time()})
         self.log.warning("kernel %s stays awake: it cannot hibernate: %s", kernel_id, reason)
 
     def _touch(self, kernel_id: str) -> None:
@@ -227,7 +229,9 @@ class HibernationMixin:
                 )
             victim = min(idle)[1]
             tried.add(victim)
-            with contextlib.suppress(MsbError):  # refused or failed: said and counted there; the next one is tried
+            # refused or failed: said and counted there; the next one is tried. The victim is likely another
+            # person's kernel: the system puts it to sleep (and stops it, should its checkpoint end it).
+            with contextlib.suppress(MsbError), acting_as(None):
                 await self.hibernate_kernel(victim)
 
     def wake_soon(self, kernel_id: str) -> None:
@@ -253,11 +257,14 @@ class HibernationMixin:
         self._hibernation_locks.pop(kernel_id, None)
         self._refused_at.pop(kernel_id, None)
 
-    def hibernation_stats(self) -> dict:
+    def hibernation_stats(self, person: Any = None) -> dict:
+        """Counts for everyone; the recent refusals (which name kernels) only of kernels ``person`` may see."""
         hibernated = [kernel_id for kernel_id in list(self.allocations) if self.is_hibernated(kernel_id)]
         return {
             "after_seconds": self.hibernate_after,
             "hibernated_now": len(hibernated),
             **self.hibernation_counts,
-            "recent_refusals": [{**refusal, "at": iso_utc(refusal["at"])} for refusal in self.hibernation_refusals],
+            "recent_refusals": [
+                {**refusal, "at": iso_utc(refusal["at"])} for refusal in self.hibernation_refusals if may_see(person, refusal.get("owner"))
+            ],
         }

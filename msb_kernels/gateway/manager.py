@@ -15,6 +15,7 @@ The kernelspecs it offers are kernelspecs.py's: only sandboxed ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from typing import Any
@@ -24,10 +25,10 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
-from msb_kernels import metrics, registry
+from msb_kernels import audit, metrics, registry
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.config import load_settings
-from msb_kernels.errors import MsbError, SandboxError
+from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
 from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_executions, open_websockets
 from msb_kernels.gateway.capacity import CapacityMixin
@@ -36,6 +37,8 @@ from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
 from msb_kernels.gateway.records import Allocation, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
+from msb_kernels.identity.people import acting, may_see, set_acting
+from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, has_own_directory
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.session_env import requested_env
 from msb_kernels.status import iso_utc
@@ -86,27 +89,80 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
 
     # -- kernel lifecycle -----------------------------------------------------------
 
+    # -- ownership: the one check of who may see a kernel ------------------------------
+    # jupyter_server's handlers, the WebSocket, the session manager and the MCP bridge all find kernels through
+    # ``in`` (jupyter_server's _check_kernel_id answers 404 from it) and list_kernel_ids; so this is where a kernel
+    # that is not the caller's stops existing for them. The caller is msb_kernels.identity.people.acting().
+
+    async def cull_kernels(self) -> None:
+        """jupyter_server's culler, as the system: its timer runs on in the context of whichever request first
+        started a kernel, and culling looks at every kernel, not that person's."""
+        set_acting(None)
+        await super().cull_kernels()
+
+    def visible(self, kernel_id: str) -> bool:
+        """Whether the caller may see this kernel: the system and admins every one, a person their own."""
+        allocation = self.allocations.get(kernel_id)
+        return may_see(acting(), allocation.owner if allocation is not None else None)
+
+    def __contains__(self, kernel_id: object) -> bool:
+        return super().__contains__(kernel_id) and self.visible(str(kernel_id))
+
+    def list_kernel_ids(self) -> list[str]:
+        return [kernel_id for kernel_id in super().list_kernel_ids() if self.visible(kernel_id)]
+
+    def list_kernels(self) -> list[dict]:
+        """jupyter_server's, over the caller's kernels only (its own walks every id, and would count each other
+        person's kernel as a refused lookup)."""
+        models = []
+        for kernel_id in self.list_kernel_ids():
+            with contextlib.suppress(web.HTTPError, KeyError):
+                models.append(self.kernel_model(kernel_id))
+        return models
+
+    def _check_kernel_id(self, kernel_id: str) -> None:
+        """jupyter_server's 404 for a kernel that does not exist, and for one that is not the caller's, alike; the
+        second is a refusal the audit trail keeps."""
+        if kernel_id not in self:
+            if super().__contains__(kernel_id):
+                audit.record("refusal", "not the caller's kernel", kernel_id)
+            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")
+
     async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any) -> str:  # type: ignore[override]
         if kernel_id is not None and kernel_id in self:
             return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+        if kernel_id is not None and not may_see(acting(), None):
+            # A person names no kernel id: an id taken by another person must not be told apart from a free one.
+            raise InvalidRequest("kernel_id cannot be chosen here", ["leave kernel_id out: the gateway gives each new kernel its own id"])
         kernel_name = kwargs.pop("kernel_name", None) or self.default_kernel_name
         conventional = conventional_choice(kernel_name, self.msb_settings.default_flavor)
         if conventional is not None:  # python3 and its kind start the msb kernelspec they stand for (pool, stats, MCP)
             kernel_name = conventional.kernel_name
         env = kwargs.get("env") or {}
+        person = acting()
+        if self.msb_settings.shared_volume and has_own_directory(person):
+            env = kwargs["env"] = {**env, VOLUME_OWNER_ENV: person.slug}  # their own part of the shared volume
         began = time.monotonic()
         try:
             flavor, template = self.flavor_for(kernel_name, env)
+            self.check_share(flavor)  # the caller's own share first: a person at their limit costs the others nothing
             from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)
             if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
                 self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
         except MsbError as exc:
             metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
+            audit.record("start", f"refused: {metrics.start_failure_reason(exc)}", None, kernel_name=kernel_name, message=exc.message)
             raise
         pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
         kernel_id = pooled or kernel_id or self.new_kernel_id()
         allocation = Allocation(
-            kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None, env=requested_env(env)
+            kernel_id,
+            kernel_name,
+            flavor,
+            template,
+            notebook_path=env.get("JPY_SESSION_NAME") or None,
+            env=requested_env(env),
+            owner=person.name if person is not None else None,  # never a name the request asserts
         )
         self.allocations[kernel_id] = allocation
         try:
@@ -115,9 +171,11 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             self.record_for_adoption(started)
             backend = backend_of(sandbox_of(self._kernels.get(started)))
             metrics.KERNEL_STARTS.labels(flavor.name, backend, str(pooled is not None).lower()).observe(time.monotonic() - began)
+            audit.record("start", "ok", started, kernel_name=kernel_name, flavor=flavor.name, pooled=pooled is not None)
             return started
         except BaseException as exc:
             metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
+            audit.record("start", f"failed: {metrics.start_failure_reason(exc)}", kernel_id, kernel_name=kernel_name)
             self.allocations.pop(kernel_id, None)
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
             self._pending_kernels.pop(kernel_id, None)
@@ -156,6 +214,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
             how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
             metrics.KERNEL_STOPS.labels(how).inc()
+            audit.record("stop", how, kernel_id, owner=allocation.owner, reason=reason)
             self._count_oom(allocation, exit_reason)
         for listener in list(registry.kernel_removed_listeners):
             listener(kernel_id)
@@ -167,6 +226,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         self.stopped.append(
             {
                 "id": allocation.kernel_id,
+                "owner": allocation.owner,
                 "kernel_name": allocation.kernel_name,
                 "flavor": allocation.flavor.name,
                 "template": allocation.template,
@@ -184,14 +244,17 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             metrics.OOM_KILLS.labels(allocation.flavor.name).inc()
 
     async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
+        self._check_kernel_id(kernel_id)  # 404 for a kernel that is not the caller's, before anything is counted
         metrics.KERNEL_RESTARTS.labels("requested").inc()
         # A hibernated kernel is not woken to be told to shut down: its image is deleted, and a fresh kernel starts.
         await super().restart_kernel(kernel_id, now=now or self.is_hibernated(kernel_id))
 
     async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+        self._check_kernel_id(kernel_id)
         await super().shutdown_kernel(kernel_id, now=now or self.is_hibernated(kernel_id), restart=restart)
 
     async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
+        self._check_kernel_id(kernel_id)
         if self.is_hibernated(kernel_id):
             return  # nothing runs in it: there is nothing to interrupt, and no reason to wake it
         await super().interrupt_kernel(kernel_id)

@@ -39,6 +39,7 @@ class Allocation:
     created: float = field(default_factory=time.time)
     notebook_path: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # what its start request set (start_env), for an adopting gateway
+    owner: str | None = None  # the person who started it (msb_kernels.identity); None: the system's
 
 
 def describe(km: Any) -> SandboxDescription | None:

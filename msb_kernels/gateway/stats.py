@@ -11,6 +11,7 @@ from jupyter_server.utils import ensure_async
 from msb_kernels.flavors import FLAVORS
 from msb_kernels.gateway.host import gateway_process_stats, host_cpus
 from msb_kernels.gateway.records import describe
+from msb_kernels.identity.people import acting, may_see
 from msb_kernels.status import iso_utc, session_status
 
 
@@ -46,7 +47,10 @@ class StatsMixin:
         backend, backend_info = backend_stats(self.msb_settings)
         ports = port_stats(backend, backend_info)
         kernels = []
+        person = acting()
         for kernel_id, allocation in list(self.allocations.items()):
+            if not may_see(person, allocation.owner):
+                continue  # another person's: not even its id (the totals above count it, naming nobody)
             km = self._kernels.get(kernel_id)
             sandbox = described.sandbox if (described := describe(km)) else None
             info = sandbox.info() if sandbox is not None else {}
@@ -61,6 +65,7 @@ class StatsMixin:
             kernels.append(
                 {
                     "id": kernel_id,
+                    "owner": allocation.owner,
                     "kernel_name": allocation.kernel_name,
                     "flavor": allocation.flavor.name,
                     "template": allocation.template,
@@ -109,7 +114,7 @@ class StatsMixin:
                 "busy": self.cull_busy,
             },
             "pool": self.pool.stats(),
-            "hibernation": {**self.hibernation_stats(), "images_bytes": backend_info.get("hibernation_images_bytes")},
+            "hibernation": {**self.hibernation_stats(person), "images_bytes": backend_info.get("hibernation_images_bytes")},
             # Not sessions: the namespace backend's fork servers, one per Python environment (forkservers.py).
             "fork_servers": backend_info.get("fork_servers", []),
             # Not sessions either: the process that holds this runtime dir's kernels for adoption (keeper_program.py). A kill
@@ -119,7 +124,7 @@ class StatsMixin:
                 for pid, count in sorted(Counter(k["keeper_pid"] for k in kernels if k["keeper_pid"] is not None).items())
             ],
             "kernels": kernels,
-            "recently_stopped": list(self.stopped),
+            "recently_stopped": [stop for stop in self.stopped if may_see(person, stop.get("owner"))],
             "gateway": gateway_process_stats(),
         }
 

@@ -61,6 +61,10 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "metrics_host": ("127.0.0.2", "127.0.0.2"),
     "token": ("s3cret-token", "s3cret-token"),
     "capacity_memory_mib": ("8192", 8192),
+    "users_file": ("{tmp}/users.json", "{tmp}/users.json"),
+    "hub_auth_cache_seconds": ("5", 5),
+    "max_sessions_per_user": ("3", 3),
+    "user_memory_mib": ("4096", 4096),
     "capacity_cpus": ("6", 6),
     "cull_interval_seconds": ("5", 5),
     "cull_connected": ("1", True),
@@ -121,6 +125,10 @@ BAD_VALUES: dict[str, str] = {
     "metrics_port": "0",
     "metrics_host": "a b",
     "capacity_memory_mib": "0",
+    "users_file": "/etc/hostname-missing",
+    "hub_auth_cache_seconds": "-1",
+    "max_sessions_per_user": "0",
+    "user_memory_mib": "0",
     "capacity_cpus": "0",
     "cull_interval_seconds": "0",
     "cull_connected": "sometimes",
@@ -175,6 +183,8 @@ def test_environment_sets_every_setting(monkeypatch, tmp_path):
     (tmp_path / "secrets.json").write_text('{"TOKEN": {"value": "x", "hosts": ["api.example.com"]}}')
     (tmp_path / "hibernate.key").write_text("ab" * 32)
     (tmp_path / "hibernate.key").chmod(0o600)
+    (tmp_path / "users.json").write_text('{"users": {}}')
+    (tmp_path / "users.json").chmod(0o600)
     for name, (raw, _) in SAMPLES.items():
         if name not in EXCLUSIVE:
             monkeypatch.setenv(f"MSB_{name.upper()}", raw.format(tmp=tmp_path))

@@ -1,0 +1,325 @@
+"""A gateway a team shares through a users file: each person sees and touches only their own kernels.
+
+Real gateway, real kernels, real clients: REST, the kernel WebSocket, the MCP SDK's client over /mcp. Every refusal of
+another person's kernel answers as if it did not exist, and no answer names the other person or their kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from tornado.httpclient import HTTPClientError
+
+from tests.conftest import TEST_BASE, VENV_BIN
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, launch_gateway
+
+pytestmark = pytest.mark.slow
+
+
+def add_user(users_file: Path, name: str, admin: bool = False) -> str:
+    """`msb-kernels users add`, as an operator runs it; returns the token it prints once."""
+    out = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "users", "add", name, "--file", str(users_file), *(["--admin"] if admin else [])],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.splitlines()[0].rsplit(": ", 1)[1]
+
+
+class Team:
+    def __init__(self, gateway: Gateway, tokens: dict[str, str], users_file: Path):
+        self.gateway, self.tokens, self.users_file = gateway, tokens, users_file
+
+    async def rest(self, who: str, method: str, path: str, body=None):
+        return await self.gateway.request(method, path, body, token=self.tokens[who])
+
+
+@pytest.fixture(scope="module")
+async def team() -> AsyncIterator[Team]:
+    users_file = TEST_BASE / "team-users.json"
+    tokens = {name: add_user(users_file, name, admin=name == "ops") for name in ("alice", "bob", "ops")}
+    # No MSB_TOKEN: with a users file, every token is a person's.
+    shared = TEST_BASE / "team-shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # the sandbox user is not the host user
+    gateway = await launch_gateway(
+        extra_env={
+            "MSB_USERS_FILE": str(users_file),
+            "MSB_TOKEN": None,
+            "MSB_MAX_SESSIONS_PER_USER": "2",
+            "MSB_SHARED_VOLUME_PATH": str(shared),
+        }
+    )
+    gateway.token = tokens["alice"]
+    yield Team(gateway, tokens, users_file)
+    gateway.stop()
+
+
+@contextlib.asynccontextmanager
+async def mcp_as(team: Team, who: str | None, token: str | None = None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token or team.tokens[who]}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+        async with Client(streamable_http_client(team.gateway.url + "/mcp", http_client=http)) as client:
+            yield client
+
+
+def leaks(text: str, *secrets: str) -> list[str]:
+    return [s for s in secrets if s in text]
+
+
+async def test_another_persons_kernel_does_not_exist_for_them_on_any_route(team):
+    gw = team.gateway
+    started = await team.rest("alice", "POST", "/api/kernels", {"name": "msb-python-small", "env": {"KERNEL_USERNAME": "bob"}})
+    assert started.code == 201, started.body
+    kernel = started.json["id"]
+    own = await KernelSocket.open(gw, kernel, token=team.tokens["alice"])
+    try:
+        assert (await own.execute("secret = 41; secret + 1")).result == "42"
+    finally:
+        own.close()
+
+    listed = await team.rest("bob", "GET", "/api/kernels")
+    assert listed.code == 200 and kernel not in {k["id"] for k in listed.json}
+    stats = await team.rest("bob", "GET", "/api/msb/stats")
+    assert kernel not in stats.body.decode() and "alice" not in stats.body.decode()
+    refusals = [
+        await team.rest("bob", "GET", f"/api/kernels/{kernel}"),
+        await team.rest("bob", "POST", f"/api/kernels/{kernel}/interrupt"),
+        await team.rest("bob", "POST", f"/api/kernels/{kernel}/restart"),
+        await team.rest("bob", "DELETE", f"/api/kernels/{kernel}"),
+    ]
+    guessed = await team.rest("bob", "GET", "/api/kernels/00000000-0000-0000-0000-000000000000")
+    for refusal in refusals:
+        assert refusal.code == guessed.code == 404, refusal.body
+        assert not leaks(refusal.body.decode(), "alice")
+    with pytest.raises(HTTPClientError) as refused:
+        await KernelSocket.open(gw, kernel, token=team.tokens["bob"])
+    assert refused.value.code == 404
+    # A kernel id chosen by the client could tell a taken id from a free one: a person cannot choose one.
+    chosen = await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-small", "kernel_id": kernel})
+    assert chosen.code == 400 and not leaks(chosen.body.decode(), "alice"), chosen.body
+
+    # The forged KERNEL_USERNAME did not make it bob's, and after all of that alice's kernel kept its state.
+    assert kernel in {k["id"] for k in (await team.rest("alice", "GET", "/api/kernels")).json}
+    again = await KernelSocket.open(gw, kernel, token=team.tokens["alice"])
+    try:
+        assert (await again.execute("secret")).result == "41"
+    finally:
+        again.close()
+    owners = {k["id"]: k["owner"] for k in (await team.rest("ops", "GET", "/api/msb/stats")).json["kernels"]}
+    assert owners[kernel] == "alice"  # the admin sees every kernel, and whose it is
+    assert (await team.rest("alice", "DELETE", f"/api/kernels/{kernel}")).code == 204
+
+
+async def test_sessions_of_another_person_are_skipped_not_deleted(team):
+    created = await team.rest(
+        "alice", "POST", "/api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": "msb-python-small"}}
+    )
+    assert created.code == 201, created.body
+    session = created.json["id"]
+    try:
+        bobs = await team.rest("bob", "GET", "/api/sessions")
+        assert bobs.code == 200 and session not in bobs.body.decode()
+        assert (await team.rest("bob", "GET", f"/api/sessions/{session}")).code == 404
+        assert (await team.rest("bob", "DELETE", f"/api/sessions/{session}")).code == 404
+        assert session in {s["id"] for s in (await team.rest("alice", "GET", "/api/sessions")).json}
+    finally:
+        await team.rest("alice", "DELETE", f"/api/sessions/{session}")
+
+
+async def test_tokens_nobody_issued_are_refused_and_metrics_are_for_admins(team):
+    for token in (None, "made-up", team.tokens["alice"][:-1]):
+        response = await team.gateway.request("GET", "/api/kernels", token=token)
+        assert response.code in (401, 403), (token, response.code)
+    assert (await team.rest("alice", "GET", "/metrics")).code == 403
+    metrics = await team.rest("ops", "GET", "/metrics")
+    assert metrics.code == 200
+    assert "msb_sessions_per_person" in metrics.body.decode()
+    # A person removed from the file is refused at once (the gateway rereads the file).
+    carol = add_user(team.users_file, "carol")
+    assert (await team.gateway.request("GET", "/api/kernels", token=carol)).code == 200
+    subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "users", "remove", "carol", "--file", str(team.users_file)], check=True, capture_output=True
+    )
+    assert (await team.gateway.request("GET", "/api/kernels", token=carol)).code == 403
+
+
+async def test_an_assistant_sees_and_touches_only_its_persons_sessions(team):
+    async with mcp_as(team, "alice") as alice:
+        started = await alice.call_tool("execute_code", {"code": "mine = 'alice-data'; 6 * 7"})
+        assert not started.is_error, started.content[0].text
+        session = started.structured_content["session_id"]
+        execution = started.structured_content.get("execution_id")
+    try:
+        async with mcp_as(team, "bob") as bob:
+            listed = await bob.call_tool("get_sessions", {})
+            assert session not in json.dumps(listed.structured_content)
+            for tool, arguments in (
+                ("execute_code", {"code": "mine", "session_id": session}),
+                ("execute_command", {"command": "id", "session_id": session}),
+                ("get_sessions", {"session_id": session}),
+                ("interrupt_session", {"session_id": session}),
+                ("restart_session", {"session_id": session}),
+                ("stop_session", {"session_id": session}),
+                ("get_execution_output", {"session_id": session, "execution_id": execution or "x"}),
+                ("download_file", {"session_id": session, "path": "/etc/hostname"}),
+            ):
+                refused = await bob.call_tool(tool, arguments)
+                assert refused.is_error, (tool, refused.content[0].text)
+                assert refused.structured_content["error"]["type"] == "SessionNotFound", (tool, refused.structured_content)
+                assert not leaks(json.dumps(refused.structured_content), "alice", "alice-data"), tool
+        async with mcp_as(team, "ops") as ops:  # an admin's assistant sees every person's sessions
+            assert session in json.dumps((await ops.call_tool("get_sessions", {})).structured_content)
+        async with mcp_as(team, "alice") as alice:
+            again = await alice.call_tool("execute_code", {"code": "mine", "session_id": session})
+            assert again.structured_content["results"][0]["data"]["text/plain"] == "'alice-data'"
+    finally:
+        await team.rest("alice", "DELETE", f"/api/kernels/{session}")
+
+
+async def test_an_mcp_session_is_bound_to_the_person_who_opened_it(team):
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    async with httpx2.AsyncClient(timeout=30) as http:
+        opened = await http.post(
+            team.gateway.url + "/mcp", json=initialize, headers={**headers, "Authorization": f"Bearer {team.tokens['alice']}"}
+        )
+        assert opened.status_code == 200, opened.text
+        mcp_session = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        hijack = await http.post(
+            team.gateway.url + "/mcp",
+            json=listing,
+            headers={
+                **headers,
+                "Authorization": f"Bearer {team.tokens['bob']}",
+                "mcp-session-id": mcp_session,
+                "mcp-protocol-version": "2025-06-18",
+            },
+        )
+        assert hijack.status_code == 404, hijack.text
+        anonymous = await http.post(team.gateway.url + "/mcp", json=initialize, headers=headers)
+        assert anonymous.status_code == 401
+        challenge = anonymous.headers["www-authenticate"]
+        assert challenge.startswith("Bearer ") and "resource_metadata=" in challenge
+        metadata_url = challenge.split('resource_metadata="', 1)[1].split('"', 1)[0]
+        metadata = (await http.get(metadata_url)).json()
+        assert metadata["resource"] == team.gateway.url + "/mcp" and metadata["bearer_methods_supported"] == ["header"]
+
+
+async def test_one_person_at_their_share_costs_the_others_nothing(team):
+    bobs = [(await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-small"})).json["id"] for _ in range(2)]
+    try:
+        refused = await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-small"})
+        assert refused.code == 429, refused.body
+        assert refused.json["limit"] == "max_sessions_per_user"
+        assert "bob runs 2 of MSB_MAX_SESSIONS_PER_USER=2" in refused.json["message"], refused.json
+        began = time.monotonic()
+        alices = await team.rest("alice", "POST", "/api/kernels", {"name": "msb-python-small"})
+        assert alices.code == 201, alices.body
+        assert time.monotonic() - began < 15  # started at once, as when bob had no kernel
+        await team.rest("alice", "DELETE", f"/api/kernels/{alices.json['id']}")
+    finally:
+        for kernel in bobs:
+            await team.rest("bob", "DELETE", f"/api/kernels/{kernel}")
+
+
+def audit_lines(gateway: Gateway) -> list[dict]:
+    return [json.loads(line.split(" audit ", 1)[1]) for line in gateway.log().splitlines() if " audit {" in line]
+
+
+async def test_the_audit_trail_has_a_line_per_start_execution_call_stop_and_refusal(team):
+    gw = team.gateway
+    kernel = (await team.rest("alice", "POST", "/api/kernels", {"name": "msb-python-small"})).json["id"]
+    socket = await KernelSocket.open(gw, kernel, token=team.tokens["alice"])
+    try:
+        assert (await socket.execute("password = 'hunter2'; len(password)")).result == "7"
+    finally:
+        socket.close()
+    assert (await team.rest("bob", "GET", f"/api/kernels/{kernel}")).code == 404
+    await gw.request("GET", "/api/kernels", token="not-a-token")
+    async with mcp_as(team, "alice") as alice:
+        await alice.call_tool("execute_code", {"code": "1 + 1", "session_id": kernel})
+    await team.rest("alice", "DELETE", f"/api/kernels/{kernel}")
+    lines = audit_lines(gw)
+    mine = [line for line in lines if line.get("kernel") == kernel]
+    events = {(line["event"], line["person"], line["outcome"]) for line in mine}
+    assert ("start", "alice", "ok") in events, mine
+    assert ("execute", "alice", "sent") in events, mine
+    assert ("refusal", "bob", "not the caller's kernel") in events, mine
+    assert ("mcp_call", "alice", "ok") in events, mine
+    assert ("stop", "alice", "shutdown") in events, mine
+    executed = next(line for line in mine if line["event"] == "execute")
+    assert executed["code_chars"] == len("password = 'hunter2'; len(password)") and len(executed["code_sha256"]) == 64
+    assert "hunter2" not in gw.log()  # the code is known by its digest only
+    assert any(line["event"] == "refusal" and line["outcome"] == "unknown token" for line in lines)
+    assert next(line for line in mine if line["event"] == "mcp_call")["client"].startswith("mcp: ")
+    assert all(set(line) >= {"ts", "event", "person", "kernel", "client", "outcome"} for line in lines)
+
+
+def test_a_users_file_others_can_read_is_refused_with_the_chmod_that_fixes_it(tmp_path):
+    users_file = tmp_path / "users.json"
+    add_user(users_file, "alice")
+    users_file.chmod(0o644)
+    result = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "serve", "--port", "1"],
+        env={**os.environ, "MSB_USERS_FILE": str(users_file), "MSB_RUNTIME_DIR": str(tmp_path / "rt")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert f"chmod 600 {users_file}" in result.stderr and "0644" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_each_person_has_their_own_directory_of_the_shared_volume(team):
+    shared = TEST_BASE / "team-shared"
+    async with mcp_as(team, "alice") as alice:
+        wrote = await alice.call_tool(
+            "execute_code", {"code": "open('/shared/notes.txt', 'w').write('alice-only'); import os; os.listdir('/shared')"}
+        )
+        assert not wrote.is_error, wrote.content[0].text
+        alice_session = wrote.structured_content["session_id"]
+        volume = await alice.call_tool("get_volume_path", {})
+        assert str(shared / "alice") in volume.structured_content["description"]
+    async with mcp_as(team, "bob") as bob:
+        looked = await bob.call_tool(
+            "execute_code",
+            {"code": "import os; sorted(os.listdir('/shared')), os.path.exists('/shared/../alice'), os.path.exists('/shared/notes.txt')"},
+        )
+        assert looked.structured_content["results"][0]["data"]["text/plain"] == "([], False, False)", looked.content[0].text
+        bob_session = looked.structured_content["session_id"]
+        assert str(shared / "bob") in (await bob.call_tool("get_volume_path", {})).structured_content["description"]
+    assert (shared / "alice" / "notes.txt").read_text() == "alice-only"
+    assert not (shared / "bob" / "notes.txt").exists()
+    for who, session in (("alice", alice_session), ("bob", bob_session)):
+        await team.rest(who, "DELETE", f"/api/kernels/{session}")
+
+
+def test_sessions_per_person_keep_a_bounded_label_set():
+    from types import SimpleNamespace
+
+    from msb_kernels.gateway.metrics import PEOPLE_LABELS, sessions_per_person
+
+    allocations = [SimpleNamespace(owner=f"person{i}") for i in range(300)] + [SimpleNamespace(owner="busy")] * 5
+    allocations.append(SimpleNamespace(owner=None))
+    samples = {sample.labels["person"]: sample.value for sample in sessions_per_person(allocations).samples}
+    assert len(samples) == PEOPLE_LABELS + 1 and samples["busy"] == 5 and sum(samples.values()) == 306
+    assert samples["(others)"] == 306 - sum(v for k, v in samples.items() if k != "(others)")

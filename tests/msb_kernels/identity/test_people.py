@@ -1,0 +1,66 @@
+"""Who may see a kernel, and the users file: the one rule and the one store, without a gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from msb_kernels.errors import ConfigError
+from msb_kernels.identity import users_file
+from msb_kernels.identity.people import Person, acting, acting_as, may_see
+from msb_kernels.identity.tokens import Tokens
+from msb_kernels.identity.users_file import Entry, new_token, token_digest
+
+
+def test_a_person_sees_their_own_kernels_an_admin_and_the_system_every_one():
+    alice, bob, ops = Person("alice"), Person("bob"), Person("ops", admin=True)
+    assert may_see(alice, "alice") and not may_see(alice, "bob") and not may_see(alice, None)
+    assert may_see(ops, "bob") and may_see(ops, None)
+    assert may_see(None, "bob")  # the system: the culler, the pool, adoption
+    with acting_as(bob):
+        assert acting() is bob
+        with acting_as(None):
+            assert acting() is None
+        assert acting() is bob
+    assert acting() is None
+
+
+def test_two_names_never_share_a_directory():
+    names = ["alice", "al/ice", "al%2Fice", "..", ".", "a b", "Alice"]
+    slugs = [Person(name).slug for name in names]
+    assert len(set(slugs)) == len(slugs)
+    assert all("/" not in slug and slug not in (".", "..") for slug in slugs)
+
+
+async def test_tokens_become_people_from_the_single_token_and_the_users_file(tmp_path):
+    path = tmp_path / "users.json"
+    alice_token, ops_token = new_token(), new_token()
+    users_file.write(path, {"alice": Entry("alice", token_digest(alice_token)), "ops": Entry("ops", token_digest(ops_token), admin=True)})
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert alice_token not in path.read_text()  # only the digest is kept
+    tokens = Tokens(single="one-token", users_file=path)
+    assert await tokens.person("one-token") == Person(tokens.single_person.name, admin=True, source="token")
+    assert await tokens.person(alice_token) == Person("alice", False, "users-file")
+    assert (await tokens.person(ops_token)).admin
+    assert await tokens.person("nobody's") is None and await tokens.person("") is None and await tokens.person(None) is None
+    # The file changes under a running gateway: the next request sees it.
+    users_file.write(path, {"ops": Entry("ops", token_digest(ops_token), admin=True)})
+    await asyncio.sleep(0.01)
+    assert await tokens.person(alice_token) is None
+
+
+def test_a_users_file_others_can_read_or_a_broken_one_is_refused_by_name(tmp_path):
+    path = tmp_path / "users.json"
+    path.write_text(json.dumps({"users": {}}))
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=f"chmod 600 {path}|0644"):
+        users_file.read(path)
+    path.chmod(0o600)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        users_file.read(path)
+    path.write_text(json.dumps({"users": {"alice": {"token_sha256": "short"}}}))
+    with pytest.raises(ConfigError, match="'alice' is malformed"):
+        users_file.read(path)
