@@ -7,8 +7,8 @@
 # (`<venv>/bin/msb-kernels serve`) and so are the single-user servers (`<venv>/bin/jupyterhub-singleuser`).
 # The proxy is configurable-http-proxy from npm (`npm install -g configurable-http-proxy`), found on PATH.
 #
-# The gateway's own settings (MSB_BACKEND, MSB_CAPACITY_MEMORY_MIB, ...) are set in the Hub's environment: every
-# MSB_* variable but these MSB_HUB_* ones passes to it. These knobs have defaults for a plain install:
+# The gateway's own settings (MSB_BACKEND, MSB_HUB_AUTH_CACHE_SECONDS, ...) are set in the Hub's environment: every
+# MSB_* variable but this config's own knobs below passes to it. The knobs have defaults for a plain install:
 #
 #   MSB_HUB_IP              address the Hub's proxy listens on                 JupyterHub's ("": every interface)
 #   MSB_HUB_PORT            the Hub's public port (the proxy's)                8000
@@ -40,7 +40,13 @@ SERVICE_SCOPE = f"access:services!service={SERVICE}"
 VENV_BIN = Path(sys.executable).parent  # the venv running this Hub, which msb-kernels is installed in
 
 
+# This config's own knobs (the table above), which stay with the Hub; the gateway's MSB_HUB_* settings pass on.
+KNOBS = {"IP", "PORT", "API_PORT", "PROXY_API_PORT", "GATEWAY_PORT", "GATEWAY_URL", "STATE_DIR", "AUTHENTICATOR"}
+KNOBS |= {"PASSWORD", "ALLOWED_USERS", "ADMIN_USERS", "SPAWNER", "ALLOW_ROOT"}
+
+
 def knob(name: str, default: str = "") -> str:
+    assert name in KNOBS, name
     return os.environ.get(f"MSB_HUB_{name}", default)
 
 
@@ -69,7 +75,9 @@ gateway_port = int(knob("GATEWAY_PORT", "8765"))
 # kernelspecs (the Jupyter path variables). Nothing else of the Hub's (its proxy token above all) reaches it.
 passed = ("LANG", "LC_ALL", "JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_PLATFORM_DIRS")
 gateway_env = {
-    name: value for name, value in os.environ.items() if name in passed or (name.startswith("MSB_") and not name.startswith("MSB_HUB_"))
+    name: value
+    for name, value in os.environ.items()
+    if name in passed or (name.startswith("MSB_") and name.removeprefix("MSB_HUB_") not in KNOBS)
 }
 c.JupyterHub.services = [
     {
