@@ -9,7 +9,7 @@ loads the deploy config first: the proxy's path, and an admin service whose toke
 API::
 
     launch_hub(users=..., admins=(), env=None, extra_config="") -> Hub
-    Hub .url .token (admin) .gateway_url .log() .gateway_log()
+    Hub .url .token (admin) .gateway_url .runtime_dir (the gateway's) .log() (the gateway's too)
         .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
         .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
         .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin
@@ -58,19 +58,16 @@ class UserServer(HttpServer):
 class Hub(HttpServer):
     """A running JupyterHub; ``token`` is its admin service's."""
 
-    def __init__(self, *args: Any, state_dir: Path, gateway_port: int):
+    def __init__(self, *args: Any, state_dir: Path, gateway_port: int, runtime_dir: Path):
         super().__init__(*args)
         self.state_dir = state_dir
+        self.runtime_dir = runtime_dir  # the gateway's MSB_RUNTIME_DIR
         self.gateway_port = gateway_port
         self.tokens: dict[str, str] = {}  # user -> a token of theirs the harness made (admin-made, all their scopes)
 
     @property
     def gateway_url(self) -> str:
         return f"{self.url}/services/{SERVICE}"
-
-    def gateway_log(self) -> str:
-        """The Hub's log holds the gateway's too: a managed service writes to the Hub's stdout and stderr."""
-        return self.log()
 
     async def api(self, method: str, path: str, body: Any = None, token: str | None = "default", **kwargs: Any) -> Response:
         return await self.request(method, f"/hub/api/{path.lstrip('/')}", body, token=token, **kwargs)
@@ -173,6 +170,7 @@ async def launch_hub(
     state_dir.mkdir(parents=True)
     port, gateway_port = free_port(), free_port()
     token = secrets.token_hex(24)
+    runtime_dir = Path(TEST_BASE) / f"h{port}"  # short: ipc socket paths must fit in 107 bytes
     overlay = state_dir / "jupyterhub_config.py"
     overlay.write_text(_OVERLAY.format(deploy=str(DEPLOY_CONFIG), chp=str(CHP), admin=ADMIN_SERVICE, token=token, extra=extra_config))
     env = {
@@ -189,8 +187,7 @@ async def launch_hub(
         "MSB_HUB_ADMIN_USERS": ",".join(admins),
         "MSB_HUB_SPAWNER": "simple",
         "MSB_HUB_ALLOW_ROOT": "1" if os.geteuid() == 0 else "",
-        # The gateway's own: a runtime dir of its own, short for ipc socket paths (107 bytes).
-        "MSB_RUNTIME_DIR": str(Path(TEST_BASE) / f"h{port}"),
+        "MSB_RUNTIME_DIR": str(runtime_dir),
         **(env or {}),
     }
     log_path = state_dir / "jupyterhub.log"
@@ -203,7 +200,7 @@ async def launch_hub(
             stdin=subprocess.DEVNULL,
             cwd=state_dir,
         )
-    hub = Hub(port, token, process, log_path, state_dir=state_dir, gateway_port=gateway_port)
+    hub = Hub(port, token, process, log_path, state_dir=state_dir, gateway_port=gateway_port, runtime_dir=runtime_dir)
     try:
         await _wait_until_up(hub)
     except BaseException:

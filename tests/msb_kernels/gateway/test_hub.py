@@ -22,7 +22,7 @@ from tornado.httpclient import HTTPClientError
 from mcp_bridge import jupyter_ws
 from tests.hub import Hub, UserServer, launch_hub
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, screenshot_on_failure  # noqa: F401 (browser is a fixture)
-from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, wait_until
+from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, sandbox_records, wait_until
 from tests.skips import needs_hub
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), needs_hub]
@@ -36,6 +36,8 @@ async def hub() -> AsyncIterator[Hub]:
     server = await launch_hub(users=USERS, env={"MSB_HUB_AUTH_CACHE_SECONDS": str(CACHE_SECONDS)})
     yield server
     server.stop()
+    # The Hub stopped its managed gateway cleanly: every sandbox went with it.
+    assert not sandbox_records(server.runtime_dir), sandbox_records(server.runtime_dir)
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +202,28 @@ async def test_a_deleted_users_token_is_refused(hub: Hub, shared: dict) -> None:
     await assert_refused(hub, token, kernel, "alice", "carol")
 
 
-def test_the_deploy_configs_allowed_envs_are_the_gateways() -> None:
-    """The config names them without importing the gateway (the Hub would load jupyter_server for one tuple)."""
+def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Read as JupyterHub reads it, with no Hub: the gateway gets its MSB_* settings (its MSB_HUB_AUTH_CACHE_SECONDS
+    included) and none of the config's own knobs (the shared password above all); each server gets its own token."""
+    from traitlets.config.loader import PyFileConfigLoader
+
     from msb_kernels.gateway.app import JUPYTERLAB_ALLOWED_ENVS
+    from tests.conftest import VENV_BIN
     from tests.hub import DEPLOY_CONFIG
 
-    assert f'"JUPYTER_GATEWAY_ALLOWED_ENVS": "{",".join(JUPYTERLAB_ALLOWED_ENVS)}"' in DEPLOY_CONFIG.read_text()
+    for name, value in {"MSB_HUB_STATE_DIR": str(tmp_path), "MSB_HUB_PASSWORD": "pw", "MSB_HUB_AUTH_CACHE_SECONDS": "7"}.items():
+        monkeypatch.setenv(name, value)
+    config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
+    (service,) = config.JupyterHub.services
+    assert service["command"] == [str(VENV_BIN / "msb-kernels"), "serve"] and service["url"] == "http://127.0.0.1:8765"
+    assert service["environment"]["MSB_HUB_AUTH_CACHE_SECONDS"] == "7"
+    assert not [name for name in service["environment"] if name in ("MSB_HUB_PASSWORD", "MSB_HUB_STATE_DIR")]
+    assert "access:services!service=msb-kernels" in config.Spawner.server_token_scopes
+    environment = config.Spawner.environment
+    assert environment["JUPYTER_GATEWAY_URL"] == "http://127.0.0.1:8765/services/msb-kernels/"
+    assert environment["JUPYTER_GATEWAY_ALLOWED_ENVS"] == ",".join(JUPYTERLAB_ALLOWED_ENVS)
+
+    class Spawner:
+        api_token = "the server's own"
+
+    assert environment["JUPYTER_GATEWAY_AUTH_TOKEN"](Spawner()) == "the server's own"
