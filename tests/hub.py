@@ -12,6 +12,7 @@ API::
     Hub .url .token (admin) .gateway_url .runtime_dir (the gateway's) .log() (the gateway's too)
         .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
         .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
+        .mcp(token) -> MCP SDK client                    the gateway's /mcp through the proxy, as token's person
         .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin
         .revoke(user, token)  .delete_user(user)
         .start_server(user) -> UserServer                POST .../server, then wait until it is ready
@@ -27,6 +28,7 @@ import secrets
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -74,6 +76,18 @@ class Hub(HttpServer):
 
     async def gateway(self, method: str, path: str, token: str | None, body: Any = None, **kwargs: Any) -> Response:
         return await self.request(method, f"/services/{SERVICE}/{path.lstrip('/')}", body, token=token, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def mcp(self, token: str | None) -> AsyncIterator[Any]:
+        """An MCP SDK client on the gateway's /mcp through the Hub's proxy, sending ``token`` as its person's."""
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx2.AsyncClient(headers=headers, timeout=SERVER_TIMEOUT) as http:
+            async with Client(streamable_http_client(f"{self.gateway_url}/mcp", http_client=http)) as client:
+                yield client
 
     async def token_for(self, user: str, scopes: list[str] | None = None, note: str = "msb-tests") -> str:
         """A new Hub API token of user's: all their scopes, or only ``scopes`` (a subset of theirs)."""
@@ -150,7 +164,7 @@ c.ConfigurableHTTPProxy.command = [{chp!r}]
 # A Lab does not stop on SIGINT (it asks on a terminal it lacks), and one that served a collaboration room may not
 # stop on SIGTERM either (tests/msb_kernels/gateway/conftest.JupyterServer): skip to the next signal sooner.
 c.Spawner.interrupt_timeout = 1
-c.Spawner.term_timeout = 5
+c.Spawner.term_timeout = 2
 c.JupyterHub.services.append({{"name": {admin!r}, "api_token": {token!r}, "display": False}})
 c.JupyterHub.load_roles.append(
     {{"name": "msb-tests-admin", "scopes": ["admin:users", "admin:servers", "tokens", "list:users"], "services": [{admin!r}]}}

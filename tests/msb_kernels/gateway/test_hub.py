@@ -10,6 +10,7 @@ The tests run in order and share one Hub: alice's kernel, made by the first, is 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,12 +29,12 @@ from tests.skips import needs_hub
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), needs_hub]
 
 CACHE_SECONDS = 2  # the gateway's Hub-token cache (MSB_HUB_AUTH_CACHE_SECONDS): short, so a revocation shows soon
-USERS = ("alice", "bob", "carol")  # carol is deleted by a test
+USERS = ("alice", "bob", "carol", "ada")  # carol is deleted by a test; ada is a Hub admin
 
 
 @pytest.fixture(scope="module")
 async def hub() -> AsyncIterator[Hub]:
-    server = await launch_hub(users=USERS, env={"MSB_HUB_AUTH_CACHE_SECONDS": str(CACHE_SECONDS)})
+    server = await launch_hub(users=USERS, admins=("ada",), env={"MSB_HUB_AUTH_CACHE_SECONDS": str(CACHE_SECONDS)})
     yield server
     server.stop()
     # The Hub stopped its managed gateway cleanly: every sandbox went with it.
@@ -154,6 +155,30 @@ async def test_bobs_token_reaches_none_of_alices_kernel_and_hers_still_runs(hub:
         assert (await alice.execute("x")).result == "41"
     finally:
         alice.close()
+
+
+async def test_bobs_assistant_cannot_reach_alices_kernel_and_hers_shares_it(hub: Hub, shared: dict) -> None:
+    """MCP through the Hub's proxy with each person's Hub token: a session id is a kernel id, so alice's assistant
+    runs in the kernel behind her notebook, and bob's cannot list or touch it."""
+    kernel = alices_kernel(shared)
+    async with hub.mcp(hub.tokens.get("bob") or await hub.token_for("bob")) as bob:
+        listed = await bob.call_tool("get_sessions", {})
+        assert kernel not in json.dumps(listed.structured_content)
+        for tool, arguments in (("execute_code", {"code": "x", "session_id": kernel}), ("interrupt_session", {"session_id": kernel})):
+            refused = await bob.call_tool(tool, arguments)
+            assert refused.is_error and refused.structured_content["error"]["type"] == "SessionNotFound", (tool, refused.content)
+            assert "alice" not in json.dumps(refused.structured_content), tool
+    async with hub.mcp(hub.tokens["alice"]) as alice:
+        ran = await alice.call_tool("execute_code", {"code": "x", "session_id": kernel})
+        assert ran.structured_content["results"][0]["data"]["text/plain"] == "41", ran.content
+
+
+async def test_a_hub_admin_sees_every_persons_kernel(hub: Hub, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    ada = await hub.token_for("ada")
+    listed = await hub.gateway("GET", "api/kernels", token=ada)
+    assert listed.code == 200 and kernel in {k["id"] for k in listed.json}, (listed.code, listed.body)
+    assert (await hub.gateway("GET", f"api/kernels/{kernel}", token=ada)).code == 200
 
 
 async def assert_refused(hub: Hub, token: str | None, kernel: str, *names: str) -> None:
