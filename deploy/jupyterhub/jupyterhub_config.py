@@ -12,8 +12,9 @@
 #
 #   MSB_HUB_IP              address the Hub's proxy listens on                 JupyterHub's ("": every interface)
 #   MSB_HUB_PORT            the Hub's public port (the proxy's)                8000
-#   MSB_HUB_PUBLIC_URL      where people reach the Hub (https://hub.example)   unset; the gateway's notebook tools then
-#                                                                              take it from each request
+#   MSB_HUB_PUBLIC_URL      where people reach the Hub (https://hub.example):  unset; the gateway's notebook tools then
+#                           the Hub's public_url, and the gateway's own        take it from each request
+#                           setting of that name, which it passes on
 #   MSB_HUB_API_PORT        the Hub's own port, for the proxy and services     8081
 #   MSB_HUB_PROXY_API_PORT  configurable-http-proxy's REST API port            8001
 #   MSB_HUB_GATEWAY_PORT    the port msb-kernels serve listens on (loopback)   8765
@@ -43,7 +44,7 @@ VENV_BIN = Path(sys.executable).parent  # the venv running this Hub, which msb-k
 
 
 # This config's own knobs (the table above), which stay with the Hub; the gateway's MSB_HUB_* settings pass on.
-KNOBS = {"IP", "PORT", "PUBLIC_URL", "API_PORT", "PROXY_API_PORT", "GATEWAY_PORT", "GATEWAY_URL", "STATE_DIR", "AUTHENTICATOR"}
+KNOBS = {"IP", "PORT", "API_PORT", "PROXY_API_PORT", "GATEWAY_PORT", "GATEWAY_URL", "STATE_DIR", "AUTHENTICATOR"}
 KNOBS |= {"PASSWORD", "ALLOWED_USERS", "ADMIN_USERS", "SPAWNER", "ALLOW_ROOT"}
 
 
@@ -67,9 +68,9 @@ c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
 if knob("IP"):
     c.JupyterHub.ip = knob("IP")
 c.JupyterHub.port = int(knob("PORT", "8000"))
-if knob("PUBLIC_URL"):
-    # Services see it as JUPYTERHUB_PUBLIC_URL: the gateway's notebook tools reach /user/<name>/ through it.
-    c.JupyterHub.public_url = knob("PUBLIC_URL")
+if os.environ.get("MSB_HUB_PUBLIC_URL"):
+    # A gateway setting too (it passes on, unlike the knobs): the notebook tools reach /user/<name>/ through it.
+    c.JupyterHub.public_url = os.environ["MSB_HUB_PUBLIC_URL"]
 c.JupyterHub.hub_ip = "127.0.0.1"  # the Hub's API is for the proxy, the gateway and local servers only
 c.JupyterHub.hub_port = int(knob("API_PORT", "8081"))
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{knob('PROXY_API_PORT', '8001')}"

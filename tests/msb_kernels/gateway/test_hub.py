@@ -236,12 +236,19 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
     from tests.conftest import VENV_BIN
     from tests.hub import DEPLOY_CONFIG
 
-    for name, value in {"MSB_HUB_STATE_DIR": str(tmp_path), "MSB_HUB_PASSWORD": "pw", "MSB_HUB_AUTH_CACHE_SECONDS": "7"}.items():
+    knobs = {
+        "MSB_HUB_STATE_DIR": str(tmp_path),
+        "MSB_HUB_PASSWORD": "pw",
+        "MSB_HUB_AUTH_CACHE_SECONDS": "7",
+        "MSB_HUB_PUBLIC_URL": "https://hub.example",
+    }
+    for name, value in knobs.items():
         monkeypatch.setenv(name, value)
     config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
     (service,) = config.JupyterHub.services
     assert service["command"] == [str(VENV_BIN / "msb-kernels"), "serve"] and service["url"] == "http://127.0.0.1:8765"
     assert service["environment"]["MSB_HUB_AUTH_CACHE_SECONDS"] == "7"
+    assert config.JupyterHub.public_url == service["environment"]["MSB_HUB_PUBLIC_URL"] == "https://hub.example"  # both read it
     assert not [name for name in service["environment"] if name in ("MSB_HUB_PASSWORD", "MSB_HUB_STATE_DIR")]
     assert "access:services!service=msb-kernels" in config.Spawner.server_token_scopes
     environment = config.Spawner.environment
