@@ -126,7 +126,12 @@ async def test_bobs_lab_shows_none_of_alices_kernels(hub: Hub, driver: Any, shar
     hub.login(driver, "bob")
     page = LabPage(driver, bob_server)
     page.open_lab()
-    assert not [item for item in page.running_items() if "(sandbox" in item or kernel in item]
+    page.new_notebook(PYTHON)  # so the panel has a kernel to show: his own, and only his
+    (own,) = [k["id"] for k in (await bob_server.request("GET", "/api/kernels")).json]
+    assert own != kernel
+    page.wait(lambda: [item for item in page.running_items() if "(sandbox" in item], "his kernel in Lab's running panel")
+    assert len([item for item in page.running_items() if "(sandbox" in item]) == 1, page.running_items()
+    await bob_server.request("DELETE", f"/api/kernels/{own}")
 
 
 async def test_bobs_token_reaches_none_of_alices_kernel_and_hers_still_runs(hub: Hub, shared: dict) -> None:
@@ -146,6 +151,15 @@ async def test_bobs_token_reaches_none_of_alices_kernel_and_hers_still_runs(hub:
         assert_as_if_absent(response, await hub.gateway(method, path.format(guess), token=bob), kernel, guess)
     socket = await channels_refusal(hub, kernel, bob)
     assert_as_if_absent(socket, await channels_refusal(hub, guess, bob), kernel, guess)
+
+    # A start that names alice (as Lab names its own user) is still bob's: she does not see it, he does.
+    forged = await hub.gateway("POST", "api/kernels", bob, {"name": "msb-python-small", "env": {"KERNEL_USERNAME": "alice"}})
+    assert forged.code == 201, (forged.code, forged.body)
+    try:
+        assert forged.json["id"] not in {k["id"] for k in (await hub.gateway("GET", "api/kernels", token=hub.tokens["alice"])).json}
+        assert forged.json["id"] in {k["id"] for k in (await hub.gateway("GET", "api/kernels", token=bob)).json}
+    finally:
+        assert (await hub.gateway("DELETE", f"api/kernels/{forged.json['id']}", token=bob)).code == 204
 
     # Nothing bob tried touched it: her kernel runs her next cell with her variables.
     alice = KernelSocket(
