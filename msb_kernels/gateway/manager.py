@@ -26,6 +26,7 @@ from traitlets import default
 
 from msb_kernels import metrics, registry
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
+from msb_kernels.compat import MappingKernelManagerHooks, kernels_of, pending_starts_of, serve_starts_through, shutdown_all_now
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
@@ -43,7 +44,16 @@ from msb_kernels.status import iso_utc
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
 
 
-class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMixin, ActivityMixin, StatsMixin, AsyncMappingKernelManager):
+class MsbKernelManager(
+    CapacityMixin,
+    CullingMixin,
+    HibernationMixin,
+    AdoptionMixin,
+    ActivityMixin,
+    StatsMixin,
+    MappingKernelManagerHooks,
+    AsyncMappingKernelManager,
+):
     """jupyter_server's kernel manager, with sandbox limits and stats."""
 
     # jupyter_server's culling traits, with defaults from MSB_* variables.
@@ -71,7 +81,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         super().__init__(**kwargs)
         self.msb_settings = load_settings(self.config)
         # jupyter_server starts kernels through pinned_superclass._async_start_kernel: that is where the pool serves them.
-        self.pinned_superclass = PooledMultiKernelManager
+        serve_starts_through(self, PooledMultiKernelManager)
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
         self.allocations: dict[str, Allocation] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
@@ -113,14 +123,14 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
             self.record_for_adoption(started)
-            backend = backend_of(sandbox_of(self._kernels.get(started)))
+            backend = backend_of(sandbox_of(kernels_of(self).get(started)))
             metrics.KERNEL_STARTS.labels(flavor.name, backend, str(pooled is not None).lower()).observe(time.monotonic() - began)
             return started
         except BaseException as exc:
             metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
             self.allocations.pop(kernel_id, None)
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
-            self._pending_kernels.pop(kernel_id, None)
+            pending_starts_of(self).pop(kernel_id, None)
             await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
             self._record_stop(allocation, "error", f"start failed: {reason}")
@@ -134,7 +144,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
     async def shutdown_all(self, now: bool = True) -> None:  # type: ignore[override]
         """At the gateway's stop, every sandbox is killed at once: it is thrown away with whatever it held, so asking
         each kernel to shut down first only adds shutdown_wait_time (5 s) per kernel that is busy or ignores the request."""
-        await self._async_shutdown_all(now=now)
+        await shutdown_all_now(self, now=now)
 
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
@@ -200,9 +210,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         """How many entries each structure the gateway keeps holds now: each is bounded, or freed with its kernel
         (issue 28's soak reads these beside the gateway's RSS)."""
         return {
-            "kernels": len(self._kernels),
+            "kernels": len(kernels_of(self)),
             "allocations": len(self.allocations),
-            "pending_kernels": len(self._pending_kernels),
+            "pending_kernels": len(pending_starts_of(self)),
             "recently_stopped": len(self.stopped),
             "stop_reasons": len(self._stop_reasons),
             "busy_files": len(self._busy_files),
@@ -221,7 +231,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
 
     def _kernel_moved(self, kernel_id: str) -> None:
         """A kernel now at another address (registry.kernel_moved_listeners): the activity watch and the open
-        WebSockets follow it at once; one that reconnects later finds its address changed (_get_changed_ports)."""
+        WebSockets follow it at once; one that reconnects later finds its address changed (changed_address)."""
         if kernel_id not in self:
             return
         self.stop_watching_activity(kernel_id)
@@ -229,9 +239,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         for connection in list(open_websockets.get(kernel_id, ())):
             connection.follow_kernel()
 
-    def _get_changed_ports(self, kernel_id: str) -> list | None:
+    def changed_address(self, kernel_id: str, changed: list | None) -> list | None:  # compat.MappingKernelManagerHooks
         """jupyter_server's test of whether a restart moved the kernel, which looks at ports only: the address counts too."""
-        changed = super()._get_changed_ports(kernel_id)
         km = self.get_kernel(kernel_id)
         if changed is None and self._addresses.setdefault(kernel_id, km.ip) != km.ip:
             changed = list(km.ports)
@@ -247,7 +256,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         allocation = self.allocations.get(kernel_id)
         if allocation is None:
             return
-        sandbox = sandbox_of(self._kernels.get(kernel_id))
+        sandbox = sandbox_of(kernels_of(self).get(kernel_id))
         reason = sandbox.exit_reason() if sandbox is not None else None
         metrics.KERNEL_RESTARTS.labels("died").inc()
         self._count_oom(allocation, reason)
