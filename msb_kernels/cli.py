@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import logging
 import os
 import sys
@@ -42,6 +41,8 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
 
+    from msb_kernels.compat import disarm_exit_cleanup
+
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(notebook, kernel_name=kernel, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
     started = time.monotonic()
@@ -54,7 +55,7 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
         return 1
     except (RuntimeError, TimeoutError, DeadKernelError) as exc:  # the kernel did not start, or died under a cell
         # nbclient left its exit hook armed on a kernel it has already cleaned up; it would print a traceback at exit.
-        atexit.unregister(client._cleanup_kernel)
+        disarm_exit_cleanup(client)
         _print_outputs(notebook)
         print(
             f"msb-kernels: the {kernel} kernel stopped before the notebook ran: {exc}; the warnings above give its last "

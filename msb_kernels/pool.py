@@ -24,6 +24,7 @@ from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 
 from msb_kernels import labroot, registry
 from msb_kernels.choice import KernelChoice
+from msb_kernels.compat import jupyter_client_shutdown_all, jupyter_client_start_kernel, kernels_of
 from msb_kernels.config import load_settings
 from msb_kernels.flavors import Flavor
 from msb_kernels.session_env import REQUESTED_NAMES, requested_names
@@ -221,7 +222,7 @@ async def start_from_pool(
         return await start(manager, kernel_name=kernel_name, **kwargs)
     if kwargs.get("env"):
         km.update_env(env=dict(kwargs["env"]))  # a restart then starts the kernel this request asked for
-    manager._kernels[km.kernel_id] = km
+    kernels_of(manager)[km.kernel_id] = km
     return km.kernel_id
 
 
@@ -230,14 +231,15 @@ class PooledMultiKernelManager(AsyncMultiKernelManager):
 
     pool: KernelPool | None = None
 
+    # The names jupyter_client's start_kernel and shutdown_all are, and jupyter_server calls (compat.serve_starts_through).
     async def _async_start_kernel(self, *, kernel_name: str | None = None, **kwargs: Any) -> str:
-        return await start_from_pool(self, self.pool, kernel_name, kwargs, AsyncMultiKernelManager._async_start_kernel)
+        return await start_from_pool(self, self.pool, kernel_name, kwargs, jupyter_client_start_kernel)
 
     start_kernel = _async_start_kernel  # type: ignore[assignment]
 
     async def _async_shutdown_all(self, now: bool = False) -> None:
         if self.pool is not None:
             await self.pool.shutdown()
-        await super()._async_shutdown_all(now=now)
+        await jupyter_client_shutdown_all(self, now=now)
 
     shutdown_all = _async_shutdown_all  # type: ignore[assignment]

@@ -33,6 +33,7 @@ from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backe
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import EgressRoute, SharedVolume
 from msb_kernels.backends.core.state import remove_state_dir
+from msb_kernels.compat import curve_capable, kernel_supports_curve, send_interrupt_request, transport_encryption_policy
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
 from msb_kernels.errors import InvalidRequest, SandboxError
@@ -120,9 +121,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if signum == signal.SIGINT and self.backend.interrupt_by_message:
             # jupyter_client's own way for interrupt_mode "message": its control socket, kept open until the kernel's
             # cleanup. A socket closed right after the send can lose it: an asyncio socket sends once it is writable.
-            km = self.parent
-            km._connect_control_socket()
-            km.session.send(km._control_socket, km.session.msg("interrupt_request", content={}))
+            send_interrupt_request(self.parent)
             return
         await self.sandbox.send_signal(signum)
 
@@ -238,13 +237,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         """CurveZMQ on the kernel's channels: always over tcp where the kernel can, else as km.transport_encryption says."""
         import zmq
 
-        if not hasattr(km, "curve_publickey") or not hasattr(km, "_kernel_supports_curve_encryption"):
+        if not curve_capable(km):
             return  # a jupyter_client without transport encryption
-        policy = km._transport_encryption_policy() if hasattr(km, "_transport_encryption_policy") else "disabled"
+        policy = transport_encryption_policy(km)
         wanted = policy in ("auto", "required") or self.backend.transport == "tcp"
-        supported = (
-            bool(zmq.has("curve")) and km._kernel_supports_curve_encryption() and await self.backend.supports_curve(self.template_spec.name)
-        )
+        supported = bool(zmq.has("curve")) and kernel_supports_curve(km) and await self.backend.supports_curve(self.template_spec.name)
         if wanted and supported:
             if km.curve_publickey is None:  # a restart keeps the keys, as it keeps the session key
                 km.curve_publickey, km.curve_secretkey = zmq.curve_keypair()

@@ -9,9 +9,9 @@ import hmac
 import json
 
 from jupyter_client.session import Session
-from jupyter_server._tz import utcnow
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from msb_kernels.compat import captured_ports_of, connection_counts_of, kernels_of, offline_buffers_of, open_activity_stream, utcnow
 from msb_kernels.gateway.adoption import BUSY_RECORD, RECORD_INTERVAL, BusyFile
 
 
@@ -32,7 +32,7 @@ class ActivityMixin:
                 stream.close()
             return
         super().start_buffering(kernel_id, session_key, channels)
-        held = getattr(self, "_kernel_buffers", {}).get(kernel_id)
+        held = offline_buffers_of(self).get(kernel_id)
         if not held or held.get("channels") is not channels:
             return  # jupyter_server's own buffer_offline_messages=False: nothing is kept
         size = 0
@@ -64,16 +64,16 @@ class ActivityMixin:
 
     def activity_sizes(self) -> dict[str, int]:
         """The offline buffers' entries and the connections counted per kernel (retained_sizes)."""
-        buffers = getattr(self, "_kernel_buffers", {})
+        buffers = offline_buffers_of(self)
         return {
             "offline_buffers": len(buffers),
             "offline_buffered_messages": sum(len(held.get("buffer", ())) for held in list(buffers.values())),
-            "kernel_connections": len(getattr(self, "_kernel_connections", {})),
-            "kernel_ports": len(getattr(self, "_kernel_ports", {})),
+            "kernel_connections": len(connection_counts_of(self)),
+            "kernel_ports": len(captured_ports_of(self)),
         }
 
     def _stop_dropped_buffering(self, kernel_id: str, held: dict) -> None:
-        if getattr(self, "_kernel_buffers", {}).get(kernel_id) is held:
+        if offline_buffers_of(self).get(kernel_id) is held:
             self.stop_buffering(kernel_id)
 
     def start_watching_activity(self, kernel_id: str) -> None:  # type: ignore[override]
@@ -86,10 +86,10 @@ class ActivityMixin:
         per MCP execute (of about 6). The signature is checked once, with the kernel's key, and only the frames needed
         are parsed. A message that fails the check is ignored and reported, where jupyter_server's watch stopped
         watching the kernel at it."""
-        kernel = self._kernels[kernel_id]
+        kernel = kernels_of(self)[kernel_id]
         kernel.reason = ""
         kernel.last_activity = utcnow()
-        kernel._activity_stream = kernel.connect_iopub()
+        stream = open_activity_stream(kernel)
         session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
         if self._record_callback is None:
             self._record_callback = PeriodicCallback(self._refresh_records, RECORD_INTERVAL * 1000)
@@ -139,4 +139,4 @@ class ActivityMixin:
                 elif state == "idle" and busy.request.get("msg_id") == parent.get("msg_id"):
                     busy.running(None)
 
-        kernel._activity_stream.on_recv(record_activity)
+        stream.on_recv(record_activity)

@@ -17,6 +17,7 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 from msb_kernels import metrics, registry
 from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
+from msb_kernels.compat import kernels_of
 from msb_kernels.errors import MsbError
 from msb_kernels.flavors import get_flavor
 from msb_kernels.gateway.records import Allocation, describe, start_env
@@ -55,7 +56,7 @@ class BusyFile:
 
 
 class AdoptionMixin:
-    """MsbKernelManager's adoption. Reads its msb_settings, allocations, _kernels and the files it keeps per kernel."""
+    """MsbKernelManager's adoption. Reads its msb_settings, allocations, kernels and the files it keeps per kernel."""
 
     @property
     def adopt_grace_seconds(self) -> int:
@@ -64,7 +65,7 @@ class AdoptionMixin:
 
     def _kept(self, kernel_id: str) -> tuple[Any, Path] | None:
         """The kernel manager and state dir of a kernel whose sandbox outlives this gateway, else None."""
-        km = self._kernels.get(kernel_id)
+        km = kernels_of(self).get(kernel_id)
         described = describe(km)
         if described is None or described.sandbox is None or not described.sandbox.kept:
             return None
@@ -173,7 +174,7 @@ class AdoptionMixin:
             )
         finally:
             registry.adoptions.pop(kernel_id, None)
-        km = self._kernels[kernel_id]
+        km = kernels_of(self)[kernel_id]
         if record.get("last_activity"):
             km.last_activity = datetime.fromtimestamp(record["last_activity"], timezone.utc)  # the culling clock goes on
         km.execution_state = "busy" if busy_with else "idle"
@@ -188,7 +189,7 @@ class AdoptionMixin:
         """The kernel was running request when the last gateway went: what it sent then, and its reply, reached no one.
         Once it has finished (a kernel_info reply comes after it), its clients get a note and an error reply, so
         the cell ends with the loss said rather than waiting for ever."""
-        km = self._kernels[kernel_id]
+        km = kernels_of(self)[kernel_id]
         client = km.client()
         client.start_channels()
         try:
@@ -207,7 +208,7 @@ class AdoptionMixin:
         """Send the lost-execution notes to the kernel's open WebSockets; kept until one is open to hear them."""
         connections = list(open_websockets.get(kernel_id, ()))
         requests = lost_executions.get(kernel_id)
-        km = self._kernels.get(kernel_id)
+        km = kernels_of(self).get(kernel_id)
         if not connections or not requests or km is None:
             return
         lost_executions.pop(kernel_id, None)

@@ -49,6 +49,7 @@ from traitlets import Bool, Integer, default
 
 from msb_kernels import __version__
 from msb_kernels.backends import choose_backend
+from msb_kernels.compat import ServerAppHooks
 from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError, MsbError
 from msb_kernels.gateway.handlers import PerSocketIdentityConnection, gateway_handlers, use_json_not_found
@@ -83,7 +84,7 @@ def hold_runtime_dir(root: Path) -> int:
     return fd
 
 
-class MsbGatewayApp(ServerApp):
+class MsbGatewayApp(ServerAppHooks, ServerApp):
     """jupyter_server with sandboxed kernels only, limits, stats and the MCP bridge."""
 
     name = "msb-kernels-serve"  # reads msb_kernels_serve_config.py, not a JupyterLab user's jupyter_server_config
@@ -223,10 +224,10 @@ class MsbGatewayApp(ServerApp):
 
     def init_signal(self) -> None:
         """SIGINT and SIGTERM both stop the server and every sandbox; no interactive confirmation."""
-        signal.signal(signal.SIGINT, self._signal_stop)
-        signal.signal(signal.SIGTERM, self._signal_stop)
+        signal.signal(signal.SIGINT, self.stop_on_signal)
+        signal.signal(signal.SIGTERM, self.stop_on_signal)
         if hasattr(signal, "SIGUSR1"):
-            signal.signal(signal.SIGUSR1, self._signal_info)
+            signal.signal(signal.SIGUSR1, self.info_on_signal)
 
     def sweep_orphans(self) -> list[str]:
         """What the last msb-kernels process left and this one did not adopt goes (pooled kernels, dead sandboxes)."""
@@ -303,7 +304,7 @@ class MsbGatewayApp(ServerApp):
         survives = f"; after a crash they wait {grace} s to be adopted" if grace > 0 else ""
         return f"  stop with Ctrl-C or SIGTERM: every sandbox is stopped{survives}"
 
-    async def _post_start(self) -> None:
+    async def after_start(self) -> None:  # compat.ServerAppHooks: before jupyter_server's _post_start
         if self.msb_settings.backend == "auto":  # the start probe now, in the background, so no session waits for it
             self._probe_task = asyncio.ensure_future(self._probe_backend())
         self.kernel_manager.initialize_culler()  # now, as the system: started by a request, its timer would act as that person
@@ -320,7 +321,6 @@ class MsbGatewayApp(ServerApp):
                 await self.mcp_lifespan.startup()
             except Exception as exc:
                 self.log.error("MCP bridge failed to start: %s", exc)
-        await super()._post_start()
 
     async def _probe_backend(self) -> None:
         """MSB_BACKEND=auto: which backend a kernel from the default kernelspec's interpreter starts in (msb_kernels.probe)."""
@@ -336,10 +336,9 @@ class MsbGatewayApp(ServerApp):
             return
         self.log.info("msb-kernels: kernels start in the %s backend (it passed its start probe)", backend.name)
 
-    async def _cleanup(self) -> None:
+    async def before_cleanup(self) -> None:  # compat.ServerAppHooks: before jupyter_server's _cleanup
         if getattr(self, "mcp_lifespan", None) is not None:
             await self.mcp_lifespan.shutdown()
-        await super()._cleanup()
 
     async def cleanup_kernels(self) -> None:
         """Stop every kernel and its sandbox; kill what does not stop in time. With MSB_KEEP_KERNELS the sessions'

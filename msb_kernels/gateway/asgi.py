@@ -24,6 +24,8 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from msb_kernels.compat import response_finished, set_current_user
+
 log = logging.getLogger("msb_kernels")
 
 AsgiApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -86,7 +88,7 @@ class AsgiHandler(APIHandler):
         self._started = False
 
     async def prepare(self) -> None:  # type: ignore[override]
-        self.current_user = self._jupyter_current_user = None
+        set_current_user(self, None)
         self.set_cors_headers()
 
     def check_origin(self, origin_to_satisfy_tornado: str = "") -> bool:
@@ -180,14 +182,14 @@ class AsgiHandler(APIHandler):
                 if message.get("more_body", False):
                     with contextlib.suppress(Exception):
                         await self.flush()
-                elif not self._finished:
+                elif not response_finished(self):
                     self.finish()
 
         try:
             await self.asgi_app(self._scope(), receive, send)
         finally:
             self._disconnected.set()
-        if not self._finished:
+        if not response_finished(self):
             if not self._started:
                 raise web.HTTPError(500, "the ASGI app sent no response")
             self.finish()

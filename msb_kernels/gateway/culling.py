@@ -3,32 +3,27 @@ and the reason a culled or dead kernel stopped kept for the stats."""
 
 from __future__ import annotations
 
-from tornado.ioloop import PeriodicCallback
+from msb_kernels.compat import kernels_of, start_culler
 
 
 class CullingMixin:
     """MsbKernelManager's culling. The culling traits' defaults (MSB_* variables) stay on the manager, where traitlets
     finds them."""
 
-    def _handle_kernel_died(self, kernel_id: str) -> None:
+    def kernel_died(self, kernel_id: str) -> None:  # compat.MappingKernelManagerHooks
         self._stop_reasons[kernel_id] = "died"
-        super()._handle_kernel_died(kernel_id)
 
     def initialize_culler(self) -> None:
         """Poll for idle kernels even when the default timeout is 0 (never): a kernelspec may set its own."""
-        if self.cull_idle_timeout > 0 or self._initialized_culler or self._culler_callback is not None:
+        if not start_culler(self):
             super().initialize_culler()
-            return
-        self._culler_callback = PeriodicCallback(self.cull_kernels, 1000 * self.cull_interval)
-        self._culler_callback.start()
-        self._initialized_culler = True
 
     def effective_cull_timeout(self, kernel_id: str) -> int:
-        kernel = self._kernels[kernel_id]
+        kernel = kernels_of(self)[kernel_id]
         return int(kernel.kernel_spec.metadata.get("cull_idle_timeout", self.cull_idle_timeout) or 0)
 
     async def cull_kernel_if_idle(self, kernel_id: str) -> None:
-        kernel = self._kernels.get(kernel_id)
+        kernel = kernels_of(self).get(kernel_id)
         if kernel is None:
             return
         if getattr(kernel, "execution_state", None) != "dead" and self.effective_cull_timeout(kernel_id) <= 0:

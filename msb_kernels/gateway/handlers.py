@@ -18,17 +18,17 @@ import jupyter_server
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import json_packer
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
-from jupyter_server.base.handlers import APIHandler, APIVersionHandler, PrometheusMetricsHandler, Template404
+from jupyter_server.base.handlers import APIHandler, APIVersionHandler, PrometheusMetricsHandler
 from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1, serialize_msg_to_ws_v1
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
-from jupyter_server.services.kernels.handlers import KernelActionHandler, MainKernelHandler, _kernel_action_regex, _kernel_id_regex
+from jupyter_server.services.kernels.handlers import KernelActionHandler, MainKernelHandler
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.services.sessions.handlers import SessionRootHandler
 from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
-from tornado.ioloop import IOLoop
 
 from msb_kernels import __version__, audit
+from msb_kernels.compat import KERNEL_ACTION_REGEX, KERNEL_ID_REGEX, dropped_give_up_timer, replace_not_found_handler, stop_ping
 from msb_kernels.gateway.adoption import open_websockets
 from msb_kernels.gateway.errors import MsbHTTPError, msb_error_in
 from msb_kernels.gateway.records import start_env
@@ -167,17 +167,7 @@ class ProtectedResourceHandler(APIHandler):
 
 def use_json_not_found(web_app: web.Application) -> None:
     """Swap jupyter_server's catch-all HTML 404 handler for the JSON one."""
-    for rule in web_app.wildcard_router.rules:
-        if rule.target is Template404:
-            rule.target = JsonNotFoundHandler
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
+    replace_not_found_handler(web_app, JsonNotFoundHandler)
 
 
 class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
@@ -209,26 +199,11 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
         under load, a minute of closed WebSockets with their sessions and requests, among which later objects land,
         so the allocator keeps their pages (bench/gateway_soak.py: RSS after ten runs +9.7% with the timer, +2.8%
         without)."""
-        loop = IOLoop.current()
-        original, timers = loop.add_timeout, []
-
-        def add_timeout(deadline: float, callback: Any, *args: Any, **kwargs: Any) -> object:
-            handle = original(deadline, callback, *args, **kwargs)
-            if any(cell.cell_contents is self for cell in getattr(callback, "__closure__", None) or () if _filled(cell)):
-                timers.append(handle)  # prepare's give_up, which closes over this connection
-            return handle
-
         self.person, self.client = acting(), acting_client()
-        loop.add_timeout = add_timeout  # type: ignore[method-assign]
-        try:
+        with dropped_give_up_timer(self):
             # A hibernated kernel is restored before jupyter_server's nudge asks it for kernel_info (hibernation.py).
             await self.multi_kernel_manager.wake_kernel(self.kernel_id)
             await super().prepare()
-        finally:
-            if loop.__dict__.get("add_timeout") is add_timeout:
-                del loop.add_timeout
-            for handle in timers:
-                loop.remove_timeout(handle)
 
     def handle_incoming_message(self, incoming_msg: str) -> None:
         """jupyter_server's, after a wake of a hibernated kernel is under way: ZMQ holds the message until it runs.
@@ -305,9 +280,7 @@ class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):
     def on_close(self) -> None:
         """jupyter_server stops its ping timer only at the next ping after the close (30 s on), and the timer holds this
         handler and its connection till then: stop it now, so that a closed WebSocket's memory goes with it."""
-        if self.ping_callback is not None:
-            self.ping_callback.stop()
-            self.ping_callback = None
+        stop_ping(self)
         super().on_close()
 
 
@@ -321,6 +294,6 @@ def gateway_handlers() -> list[tuple[str, type]]:
         (r"/\.well-known/oauth-protected-resource/mcp", ProtectedResourceHandler),
         (r"/api/kernels", MsbMainKernelHandler),
         (r"/api/sessions", MsbSessionRootHandler),
-        (rf"/api/kernels/{_kernel_id_regex}/{_kernel_action_regex}", MsbKernelActionHandler),
-        (rf"/api/kernels/{_kernel_id_regex}/channels", NoDelayKernelWebsocketHandler),
+        (rf"/api/kernels/{KERNEL_ID_REGEX}/{KERNEL_ACTION_REGEX}", MsbKernelActionHandler),
+        (rf"/api/kernels/{KERNEL_ID_REGEX}/channels", NoDelayKernelWebsocketHandler),
     ]

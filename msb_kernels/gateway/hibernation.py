@@ -22,11 +22,11 @@ import time
 from collections import deque
 from typing import Any
 
-from jupyter_server._tz import utcnow
 from tornado.ioloop import PeriodicCallback
 
 from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
+from msb_kernels.compat import kernels_of, utcnow
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.records import sandbox_of
 from msb_kernels.identity.people import acting_as, may_see
@@ -103,7 +103,7 @@ class HibernationMixin:
             self._hibernation_callback = None
 
     def _sandbox(self, kernel_id: str) -> Any:
-        return sandbox_of(self._kernels.get(kernel_id))
+        return sandbox_of(kernels_of(self).get(kernel_id))
 
     def is_hibernated(self, kernel_id: str) -> bool:
         sandbox = self._sandbox(kernel_id)
@@ -117,7 +117,7 @@ class HibernationMixin:
         whether or not a client is connected (it wakes when one sends something)."""
         now = time.time()
         for kernel_id in list(self.allocations):
-            km = self._kernels.get(kernel_id)
+            km = kernels_of(self).get(kernel_id)
             sandbox = self._sandbox(kernel_id)
             last = getattr(km, "last_activity", None)
             if km is None or sandbox is None or sandbox.hibernated or last is None:
@@ -133,7 +133,7 @@ class HibernationMixin:
 
     async def hibernate_kernel(self, kernel_id: str) -> int:
         """Checkpoint one kernel now; the image's bytes. HibernationRefused: it runs on; SandboxError: it is stopped."""
-        km = self._kernels.get(kernel_id)
+        km = kernels_of(self).get(kernel_id)
         sandbox = self._sandbox(kernel_id)
         if km is None or sandbox is None:
             raise HibernationRefused(f"kernel {kernel_id} has no sandbox to hibernate")
@@ -176,7 +176,7 @@ class HibernationMixin:
     def _touch(self, kernel_id: str) -> None:
         """A request is on its way: the kernel counts as active from now, so the look does not checkpoint it between the
         request's arrival and the busy status that the kernel sends when it starts on it (the request would be lost)."""
-        km = self._kernels.get(kernel_id)
+        km = kernels_of(self).get(kernel_id)
         if km is not None and getattr(km, "last_activity", None) is not None:
             km.last_activity = utcnow()
 
@@ -190,7 +190,7 @@ class HibernationMixin:
         async with self._lock(kernel_id):
             if not sandbox.hibernated:
                 return  # another request woke it while this one waited
-            km = self._kernels[kernel_id]
+            km = kernels_of(self)[kernel_id]
             began = time.monotonic()
             await self._make_room(kernel_id)
             try:
@@ -214,7 +214,7 @@ class HibernationMixin:
                 (km.last_activity, other)
                 for other in list(self.allocations)
                 if other not in tried
-                and (km := self._kernels.get(other)) is not None
+                and (km := kernels_of(self).get(other)) is not None
                 and getattr(km, "execution_state", None) == "idle"
                 and getattr(km, "last_activity", None) is not None
                 and not self.is_hibernated(other)

@@ -27,6 +27,7 @@ from traitlets import default
 
 from msb_kernels import audit, metrics, registry
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
+from msb_kernels.compat import MappingKernelManagerHooks, kernels_of, pending_starts_of, serve_starts_through, shutdown_all_now
 from msb_kernels.config import load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
@@ -46,7 +47,16 @@ from msb_kernels.status import iso_utc
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
 
 
-class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMixin, ActivityMixin, StatsMixin, AsyncMappingKernelManager):
+class MsbKernelManager(
+    CapacityMixin,
+    CullingMixin,
+    HibernationMixin,
+    AdoptionMixin,
+    ActivityMixin,
+    StatsMixin,
+    MappingKernelManagerHooks,
+    AsyncMappingKernelManager,
+):
     """jupyter_server's kernel manager, with sandbox limits and stats."""
 
     # jupyter_server's culling traits, with defaults from MSB_* variables.
@@ -74,7 +84,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         super().__init__(**kwargs)
         self.msb_settings = load_settings(self.config)
         # jupyter_server starts kernels through pinned_superclass._async_start_kernel: that is where the pool serves them.
-        self.pinned_superclass = PooledMultiKernelManager
+        serve_starts_through(self, PooledMultiKernelManager)
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
         self.allocations: dict[str, Allocation] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
@@ -120,13 +130,11 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
                 models.append(self.kernel_model(kernel_id))
         return models
 
-    def _check_kernel_id(self, kernel_id: str) -> None:
-        """jupyter_server's 404 for a kernel that does not exist, and for one that is not the caller's, alike; the
+    def kernel_not_found(self, kernel_id: str) -> None:
+        """jupyter_server answers 404 alike for a kernel that does not exist and for one that is not the caller's; the
         second is a refusal the audit trail keeps."""
-        if kernel_id not in self:
-            if super().__contains__(kernel_id):
-                audit.record("refusal", "not the caller's kernel", kernel_id)
-            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")
+        if kernel_id in kernels_of(self):
+            audit.record("refusal", "not the caller's kernel", kernel_id)
 
     async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any) -> str:  # type: ignore[override]
         if kernel_id is not None and kernel_id in self:
@@ -169,7 +177,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
             self.record_for_adoption(started)
-            backend = backend_of(sandbox_of(self._kernels.get(started)))
+            backend = backend_of(sandbox_of(kernels_of(self).get(started)))
             metrics.KERNEL_STARTS.labels(flavor.name, backend, str(pooled is not None).lower()).observe(time.monotonic() - began)
             audit.record("start", "ok", started, kernel_name=kernel_name, flavor=flavor.name, pooled=pooled is not None)
             return started
@@ -178,7 +186,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             audit.record("start", f"failed: {metrics.start_failure_reason(exc)}", kernel_id, kernel_name=kernel_name)
             self.allocations.pop(kernel_id, None)
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
-            self._pending_kernels.pop(kernel_id, None)
+            pending_starts_of(self).pop(kernel_id, None)
             await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
             self._record_stop(allocation, "error", f"start failed: {reason}")
@@ -192,7 +200,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
     async def shutdown_all(self, now: bool = True) -> None:  # type: ignore[override]
         """At the gateway's stop, every sandbox is killed at once: it is thrown away with whatever it held, so asking
         each kernel to shut down first only adds shutdown_wait_time (5 s) per kernel that is busy or ignores the request."""
-        await self._async_shutdown_all(now=now)
+        await shutdown_all_now(self, now=now)
 
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
@@ -244,17 +252,17 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             metrics.OOM_KILLS.labels(allocation.flavor.name).inc()
 
     async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
-        self._check_kernel_id(kernel_id)  # 404 for a kernel that is not the caller's, before anything is counted
+        self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's, before anything is counted
         metrics.KERNEL_RESTARTS.labels("requested").inc()
         # A hibernated kernel is not woken to be told to shut down: its image is deleted, and a fresh kernel starts.
         await super().restart_kernel(kernel_id, now=now or self.is_hibernated(kernel_id))
 
     async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
-        self._check_kernel_id(kernel_id)
+        self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's
         await super().shutdown_kernel(kernel_id, now=now or self.is_hibernated(kernel_id), restart=restart)
 
     async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
-        self._check_kernel_id(kernel_id)
+        self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's
         if self.is_hibernated(kernel_id):
             return  # nothing runs in it: there is nothing to interrupt, and no reason to wake it
         await super().interrupt_kernel(kernel_id)
@@ -263,9 +271,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         """How many entries each structure the gateway keeps holds now: each is bounded, or freed with its kernel
         (issue 28's soak reads these beside the gateway's RSS)."""
         return {
-            "kernels": len(self._kernels),
+            "kernels": len(kernels_of(self)),
             "allocations": len(self.allocations),
-            "pending_kernels": len(self._pending_kernels),
+            "pending_kernels": len(pending_starts_of(self)),
             "recently_stopped": len(self.stopped),
             "stop_reasons": len(self._stop_reasons),
             "busy_files": len(self._busy_files),
@@ -284,7 +292,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
 
     def _kernel_moved(self, kernel_id: str) -> None:
         """A kernel now at another address (registry.kernel_moved_listeners): the activity watch and the open
-        WebSockets follow it at once; one that reconnects later finds its address changed (_get_changed_ports)."""
+        WebSockets follow it at once; one that reconnects later finds its address changed (changed_address)."""
         if kernel_id not in self:
             return
         self.stop_watching_activity(kernel_id)
@@ -292,9 +300,8 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         for connection in list(open_websockets.get(kernel_id, ())):
             connection.follow_kernel()
 
-    def _get_changed_ports(self, kernel_id: str) -> list | None:
+    def changed_address(self, kernel_id: str, changed: list | None) -> list | None:  # compat.MappingKernelManagerHooks
         """jupyter_server's test of whether a restart moved the kernel, which looks at ports only: the address counts too."""
-        changed = super()._get_changed_ports(kernel_id)
         km = self.get_kernel(kernel_id)
         if changed is None and self._addresses.setdefault(kernel_id, km.ip) != km.ip:
             changed = list(km.ports)
@@ -310,7 +317,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         allocation = self.allocations.get(kernel_id)
         if allocation is None:
             return
-        sandbox = sandbox_of(self._kernels.get(kernel_id))
+        sandbox = sandbox_of(kernels_of(self).get(kernel_id))
         reason = sandbox.exit_reason() if sandbox is not None else None
         metrics.KERNEL_RESTARTS.labels("died").inc()
         self._count_oom(allocation, reason)

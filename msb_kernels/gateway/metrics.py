@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from msb_kernels.compat import kernels_of
 from msb_kernels.gateway.host import gateway_process_stats
 from msb_kernels.gateway.records import backend_of, sandbox_of
 
@@ -42,7 +43,7 @@ class GatewayCollector(Collector):
         limit = GaugeMetricFamily("msb_kernel_memory_limit_bytes", "Each kernel's flavor memory", labels=["kernel_id", "flavor"])
         counted: Counter = Counter()
         for kernel_id, allocation in list(manager.allocations.items()):
-            sandbox = sandbox_of(manager._kernels.get(kernel_id))
+            sandbox = sandbox_of(kernels_of(manager).get(kernel_id))
             counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend_of(sandbox))] += 1
             labels = [kernel_id, allocation.flavor.name]
             limit.add_metric(labels, allocation.flavor.memory_bytes)

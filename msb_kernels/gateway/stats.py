@@ -8,6 +8,7 @@ from typing import Any
 
 from jupyter_server.utils import ensure_async
 
+from msb_kernels.compat import connection_counts_of, kernels_of
 from msb_kernels.flavors import FLAVORS
 from msb_kernels.gateway.host import gateway_process_stats, host_cpus
 from msb_kernels.gateway.records import describe
@@ -19,9 +20,9 @@ class StatsMixin:
     """MsbKernelManager's stats."""
 
     def kernel_status(self, kernel_id: str) -> str:
-        if kernel_id not in self._kernels:
+        if kernel_id not in kernels_of(self):
             return "creating"
-        return session_status(getattr(self._kernels[kernel_id], "execution_state", "starting"))
+        return session_status(getattr(kernels_of(self)[kernel_id], "execution_state", "starting"))
 
     async def notebook_paths(self, session_manager: Any = None) -> dict[str, str]:
         """Each kernel's notebook, for stats and MCP's get_sessions alike.
@@ -51,7 +52,7 @@ class StatsMixin:
         for kernel_id, allocation in list(self.allocations.items()):
             if not may_see(person, allocation.owner):
                 continue  # another person's: not even its id (the totals above count it, naming nobody)
-            km = self._kernels.get(kernel_id)
+            km = kernels_of(self).get(kernel_id)
             sandbox = described.sandbox if (described := describe(km)) else None
             info = sandbox.info() if sandbox is not None else {}
             keeper = getattr(sandbox, "keeper", None)
@@ -74,7 +75,7 @@ class StatsMixin:
                     "last_activity": iso_utc(last.timestamp()) if last is not None else None,
                     "status": self.kernel_status(kernel_id),
                     "execution_state": getattr(km, "execution_state", "starting") if km is not None else "starting",
-                    "connections": self._kernel_connections.get(kernel_id, 0),
+                    "connections": connection_counts_of(self).get(kernel_id, 0),
                     "notebook_path": paths.get(kernel_id),
                     "cull_idle_timeout": self.effective_cull_timeout(kernel_id) if km is not None else None,
                     "memory_bytes": memory_bytes,
