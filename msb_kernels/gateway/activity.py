@@ -12,7 +12,8 @@ from jupyter_client.session import Session
 from jupyter_server._tz import utcnow
 from tornado.ioloop import IOLoop, PeriodicCallback
 
-from msb_kernels.gateway.adoption import BUSY_RECORD, RECORD_INTERVAL, BusyFile
+from msb_kernels.gateway.adoption import BUSY_RECORD, RECORD_INTERVAL
+from msb_kernels.gateway.records import BusyFile
 
 
 class ActivityMixin:

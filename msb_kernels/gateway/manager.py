@@ -14,7 +14,6 @@ The kernelspecs it offers are kernelspecs.py's: only sandboxed ones.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from typing import Any
@@ -29,12 +28,12 @@ from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_siz
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
-from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_executions, open_websockets
+from msb_kernels.gateway.adoption import AdoptionMixin
 from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import Allocation, backend_of, describe, sandbox_of
+from msb_kernels.gateway.records import BusyFile, KernelRecord, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.session_env import requested_env
@@ -73,16 +72,17 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         # jupyter_server starts kernels through pinned_superclass._async_start_kernel: that is where the pool serves them.
         self.pinned_superclass = PooledMultiKernelManager
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
-        self.allocations: dict[str, Allocation] = {}
+        # One record per kernel, from its start (or adoption) to remove_kernel: everything the gateway keeps of it.
+        self.records: dict[str, KernelRecord] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
-        self._stop_reasons: dict[str, str] = {}
-        self._busy_files: dict[str, BusyFile] = {}  # kept kernels: the execute_request each is running, on disk
-        self._recorded: dict[str, float | None] = {}  # kept kernels: the last activity their adoption record holds
-        self._loss_reports: dict[str, asyncio.Task] = {}
+        self._busy_files = BusyFiles(self.records)
         self._record_callback: PeriodicCallback | None = None
-        self._addresses: dict[str, str] = {}  # where each kernel was reached when its WebSockets' channels were made
         registry.kernel_moved_listeners.append(self._kernel_moved)
         self.init_hibernation()
+
+    def record(self, kernel_id: str) -> KernelRecord | None:
+        """The kernel's record; None for an id this gateway runs no kernel under (or not yet: a pooled one waiting)."""
+        return self.records.get(kernel_id)
 
     # -- kernel lifecycle -----------------------------------------------------------
 
@@ -105,10 +105,10 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             raise
         pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
         kernel_id = pooled or kernel_id or self.new_kernel_id()
-        allocation = Allocation(
+        record = KernelRecord(
             kernel_id, kernel_name, flavor, template, notebook_path=env.get("JPY_SESSION_NAME") or None, env=requested_env(env)
         )
-        self.allocations[kernel_id] = allocation
+        self.records[kernel_id] = record
         try:
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
@@ -118,12 +118,13 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             return started
         except BaseException as exc:
             metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
-            self.allocations.pop(kernel_id, None)
+            self.records.pop(kernel_id, None)
+            record.close()
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
             self._pending_kernels.pop(kernel_id, None)
             await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
-            self._record_stop(allocation, "error", f"start failed: {reason}")
+            self._record_stop(record, "error", f"start failed: {reason}")
             if isinstance(exc, (MsbError, web.HTTPError)) or not isinstance(exc, Exception):  # ours, jupyter_server's, cancellation
                 raise
             self.log.error("kernel %s did not start: %s", kernel_id, exc, exc_info=exc)
@@ -139,38 +140,29 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
         km = super().remove_kernel(kernel_id)
-        busy = self._busy_files.pop(kernel_id, None)
-        if busy is not None:
-            busy.close()
-        self._recorded.pop(kernel_id, None)
-        self._addresses.pop(kernel_id, None)
-        self.forget_hibernation(kernel_id)
-        lost_executions.pop(kernel_id, None)
-        task = self._loss_reports.pop(kernel_id, None)
-        if task is not None:
-            task.cancel()
-        allocation = self.allocations.pop(kernel_id, None)
-        if allocation is not None:
-            reason = self._stop_reasons.pop(kernel_id, "shut down")
+        record = self.records.pop(kernel_id, None)
+        if record is not None:
+            record.close()
+            reason = record.stop_reason or "shut down"
             exit_reason = described.last_exit_reason if (described := describe(km)) else None
-            self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
+            self._record_stop(record, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
             how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
             metrics.KERNEL_STOPS.labels(how).inc()
-            self._count_oom(allocation, exit_reason)
+            self._count_oom(record, exit_reason)
         for listener in list(registry.kernel_removed_listeners):
             listener(kernel_id)
         give_memory_back()
         return km
 
-    def _record_stop(self, allocation: Allocation, status: str, reason: str, exit_reason: str | None = None) -> None:
+    def _record_stop(self, record: KernelRecord, status: str, reason: str, exit_reason: str | None = None) -> None:
         """``reason`` says what happened; ``exit_reason`` is the sandbox's word on why the kernel ended, when it knows."""
         self.stopped.append(
             {
-                "id": allocation.kernel_id,
-                "kernel_name": allocation.kernel_name,
-                "flavor": allocation.flavor.name,
-                "template": allocation.template,
-                "created": iso_utc(allocation.created),
+                "id": record.kernel_id,
+                "kernel_name": record.kernel_name,
+                "flavor": record.flavor.name,
+                "template": record.template,
+                "created": iso_utc(record.created),
                 "stopped": iso_utc(time.time()),
                 "status": status,
                 "reason": reason,
@@ -179,9 +171,9 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         )
 
     @staticmethod
-    def _count_oom(allocation: Allocation, exit_reason: str | None) -> None:
-        if exit_reason == allocation.flavor.out_of_memory_message():
-            metrics.OOM_KILLS.labels(allocation.flavor.name).inc()
+    def _count_oom(record: KernelRecord, exit_reason: str | None) -> None:
+        if exit_reason == record.flavor.out_of_memory_message():
+            metrics.OOM_KILLS.labels(record.flavor.name).inc()
 
     async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
         metrics.KERNEL_RESTARTS.labels("requested").inc()
@@ -198,21 +190,16 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
 
     def retained_sizes(self) -> dict[str, int]:
         """How many entries each structure the gateway keeps holds now: each is bounded, or freed with its kernel
-        (issue 28's soak reads these beside the gateway's RSS)."""
+        (issue 28's soak reads these beside the gateway's RSS). What the gateway keeps per kernel is on its record,
+        which remove_kernel pops: the records, and what they hold that a client's or a kernel's life adds to."""
+        records = list(self.records.values())
         return {
             "kernels": len(self._kernels),
-            "allocations": len(self.allocations),
+            "records": len(records),
             "pending_kernels": len(self._pending_kernels),
             "recently_stopped": len(self.stopped),
-            "stop_reasons": len(self._stop_reasons),
-            "busy_files": len(self._busy_files),
-            "adoption_records": len(self._recorded),
-            "loss_reports": len(self._loss_reports),
-            "addresses": len(self._addresses),
-            "hibernation_locks": len(self._hibernation_locks),
-            "hibernation_refusals": len(self._refused_at),
-            "lost_executions": len(lost_executions),
-            "open_websockets": sum(len(sockets) for sockets in open_websockets.values()),
+            "lost_executions": sum(len(record.lost_executions) for record in records),
+            "open_websockets": sum(len(record.websockets) for record in records),
             **self.activity_sizes(),
             **{f"mcp_{name}": size for name, size in (self.mcp_sizes() if self.mcp_sizes else {}).items()},
         }
@@ -226,35 +213,61 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             return
         self.stop_watching_activity(kernel_id)
         self.start_watching_activity(kernel_id)
-        for connection in list(open_websockets.get(kernel_id, ())):
+        record = self.records.get(kernel_id)
+        for connection in list(record.websockets if record is not None else ()):
             connection.follow_kernel()
 
     def _get_changed_ports(self, kernel_id: str) -> list | None:
         """jupyter_server's test of whether a restart moved the kernel, which looks at ports only: the address counts too."""
         changed = super()._get_changed_ports(kernel_id)
         km = self.get_kernel(kernel_id)
-        if changed is None and self._addresses.setdefault(kernel_id, km.ip) != km.ip:
+        record = self.records.get(kernel_id)
+        if record is not None and record.address is None:
+            record.address = km.ip
+        if changed is None and record is not None and record.address != km.ip:
             changed = list(km.ports)
         return changed
 
     def ports_changed(self, kernel_id: str) -> bool:
         changed = super().ports_changed(kernel_id)
-        self._addresses[kernel_id] = self.get_kernel(kernel_id).ip
+        if (record := self.records.get(kernel_id)) is not None:
+            record.address = self.get_kernel(kernel_id).ip
         return changed
 
     def _record_death(self, kernel_id: str) -> None:
         """The kernel died and jupyter_client restarts it: a fresh kernel under the same id, its state gone."""
-        allocation = self.allocations.get(kernel_id)
-        if allocation is None:
+        record = self.records.get(kernel_id)
+        if record is None:
             return
         sandbox = sandbox_of(self._kernels.get(kernel_id))
         reason = sandbox.exit_reason() if sandbox is not None else None
         metrics.KERNEL_RESTARTS.labels("died").inc()
-        self._count_oom(allocation, reason)
+        self._count_oom(record, reason)
         self.log.warning("kernel %s died%s; restarting it", kernel_id, f" ({reason})" if reason else "")
         self._record_stop(
-            allocation,
+            record,
             "restarted",
             "died" + (f" ({reason})" if reason else "") + " and was restarted with a fresh kernel under the same id; its state is lost",
             reason,
         )
+
+
+class BusyFiles:
+    """The records' busy files by kernel id, as activity.py's start_watching_activity reads and adds them (its body
+    stays as jupyter_server's watch it replaces is written, for the compat module to hold)."""
+
+    def __init__(self, records: dict[str, KernelRecord]):
+        self.records = records
+
+    def __contains__(self, kernel_id: object) -> bool:
+        record = self.records.get(kernel_id)  # type: ignore[call-overload]
+        return record is not None and record.busy_file is not None
+
+    def __getitem__(self, kernel_id: str) -> BusyFile:
+        busy = self.records[kernel_id].busy_file
+        if busy is None:
+            raise KeyError(kernel_id)
+        return busy
+
+    def __setitem__(self, kernel_id: str, busy: BusyFile) -> None:
+        self.records[kernel_id].busy_file = busy  # a kernel is kept only with a record (AdoptionMixin._kept)

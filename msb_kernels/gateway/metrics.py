@@ -41,11 +41,11 @@ class GatewayCollector(Collector):
         )
         limit = GaugeMetricFamily("msb_kernel_memory_limit_bytes", "Each kernel's flavor memory", labels=["kernel_id", "flavor"])
         counted: Counter = Counter()
-        for kernel_id, allocation in list(manager.allocations.items()):
+        for kernel_id, record in list(manager.records.items()):
             sandbox = sandbox_of(manager._kernels.get(kernel_id))
-            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend_of(sandbox))] += 1
-            labels = [kernel_id, allocation.flavor.name]
-            limit.add_metric(labels, allocation.flavor.memory_bytes)
+            counted[(manager.kernel_status(kernel_id), record.flavor.name, backend_of(sandbox))] += 1
+            labels = [kernel_id, record.flavor.name]
+            limit.add_metric(labels, record.flavor.memory_bytes)
             if sandbox is None:
                 continue
             try:
