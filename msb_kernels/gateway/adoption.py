@@ -13,7 +13,7 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 
-from msb_kernels import metrics, registry
+from msb_kernels import metrics
 from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.errors import MsbError
@@ -120,7 +120,7 @@ class AdoptionMixin:
         kernel_id = record["kernel_id"]
         kernel = KernelRecord.from_adoption(record)
         self.records[kernel_id] = kernel
-        registry.adoptions[kernel_id] = record
+        self.sandbox_registry.adoptions[kernel_id] = record
         try:
             # jupyter_server's start, so that restarts, culling, activity and the WebSocket treat it as any other kernel;
             # the provisioner adopts the sandbox where it would have created one.
@@ -128,7 +128,7 @@ class AdoptionMixin:
                 self, kernel_id=kernel_id, kernel_name=record["kernel_name"], env={**os.environ, **kernel.env}
             )
         finally:
-            registry.adoptions.pop(kernel_id, None)
+            self.sandbox_registry.adoptions.pop(kernel_id, None)
         km = self._kernels[kernel_id]
         if record.get("last_activity"):
             km.last_activity = datetime.fromtimestamp(record["last_activity"], timezone.utc)  # the culling clock goes on

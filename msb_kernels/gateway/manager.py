@@ -23,7 +23,7 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
-from msb_kernels import metrics, registry
+from msb_kernels import metrics
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.config import load_settings
 from msb_kernels.errors import MsbError, SandboxError
@@ -36,6 +36,7 @@ from msb_kernels.gateway.host import give_memory_back
 from msb_kernels.gateway.records import BusyFile, KernelRecord, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+from msb_kernels.registry import SandboxRegistry
 from msb_kernels.session_env import requested_env
 from msb_kernels.status import iso_utc
 
@@ -71,13 +72,16 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         self.msb_settings = load_settings(self.config)
         # jupyter_server starts kernels through pinned_superclass._async_start_kernel: that is where the pool serves them.
         self.pinned_superclass = PooledMultiKernelManager
+        # This gateway's sandboxes: its provisioners reach it as their manager's parent's (registry.registry_of), its
+        # pool and the MCP bridge's sessions through this manager.
+        self.sandbox_registry = SandboxRegistry()
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
         # One record per kernel, from its start (or adoption) to remove_kernel: everything the gateway keeps of it.
         self.records: dict[str, KernelRecord] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
         self._busy_files = BusyFiles(self.records)
         self._record_callback: PeriodicCallback | None = None
-        registry.kernel_moved_listeners.append(self._kernel_moved)
+        self.sandbox_registry.kernel_moved_listeners.append(self._kernel_moved)
         self.init_hibernation()
 
     def record(self, kernel_id: str) -> KernelRecord | None:
@@ -149,7 +153,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
             metrics.KERNEL_STOPS.labels(how).inc()
             self._count_oom(record, exit_reason)
-        for listener in list(registry.kernel_removed_listeners):
+        for listener in list(self.sandbox_registry.kernel_removed_listeners):
             listener(kernel_id)
         give_memory_back()
         return km
@@ -207,7 +211,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
     mcp_sizes = None  # set by the gateway's /mcp mount: the MCP bridge's own structures (Bridge.sizes)
 
     def _kernel_moved(self, kernel_id: str) -> None:
-        """A kernel now at another address (registry.kernel_moved_listeners): the activity watch and the open
+        """A kernel now at another address (its registry's kernel_moved_listeners): the activity watch and the open
         WebSockets follow it at once; one that reconnects later finds its address changed (_get_changed_ports)."""
         if kernel_id not in self:
             return
