@@ -12,19 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado.ioloop import PeriodicCallback
 
 from msb_kernels import metrics
 from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.errors import MsbError
-from msb_kernels.gateway.records import KernelRecord, describe
+from msb_kernels.gateway.records import BusyFile, KernelRecord, describe
 
 RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
 BUSY_RECORD = "busy.json"  # BusyFile's, beside the adoption record
 
 
 class AdoptionMixin:
-    """MsbKernelManager's adoption. Reads its msb_settings, _kernels and records (and their busy files)."""
+    """MsbKernelManager's adoption. Reads its msb_settings, _kernels and records (and their busy files).
+
+    ActivityMixin.start_watching_activity, whose body stays as it is for the compat module, reads this room's
+    _kept, _busy_files, _record_callback and _refresh_records: the one pair of rooms that still share private names."""
+
+    def init_adoption(self) -> None:
+        self._busy_files = BusyFiles(self.records)
+        self._record_callback: PeriodicCallback | None = None  # _refresh_records, started by the first activity watch
 
     @property
     def adopt_grace_seconds(self) -> int:
@@ -188,3 +196,24 @@ class AdoptionMixin:
                 for connection in connections:
                     with contextlib.suppress(Exception):  # a socket closing as it is told
                         connection.send_to_client(message, channel)
+
+
+class BusyFiles:
+    """The records' busy files by kernel id, the way ActivityMixin.start_watching_activity reads and adds them: its body
+    stays unchanged until it moves to the compat module, where it can read record.busy_file itself."""
+
+    def __init__(self, records: dict[str, KernelRecord]):
+        self.records = records
+
+    def __contains__(self, kernel_id: object) -> bool:
+        record = self.records.get(kernel_id)  # type: ignore[call-overload]
+        return record is not None and record.busy_file is not None
+
+    def __getitem__(self, kernel_id: str) -> BusyFile:
+        busy = self.records[kernel_id].busy_file
+        if busy is None:
+            raise KeyError(kernel_id)
+        return busy
+
+    def __setitem__(self, kernel_id: str, busy: BusyFile) -> None:
+        self.records[kernel_id].busy_file = busy  # a kernel is kept only with a record (AdoptionMixin._kept)

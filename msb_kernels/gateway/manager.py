@@ -8,6 +8,10 @@ all stay jupyter_server's) with the warm pool and one mixin per concept, each in
 - activity.py: jupyter_server's activity watch in one pass, and the bounded buffer for closed clients;
 - stats.py: /api/msb/stats.
 
+What it keeps of each kernel is one KernelRecord (records.py), in ``records``: the rooms share state through it and
+through each other's public methods, not through dicts of their own, so each stays a room of its own. It owns the
+SandboxRegistry its provisioners, pool and the MCP bridge's sessions count sandboxes in (registry.py).
+
 It raises the project's own errors (msb_kernels.errors); the handlers turn them into HTTP answers (errors.py).
 The kernelspecs it offers are kernelspecs.py's: only sandboxed ones.
 """
@@ -20,7 +24,6 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
-from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
 from msb_kernels import metrics
@@ -33,7 +36,7 @@ from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import BusyFile, KernelRecord, backend_of, describe, sandbox_of
+from msb_kernels.gateway.records import KernelRecord, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.registry import SandboxRegistry
@@ -79,8 +82,7 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
         # One record per kernel, from its start (or adoption) to remove_kernel: everything the gateway keeps of it.
         self.records: dict[str, KernelRecord] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
-        self._busy_files = BusyFiles(self.records)
-        self._record_callback: PeriodicCallback | None = None
+        self.init_adoption()
         self.sandbox_registry.kernel_moved_listeners.append(self._kernel_moved)
         self.init_hibernation()
 
@@ -254,24 +256,3 @@ class MsbKernelManager(CapacityMixin, CullingMixin, HibernationMixin, AdoptionMi
             "died" + (f" ({reason})" if reason else "") + " and was restarted with a fresh kernel under the same id; its state is lost",
             reason,
         )
-
-
-class BusyFiles:
-    """The records' busy files by kernel id, as activity.py's start_watching_activity reads and adds them (its body
-    stays as jupyter_server's watch it replaces is written, for the compat module to hold)."""
-
-    def __init__(self, records: dict[str, KernelRecord]):
-        self.records = records
-
-    def __contains__(self, kernel_id: object) -> bool:
-        record = self.records.get(kernel_id)  # type: ignore[call-overload]
-        return record is not None and record.busy_file is not None
-
-    def __getitem__(self, kernel_id: str) -> BusyFile:
-        busy = self.records[kernel_id].busy_file
-        if busy is None:
-            raise KeyError(kernel_id)
-        return busy
-
-    def __setitem__(self, kernel_id: str, busy: BusyFile) -> None:
-        self.records[kernel_id].busy_file = busy  # a kernel is kept only with a record (AdoptionMixin._kept)
