@@ -202,7 +202,8 @@ class ManagedKernelSessions(KernelSessions):
         self.start_timeout = start_timeout
         self.connections: dict[str, ManagedConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
-        registry.kernel_removed_listeners.append(self.forget)  # the gateway's removals: culls, Lab's shutdowns, deaths
+        self.sandbox_registry = registry.registry_of(kernel_manager)
+        self.sandbox_registry.kernel_removed_listeners.append(self.forget)  # the gateway's removals: culls, Lab's, deaths
 
     def _km(self, session_id: str) -> Any:
         if not isinstance(session_id, str) or session_id not in self.kernel_manager.list_kernel_ids():
@@ -336,7 +337,7 @@ class ManagedKernelSessions(KernelSessions):
         it was given (the gateway's) decides what happens to its kernels: the gateway stops them, or, with
         MSB_KEEP_KERNELS, leaves them for the next gateway, MCP sessions included."""
         with contextlib.suppress(ValueError):
-            registry.kernel_removed_listeners.remove(self.forget)
+            self.sandbox_registry.kernel_removed_listeners.remove(self.forget)
         for session_id in list(self.connections):
             await self.drop_connection(session_id)
         if not self.owns_kernel_manager:

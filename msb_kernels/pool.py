@@ -22,11 +22,12 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 
-from msb_kernels import labroot, registry
+from msb_kernels import labroot
 from msb_kernels.choice import KernelChoice
 from msb_kernels.compat import jupyter_client_shutdown_all, jupyter_client_start_kernel, kernels_of
 from msb_kernels.config import load_settings
 from msb_kernels.flavors import Flavor
+from msb_kernels.registry import SandboxRegistry, registry_of
 from msb_kernels.session_env import REQUESTED_NAMES, requested_names
 
 log = logging.getLogger("msb_kernels")
@@ -66,6 +67,11 @@ class KernelPool:
         self.handed_out = 0
         self.reserved: dict[str, AsyncKernelManager] = {}
 
+    @property
+    def registry(self) -> SandboxRegistry:
+        """The manager's registry, which its kernels' provisioners read too: where the waiting kernels are marked."""
+        return registry_of(self.manager)
+
     # -- filling --------------------------------------------------------------------
 
     def fill(self) -> None:
@@ -84,7 +90,7 @@ class KernelPool:
         try:
             km, _, kernel_id = self.manager.pre_start_kernel(kernel_name, {})
             if not self.counts_as_sessions:
-                registry.pooled_kernel_ids.add(kernel_id)
+                self.registry.pooled_kernel_ids.add(kernel_id)
             await km.start_kernel(kernel_id=kernel_id, env=os.environ.copy())
             client = km.client()
             client.start_channels()
@@ -101,7 +107,7 @@ class KernelPool:
             log.info("warm pool: %s kernel %s ready (%d waiting)", kernel_name, kernel_id, len(self.ready[kernel_name]))
         except BaseException as exc:
             if km is not None:
-                registry.pooled_kernel_ids.discard(km.kernel_id)
+                self.registry.pooled_kernel_ids.discard(km.kernel_id)
                 with contextlib.suppress(Exception):
                     await km.shutdown_kernel(now=True)
             if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)) and not self._closed:
@@ -150,9 +156,9 @@ class KernelPool:
             km = waiting[0]
             if km.has_kernel and km.provisioner is not None and km.provisioner.sandbox is not None:
                 # From here the kernel is a session: it counts (it stays in the pool when refused).
-                registry.claim_session(km.kernel_id, load_settings(getattr(self.manager, "config", None)).max_sessions)
+                self.registry.claim_session(km.kernel_id, load_settings(getattr(self.manager, "config", None)).max_sessions)
             waiting.pop(0)
-            registry.pooled_kernel_ids.discard(km.kernel_id)
+            self.registry.pooled_kernel_ids.discard(km.kernel_id)
             if km.has_kernel and km.provisioner is not None and km.provisioner.sandbox is not None:
                 self.handed_out += 1
                 self.fill()
@@ -206,7 +212,7 @@ class KernelPool:
             waiting.clear()
         self.reserved.clear()
         for km in kernels:
-            registry.pooled_kernel_ids.discard(km.kernel_id)
+            self.registry.pooled_kernel_ids.discard(km.kernel_id)
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in kernels), return_exceptions=True)
 
 

@@ -122,7 +122,7 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
         (Path(specs) / choice.kernel_name).mkdir()
         (Path(specs) / choice.kernel_name / "kernel.json").write_text(json.dumps(spec))
         km = AsyncKernelManager(kernel_name=choice.kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]), config=config)
-        registry.probe_kernel_ids.add(kernel_id)
+        registry.default().probe_kernel_ids.add(kernel_id)  # km has no manager: its provisioner reads default()
         client = None
         error: str | None = None
         tail: list[str] = []
@@ -155,7 +155,7 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
                 client.stop_channels()
             with contextlib.suppress(Exception):
                 await km.shutdown_kernel(now=True)
-            registry.probe_kernel_ids.discard(kernel_id)
+            registry.default().probe_kernel_ids.discard(kernel_id)
     return StartProbe(backend, argv[0], error is None, time.monotonic() - started, error, tail)
 
 

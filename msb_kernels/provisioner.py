@@ -40,15 +40,7 @@ from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, volume_for
 from msb_kernels.probe import backend_for_start
-from msb_kernels.registry import (
-    adoptions,
-    claim_session,
-    kernel_moved_listeners,
-    live_sandboxes,
-    pooled_kernel_ids,
-    probe_kernel_ids,
-    session_kernel_ids,
-)
+from msb_kernels.registry import SandboxRegistry, registry_of
 from msb_kernels.session_env import REQUESTED_NAMES, requested_names
 from msb_kernels.templates import Template, get_template
 
@@ -152,12 +144,19 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             egress=self.egress.egress.snapshot() if self.egress is not None else None,
         )
 
+    @property
+    def sandbox_registry(self) -> SandboxRegistry:
+        """Where this kernel's sandbox is counted and whether it is being adopted: the registry of the manager its kernel
+        manager belongs to (the gateway's), else the process's (nbclient, papermill, the start probe)."""
+        return registry_of(getattr(self.parent, "parent", None))
+
     # -- launch -------------------------------------------------------------------
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         km = self.parent
         self.settings: MsbSettings = load_settings(getattr(km, "config", None))
-        adopting = adoptions.get(self.kernel_id)
+        registry = self.sandbox_registry
+        adopting = registry.adoptions.get(self.kernel_id)
         start_env = kwargs.get("env") or {}
         if adopting:
             self.flavor_spec, self.template = get_flavor(adopting["flavor"]), adopting["template"]
@@ -172,11 +171,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
         if adopting:
             self.backend: SandboxBackend = get_backend(self.settings)
-            session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
+            registry.session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
         else:  # under MSB_BACKEND=auto, a backend whose start probe passed for this interpreter
             self.backend = await backend_for_start(self.settings, km.kernel_spec.argv, self.template_spec.name)
-            if self.kernel_id not in pooled_kernel_ids and self.kernel_id not in probe_kernel_ids:
-                claim_session(self.kernel_id, self.settings.max_sessions)
+            if self.kernel_id not in registry.pooled_kernel_ids and self.kernel_id not in registry.probe_kernel_ids:
+                registry.claim_session(self.kernel_id, self.settings.max_sessions)
         try:
             settings = self.settings
             self.network = network_for(
@@ -195,7 +194,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 )
             await self._sweep_once()
         except BaseException:
-            session_kernel_ids.discard(self.kernel_id)
+            registry.session_kernel_ids.discard(self.kernel_id)
             raise
 
         try:
@@ -358,10 +357,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         argv = self._guest_argv(cmd)
         shared = volume_for(self.settings.shared_volume, kwargs.get("env") or {})  # its person's own directory of it
         env = self._guest_env(kwargs.get("env") or {}, argv[0])
+        registry = self.sandbox_registry
         try:
             egress = await self._open_egress(env) if self.network.proxied else None
         except BaseException:
-            self._forget_failed_start(remove_dir=adoptions.get(self.kernel_id) is None)
+            self._forget_failed_start(remove_dir=registry.adoptions.get(self.kernel_id) is None)
             raise
         spec = SandboxSpec(
             sandbox_id=self.kernel_id,
@@ -381,13 +381,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             adopt_grace=self._adopt_grace(),
             fork=self.settings.fork_kernels,
         )
-        if adoptions.pop(self.kernel_id, None) is not None:
+        if registry.adoptions.pop(self.kernel_id, None) is not None:
             try:
                 self.sandbox = await self.backend.adopt(spec)
             except BaseException:
                 self._forget_failed_start()
                 raise
-            live_sandboxes[self.kernel_id] = self.sandbox
+            registry.live_sandboxes[self.kernel_id] = self.sandbox
             self._connect_at(self.sandbox.address)
             await self._egress_at(self.sandbox.address)
             log.info("kernel %s adopted, still running in its %s sandbox (%s)", self.kernel_id, self.backend.name, self.flavor_spec.name)
@@ -395,7 +395,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         try:
             async with start_turn(self.settings):  # a start cancelled while it waits here held a session all the same
                 self.sandbox = await self.backend.create(spec)
-                live_sandboxes[self.kernel_id] = self.sandbox
+                registry.live_sandboxes[self.kernel_id] = self.sandbox
                 self._connect_at(self.sandbox.address)
                 await self._egress_at(self.sandbox.address)
                 await self._until_listening(self.sandbox)
@@ -420,7 +420,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if address and self.connection_info.get("ip") != address:
             self.connection_info = {**self.connection_info, "ip": address}
             self.parent.ip = address
-            for listener in kernel_moved_listeners:
+            for listener in list(self.sandbox_registry.kernel_moved_listeners):
                 listener(self.kernel_id)
 
     def _forget_failed_start(self, remove_dir: bool = False) -> None:
@@ -429,7 +429,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         remove_dir: no sandbox runs for this kernel, so its directory (connection file and key included) goes
         too; a later restart's pre_launch writes it anew. Never for a failed adoption, whose sandbox still runs."""
         self.backend.release_ports(self.kernel_id)
-        session_kernel_ids.discard(self.kernel_id)
+        self.sandbox_registry.session_kernel_ids.discard(self.kernel_id)
         if self.egress is not None:  # called from within the loop: close it there, without waiting for it
             asyncio.ensure_future(self._close_egress())
         if remove_dir and getattr(self, "io_dir", None) is not None:
@@ -456,11 +456,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def cleanup(self, restart: bool = False) -> None:
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
-            live_sandboxes.pop(self.kernel_id, None)
+            self.sandbox_registry.live_sandboxes.pop(self.kernel_id, None)
             self.last_exit_reason = sandbox.exit_reason()
             await sandbox.cleanup(keep_io_dir=restart)
         if not restart:
-            session_kernel_ids.discard(self.kernel_id)
+            self.sandbox_registry.session_kernel_ids.discard(self.kernel_id)
             await self._close_egress()
         if not restart and hasattr(self, "backend"):
             self.backend.release_ports(self.kernel_id)  # shutdown, cull, or the end after a crash

@@ -1,34 +1,82 @@
-"""The sandboxes this process runs, and which of them count as sessions.
+"""The sandboxes a kernel manager runs, and which of them count as sessions: one SandboxRegistry per manager.
 
-The provisioner fills it as it starts and stops sandboxes; the warm pool marks the kernels that wait
-for a session; the session limit (MSB_MAX_SESSIONS) and the gateway read it.
+The gateway's kernel manager (gateway/manager.py) owns one (its ``sandbox_registry``) and hands it down: its
+provisioners reach it through their kernel manager's parent (``registry_of``), its pool and the MCP bridge's sessions
+through the manager. Whatever runs with no such manager (nbclient, papermill, jupyter console, msb-mcp on its own,
+the start probe) shares the process's ``default()`` one.
+
+Who fills what: the provisioner adds and removes live sandboxes and claims and releases sessions as it starts and stops
+sandboxes; the warm pool marks the kernels that wait for a session; the start probe marks its own kernels; the
+gateway's adoption names the kernels it is adopting, with their records, for their provisioners to take over; the
+session limit (MSB_MAX_SESSIONS) reads it.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from typing import Any
 
-from msb_kernels.backends.core.base import Sandbox
 from msb_kernels.errors import ResourceLimitExceeded
 
-# Sandboxes this process runs, by kernel id (sessions and waiting pooled kernels).
-live_sandboxes: dict[str, Sandbox] = {}
-# Kernels waiting in a warm pool (msb_kernels.pool): no one's session yet, so not counted unless configured.
-pooled_kernel_ids: set[str] = set()
-# The kernels MSB_MAX_SESSIONS counts: claimed by claim_session before a start or a handout from the
-# pool, released when the kernel stops for good.
-session_kernel_ids: set[str] = set()
-# Kernels of the start probe (msb_kernels.probe): a check of a backend, never a session.
-probe_kernel_ids: set[str] = set()
-# Kernels the gateway is adopting from the one before it, with their adoption records: their provisioner
-# takes over the running sandbox instead of creating one.
-adoptions: dict[str, dict] = {}
-# Called with a kernel id when its kernel is reached at a new address (a cluster backend's kernel restarted as a new
-# task): the gateway moves its activity watch and its WebSockets' channels to it.
-kernel_moved_listeners: list[Callable[[str], None]] = []
-# Called with a kernel id when the gateway's kernel manager has removed it for good (a shutdown, a cull, a death it
-# does not restart): what others keep per kernel (the MCP bridge's sessions and executions) goes with it.
-kernel_removed_listeners: list[Callable[[str], None]] = []
+
+class SandboxRegistry:
+    """One kernel manager's sandboxes and the kernels it counts, and who hears of kernels that move or go."""
+
+    def __init__(self) -> None:
+        # Sandboxes it runs, by kernel id (sessions and waiting pooled kernels): each a backends.core.base.Sandbox.
+        self.live_sandboxes: dict[str, Any] = {}
+        # Kernels waiting in a warm pool (msb_kernels.pool): no one's session yet, so not counted unless configured.
+        self.pooled_kernel_ids: set[str] = set()
+        # The kernels MSB_MAX_SESSIONS counts: claimed by claim_session before a start or a handout from the
+        # pool, released when the kernel stops for good.
+        self.session_kernel_ids: set[str] = set()
+        # Kernels of the start probe (msb_kernels.probe): a check of a backend, never a session.
+        self.probe_kernel_ids: set[str] = set()
+        # Kernels the gateway is adopting from the one before it, with their adoption records: their provisioner
+        # takes over the running sandbox instead of creating one.
+        self.adoptions: dict[str, dict] = {}
+        # Called with a kernel id when its kernel is reached at a new address (a cluster backend's kernel restarted as a
+        # new task): the gateway moves its activity watch and its WebSockets' channels to it.
+        self.kernel_moved_listeners: list[Callable[[str], None]] = []
+        # Called with a kernel id when the gateway's kernel manager has removed it for good (a shutdown, a cull, a death
+        # it does not restart): what others keep per kernel (the MCP bridge's sessions and executions) goes with it.
+        self.kernel_removed_listeners: list[Callable[[str], None]] = []
+        _registries.add(self)
+
+    def claim_session(self, kernel_id: str, max_sessions: int) -> None:
+        """Count ``kernel_id`` as a session, or raise ResourceLimitExceeded.
+
+        The check and the claim happen with no await between them, so concurrent starts cannot
+        all pass the check before any of them counts.
+        """
+        if kernel_id not in self.session_kernel_ids:
+            check_session_limit(len(self.session_kernel_ids), max_sessions)
+            self.session_kernel_ids.add(kernel_id)
+
+
+_registries: weakref.WeakSet[SandboxRegistry] = weakref.WeakSet()
+_default: SandboxRegistry | None = None
+
+
+def default() -> SandboxRegistry:
+    """The process's registry, for kernels started with no manager that owns one."""
+    global _default
+    if _default is None:
+        _default = SandboxRegistry()
+    return _default
+
+
+def registry_of(manager: Any) -> SandboxRegistry:
+    """The registry a (multi-)kernel manager owns (its ``sandbox_registry``), else the process's default()."""
+    owned = getattr(manager, "sandbox_registry", None)
+    return owned if isinstance(owned, SandboxRegistry) else default()
+
+
+def runs_in_this_process(kernel_id: str) -> bool:
+    """Whether any registry of this process holds a live sandbox for ``kernel_id``: a backend's sweep (one backend
+    object serves every manager of the process) must not remove it."""
+    return any(kernel_id in registry.live_sandboxes for registry in list(_registries))
 
 
 def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:
@@ -37,14 +85,3 @@ def check_session_limit(active: int, max_sessions: int, suggestions: list[str] |
         raise ResourceLimitExceeded(
             f"session limit reached: {active} of MSB_MAX_SESSIONS={max_sessions} sandboxed kernels run", suggestions
         )
-
-
-def claim_session(kernel_id: str, max_sessions: int) -> None:
-    """Count ``kernel_id`` as a session, or raise ResourceLimitExceeded.
-
-    The check and the claim happen with no await between them, so concurrent starts cannot
-    all pass the check before any of them counts.
-    """
-    if kernel_id not in session_kernel_ids:
-        check_session_limit(len(session_kernel_ids), max_sessions)
-        session_kernel_ids.add(kernel_id)

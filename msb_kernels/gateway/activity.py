@@ -12,7 +12,8 @@ from jupyter_client.session import Session
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from msb_kernels.compat import captured_ports_of, connection_counts_of, kernels_of, offline_buffers_of, open_activity_stream, utcnow
-from msb_kernels.gateway.adoption import BUSY_RECORD, RECORD_INTERVAL, BusyFile
+from msb_kernels.gateway.adoption import BUSY_RECORD, RECORD_INTERVAL
+from msb_kernels.gateway.records import BusyFile
 
 
 class ActivityMixin:

@@ -1,62 +1,39 @@
 """Kernels that outlive the gateway: the records the next gateway adopts them by (connection keys, flavor, notebook,
-last activity, the cell each is running), the adoption itself, and the word to clients whose cell ran through it."""
+owner, last activity, the cell each is running), the adoption itself, and the word to clients whose cell ran through
+it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado.ioloop import PeriodicCallback
 
-from msb_kernels import metrics, registry
+from msb_kernels import metrics
 from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.compat import kernels_of
 from msb_kernels.errors import MsbError
-from msb_kernels.flavors import get_flavor
-from msb_kernels.gateway.records import Allocation, describe, start_env
+from msb_kernels.gateway.records import BusyFile, KernelRecord, describe
 
 RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
-BUSY_RECORD = "busy.json"
-# The WebSockets open on each kernel, by kernel id (PerSocketIdentityConnection adds and removes itself), and,
-# per adopted kernel, the executions whose end it could not pass on: the adopting gateway tells the clients.
-open_websockets: dict[str, set[Any]] = {}
-lost_executions: dict[str, list[dict]] = {}
-
-
-class BusyFile:
-    """``busy.json`` in a kept kernel's state dir: the execute_request it is running, or when it went idle.
-
-    Written as each cell starts and ends, so a gateway that adopts a kernel busy at a crash knows what its
-    clients were waiting for, and one that adopts an idle kernel knows its last activity to the moment.
-    One pwrite into a file held open, padded with spaces to the length before (JSON allows them), costs a
-    few microseconds; a whole record replaced by rename cost 0.35 ms per write here."""
-
-    def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        self.written = 0
-        self.request: dict = {}
-        self.running(None)
-
-    def running(self, request: dict | None) -> None:
-        self.request = request or {}
-        data = json.dumps(self.request or {"idle_since": time.time()}).encode()
-        with contextlib.suppress(OSError):  # a kernel going away as it is written
-            os.pwrite(self.fd, data.ljust(self.written), 0)  # one write: a process killed mid-way cannot tear it
-            self.written = max(self.written, len(data))
-
-    def close(self) -> None:
-        os.close(self.fd)
+BUSY_RECORD = "busy.json"  # BusyFile's, beside the adoption record
 
 
 class AdoptionMixin:
-    """MsbKernelManager's adoption. Reads its msb_settings, allocations, kernels and the files it keeps per kernel."""
+    """MsbKernelManager's adoption. Reads its msb_settings, _kernels and records (and their busy files).
+
+    ActivityMixin.start_watching_activity, whose body stays as it is for the compat module, reads this room's
+    _kept, _busy_files, _record_callback and _refresh_records: the one pair of rooms that still share private names."""
+
+    def init_adoption(self) -> None:
+        self._busy_files = BusyFiles(self.records)
+        self._record_callback: PeriodicCallback | None = None  # _refresh_records, started by the first activity watch
 
     @property
     def adopt_grace_seconds(self) -> int:
@@ -67,49 +44,43 @@ class AdoptionMixin:
         """The kernel manager and state dir of a kernel whose sandbox outlives this gateway, else None."""
         km = kernels_of(self).get(kernel_id)
         described = describe(km)
-        if described is None or described.sandbox is None or not described.sandbox.kept:
+        if kernel_id not in self.records or described is None or described.sandbox is None or not described.sandbox.kept:
             return None
         return km, km.provisioner.io_dir.parent
 
     def record_for_adoption(self, kernel_id: str) -> None:
         """Write what the next gateway needs to adopt this kernel (0600, in its root-only state dir): its connection
-        keys, kernelspec, flavor, notebook and last activity (the cell it runs is BusyFile's)."""
-        kept, allocation = self._kept(kernel_id), self.allocations.get(kernel_id)
-        if kept is None or allocation is None:
+        keys, kernelspec, flavor, notebook, owner and last activity (the cell it runs is BusyFile's)."""
+        kept, kernel = self._kept(kernel_id), self.records.get(kernel_id)
+        if kept is None or kernel is None:
             return
         km, state_dir = kept
         last = getattr(km, "last_activity", None)
         record = {
-            "kernel_id": kernel_id,
-            "kernel_name": allocation.kernel_name,
-            "flavor": allocation.flavor.name,
-            "template": allocation.template,
-            "created": allocation.created,
-            "notebook_path": allocation.notebook_path,
-            "env": allocation.env,
+            **kernel.to_adoption(),
             "last_activity": last.timestamp() if last is not None else None,
             "connection": {key: value.decode() if isinstance(value, bytes) else value for key, value in km.get_connection_info().items()},
         }
         with contextlib.suppress(OSError):  # a kernel going away as it is recorded
             write_private_json(state_dir / ADOPTION_RECORD, record)
-            self._recorded[kernel_id] = record["last_activity"]
+            kernel.recorded_activity = record["last_activity"]
 
     def _refresh_records(self) -> None:
         """Every RECORD_INTERVAL: kept kernels whose last activity moved get their record rewritten, and so do those
         restarted since (a sandbox's keeper removes the record when the sandbox ends)."""
-        for kernel_id in list(self.allocations):
+        for kernel_id, kernel in list(self.records.items()):
             kept = self._kept(kernel_id)
             if kept is None:
                 continue
             km, state_dir = kept
             last = getattr(km, "last_activity", None)
-            if self._recorded.get(kernel_id) != (last.timestamp() if last else None) or not (state_dir / ADOPTION_RECORD).exists():
+            if kernel.recorded_activity != (last.timestamp() if last else None) or not (state_dir / ADOPTION_RECORD).exists():
                 self.record_for_adoption(kernel_id)
 
     def keep_kernels(self) -> int:
         """At a stop with MSB_KEEP_KERNELS: bring every kept kernel's record up to date and leave it running; return how many."""
         kept = 0
-        for kernel_id in list(self.allocations):
+        for kernel_id in list(self.records):
             if self._kept(kernel_id) is not None:
                 self.record_for_adoption(kernel_id)
                 kept += 1
@@ -117,7 +88,7 @@ class AdoptionMixin:
 
     async def adopt_kernels(self) -> list[str]:
         """Adopt every kernel a previous gateway on this runtime dir left running: same id, state, flavor, notebook,
-        last activity and place in the limits. Called by the gateway at start, before it sweeps what is left."""
+        owner, last activity and place in the limits. Called by the gateway at start, before it sweeps what is left."""
         if self.adopt_grace_seconds <= 0:
             return []
         backend = get_backend(self.msb_settings)
@@ -142,7 +113,8 @@ class AdoptionMixin:
                 await self._adopt(record, busy if busy.get("msg_id") else None)
             except Exception as exc:
                 metrics.ADOPTIONS.labels("lost").inc()
-                self.allocations.pop(found.sandbox_id, None)
+                if (kernel := self.records.pop(found.sandbox_id, None)) is not None:
+                    kernel.close()
                 self.log.warning(
                     "could not adopt kernel %s: %s; the sweep stops it", found.sandbox_id, exc.message if isinstance(exc, MsbError) else exc
                 )
@@ -155,34 +127,26 @@ class AdoptionMixin:
 
     async def _adopt(self, record: dict, busy_with: dict | None) -> None:
         kernel_id = record["kernel_id"]
-        allocation = Allocation(
-            kernel_id,
-            record["kernel_name"],
-            get_flavor(record["flavor"]),
-            record["template"],
-            created=record.get("created") or time.time(),
-            notebook_path=record.get("notebook_path"),
-            env=start_env(record.get("env")),
-        )
-        self.allocations[kernel_id] = allocation
-        registry.adoptions[kernel_id] = record
+        kernel = KernelRecord.from_adoption(record)
+        self.records[kernel_id] = kernel
+        self.sandbox_registry.adoptions[kernel_id] = record
         try:
             # jupyter_server's start, so that restarts, culling, activity and the WebSocket treat it as any other kernel;
             # the provisioner adopts the sandbox where it would have created one.
             await AsyncMappingKernelManager.start_kernel(
-                self, kernel_id=kernel_id, kernel_name=record["kernel_name"], env={**os.environ, **allocation.env}
+                self, kernel_id=kernel_id, kernel_name=record["kernel_name"], env={**os.environ, **kernel.env}
             )
         finally:
-            registry.adoptions.pop(kernel_id, None)
+            self.sandbox_registry.adoptions.pop(kernel_id, None)
         km = kernels_of(self)[kernel_id]
         if record.get("last_activity"):
             km.last_activity = datetime.fromtimestamp(record["last_activity"], timezone.utc)  # the culling clock goes on
         km.execution_state = "busy" if busy_with else "idle"
         self.add_restart_callback(kernel_id, lambda: self._record_death(kernel_id), "restart")
         if busy_with:
-            if kernel_id in self._busy_files:
-                self._busy_files[kernel_id].running(busy_with)  # still running it, should this gateway go too
-            self._loss_reports[kernel_id] = asyncio.ensure_future(self._report_lost_execution(kernel_id, busy_with))
+            if kernel.busy_file is not None:
+                kernel.busy_file.running(busy_with)  # still running it, should this gateway go too
+            kernel.loss_report = asyncio.ensure_future(self._report_lost_execution(kernel_id, busy_with))
         self.record_for_adoption(kernel_id)
 
     async def _report_lost_execution(self, kernel_id: str, request: dict) -> None:
@@ -198,20 +162,23 @@ class AdoptionMixin:
                 pass
         finally:
             client.stop_channels()
-        busy = self._busy_files.get(kernel_id)
+        kernel = self.records.get(kernel_id)
+        if kernel is None:
+            return  # gone while it ran: no one to tell
+        busy = kernel.busy_file
         if busy is not None and busy.request.get("msg_id") == request.get("msg_id"):
             busy.running(None)
-        lost_executions.setdefault(kernel_id, []).append(request)
+        kernel.lost_executions.append(request)
         self.tell_lost_executions(kernel_id)
 
     def tell_lost_executions(self, kernel_id: str) -> None:
         """Send the lost-execution notes to the kernel's open WebSockets; kept until one is open to hear them."""
-        connections = list(open_websockets.get(kernel_id, ()))
-        requests = lost_executions.get(kernel_id)
+        kernel = self.records.get(kernel_id)
         km = kernels_of(self).get(kernel_id)
-        if not connections or not requests or km is None:
+        if kernel is None or km is None or not kernel.websockets or not kernel.lost_executions:
             return
-        lost_executions.pop(kernel_id, None)
+        connections = list(kernel.websockets)
+        requests, kernel.lost_executions = kernel.lost_executions, []
         note = (
             "msb-kernels: the gateway restarted while this ran; the kernel and its variables were kept, "
             "but what the code printed during the restart, and how it ended, were lost.\n"
@@ -230,3 +197,24 @@ class AdoptionMixin:
                 for connection in connections:
                     with contextlib.suppress(Exception):  # a socket closing as it is told
                         connection.send_to_client(message, channel)
+
+
+class BusyFiles:
+    """The records' busy files by kernel id, the way ActivityMixin.start_watching_activity reads and adds them: its body
+    stays unchanged until it moves to the compat module, where it can read record.busy_file itself."""
+
+    def __init__(self, records: dict[str, KernelRecord]):
+        self.records = records
+
+    def __contains__(self, kernel_id: object) -> bool:
+        record = self.records.get(kernel_id)  # type: ignore[call-overload]
+        return record is not None and record.busy_file is not None
+
+    def __getitem__(self, kernel_id: str) -> BusyFile:
+        busy = self.records[kernel_id].busy_file
+        if busy is None:
+            raise KeyError(kernel_id)
+        return busy
+
+    def __setitem__(self, kernel_id: str, busy: BusyFile) -> None:
+        self.records[kernel_id].busy_file = busy  # a kernel is kept only with a record (AdoptionMixin._kept)

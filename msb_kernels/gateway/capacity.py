@@ -21,11 +21,11 @@ CLUSTER_CAPACITY_MIB = 2**40  # no bound of this host's
 
 
 class CapacityMixin:
-    """MsbKernelManager's limits. Reads its msb_settings, pool, allocations and kernel_spec_manager."""
+    """MsbKernelManager's limits. Reads its msb_settings, pool, records (their flavors) and kernel_spec_manager."""
 
     msb_settings: Any
     pool: Any
-    allocations: dict
+    records: dict
     kernel_spec_manager: Any
 
     # The capacity is MsbSettings' (MSB_CAPACITY_*, or `serve --capacity-*`). Memory is the real limit:
@@ -47,7 +47,7 @@ class CapacityMixin:
         """Every kernel the limits count: sessions, and waiting pooled kernels if MSB_POOL_COUNTS_AS_SESSIONS; with
         awake, less the hibernated ones."""
         pooled = self.pool.waiting_flavors() if self.pool.counts_as_sessions else []
-        sessions = [a.flavor for kernel_id, a in list(self.allocations.items()) if not (awake and self.is_hibernated(kernel_id))]
+        sessions = [r.flavor for kernel_id, r in list(self.records.items()) if not (awake and self.is_hibernated(kernel_id))]
         return sessions + pooled
 
     def allocated(self) -> tuple[int, int]:
@@ -108,7 +108,7 @@ class CapacityMixin:
         if person is None:
             return
         settings = self.msb_settings
-        mine = [(kernel_id, a) for kernel_id, a in list(self.allocations.items()) if a.owner == person.name]
+        mine = [(kernel_id, r) for kernel_id, r in list(self.records.items()) if r.owner == person.name]
         if settings.max_sessions_per_user is not None and len(mine) >= settings.max_sessions_per_user:
             raise ResourceLimitExceeded(
                 f"{person.name} runs {len(mine)} of MSB_MAX_SESSIONS_PER_USER={settings.max_sessions_per_user} kernels",

@@ -11,7 +11,8 @@ class CullingMixin:
     finds them."""
 
     def kernel_died(self, kernel_id: str) -> None:  # compat.MappingKernelManagerHooks
-        self._stop_reasons[kernel_id] = "died"
+        if (record := self.records.get(kernel_id)) is not None:
+            record.stop_reason = "died"
 
     def initialize_culler(self) -> None:
         """Poll for idle kernels even when the default timeout is 0 (never): a kernelspec may set its own."""
@@ -28,10 +29,12 @@ class CullingMixin:
             return
         if getattr(kernel, "execution_state", None) != "dead" and self.effective_cull_timeout(kernel_id) <= 0:
             return  # 0 means never, for the server default and for a kernelspec's override alike
+        record = self.records.get(kernel_id)
         refused = self.hibernation_refused(kernel_id)
-        self._stop_reasons[kernel_id] = "culled after being idle" + (f" (it could not hibernate: {refused})" if refused else "")
+        if record is not None:
+            record.stop_reason = "culled after being idle" + (f" (it could not hibernate: {refused})" if refused else "")
         try:
             await super().cull_kernel_if_idle(kernel_id)
         finally:
-            if kernel_id in self:
-                self._stop_reasons.pop(kernel_id, None)
+            if record is not None and kernel_id in self:
+                record.stop_reason = None  # not culled: it runs on

@@ -29,7 +29,6 @@ from tornado import web
 
 from msb_kernels import __version__, audit
 from msb_kernels.compat import KERNEL_ACTION_REGEX, KERNEL_ID_REGEX, dropped_give_up_timer, replace_not_found_handler, stop_ping
-from msb_kernels.gateway.adoption import open_websockets
 from msb_kernels.gateway.errors import MsbHTTPError, msb_error_in
 from msb_kernels.gateway.records import start_env
 from msb_kernels.identity.people import Person, acting, acting_as, acting_client
@@ -190,7 +189,8 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
             stream = getattr(self.kernel_manager, f"connect_{channel}")(identity=identity)
             stream.channel = channel
             self.channels[channel] = stream
-        open_websockets.setdefault(self.kernel_id, set()).add(self)
+        if (record := self.multi_kernel_manager.record(self.kernel_id)) is not None:
+            record.websockets.add(self)
         self.multi_kernel_manager.tell_lost_executions(self.kernel_id)
 
     async def prepare(self) -> None:
@@ -229,11 +229,8 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
                 stream.close()
 
     def disconnect(self) -> None:
-        sockets = open_websockets.get(self.kernel_id)
-        if sockets is not None:
-            sockets.discard(self)
-            if not sockets:
-                open_websockets.pop(self.kernel_id, None)
+        if (record := self.multi_kernel_manager.record(self.kernel_id)) is not None:
+            record.websockets.discard(self)
         super().disconnect()
         # jupyter_server's prepare() left a timer (kernel_info_timeout, 60 s) whose closure holds this connection: let it
         # hold an empty one, not the ZMQ streams (a last connection's are the offline buffer's now, which closes them).

@@ -67,12 +67,10 @@ async def iopub_heard(km: Any) -> None:
 
 
 class HibernationMixin:
-    """MsbKernelManager's hibernation. State: per kernel, a lock (hibernate and wake never overlap), the last activity
-    a refusal was for (not retried until the kernel is used again), and counters for the stats."""
+    """MsbKernelManager's hibernation. State: on each kernel's record, a lock (hibernate and wake never overlap) and the
+    last activity a refusal was for (not retried until the kernel is used again); here, counters for the stats."""
 
     def init_hibernation(self) -> None:
-        self._hibernation_locks: dict[str, asyncio.Lock] = {}
-        self._refused_at: dict[str, tuple[Any, str]] = {}  # kernel id -> (the last_activity its refusal was for, why)
         self.hibernation_counts = {"hibernated": 0, "restored": 0, "refused": 0, "failed": 0}
         self.hibernation_refusals: deque[dict] = deque(maxlen=RECENT_REFUSALS)  # newest last: {"id", "reason", "at"}
         self._hibernation_callback: PeriodicCallback | None = None
@@ -110,13 +108,14 @@ class HibernationMixin:
         return bool(sandbox is not None and sandbox.hibernated)
 
     def _lock(self, kernel_id: str) -> asyncio.Lock:
-        return self._hibernation_locks.setdefault(kernel_id, asyncio.Lock())
+        record = self.records.get(kernel_id)
+        return record.hibernation_lock if record is not None else asyncio.Lock()  # no record: a kernel on its way out
 
     async def hibernate_idle_kernels(self) -> None:
         """The periodic look: each session's kernel idle for MSB_HIBERNATE_AFTER_SECONDS, and not busy, hibernates,
         whether or not a client is connected (it wakes when one sends something)."""
         now = time.time()
-        for kernel_id in list(self.allocations):
+        for kernel_id, record in list(self.records.items()):
             km = kernels_of(self).get(kernel_id)
             sandbox = self._sandbox(kernel_id)
             last = getattr(km, "last_activity", None)
@@ -124,7 +123,7 @@ class HibernationMixin:
                 continue
             if getattr(km, "execution_state", None) != "idle" or self._lock(kernel_id).locked():
                 continue
-            if now - last.timestamp() < self.hibernate_after or self._refused_at.get(kernel_id, (None,))[0] == last:
+            if now - last.timestamp() < self.hibernate_after or (record.hibernation_refused or (None,))[0] == last:
                 continue
             try:
                 await self.hibernate_kernel(kernel_id)
@@ -150,7 +149,8 @@ class HibernationMixin:
                 await self._ended_by(kernel_id, "failed", "hibernation failed", exc)
                 raise
             km.execution_state = HIBERNATED
-            self._refused_at.pop(kernel_id, None)
+            if (record := self.records.get(kernel_id)) is not None:
+                record.hibernation_refused = None
             self.hibernation_counts["hibernated"] += 1
             metrics.HIBERNATIONS.labels("hibernated").inc()
             metrics.HIBERNATE_SECONDS.observe(time.monotonic() - began)
@@ -162,14 +162,17 @@ class HibernationMixin:
         self.hibernation_counts["failed"] += 1
         metrics.HIBERNATIONS.labels(outcome).inc()
         self.log.error("kernel %s: %s, which ended it: %s", kernel_id, what, error.message)
-        self._stop_reasons[kernel_id] = f"{what}: {error.message}"
+        if (record := self.records.get(kernel_id)) is not None:
+            record.stop_reason = f"{what}: {error.message}"
         await self.shutdown_kernel(kernel_id, now=True)
 
     def _refused(self, kernel_id: str, km: Any, reason: str) -> None:
-        self._refused_at[kernel_id] = (getattr(km, "last_activity", None), reason)
+        record = self.records.get(kernel_id)
+        if record is not None:
+            record.hibernation_refused = (getattr(km, "last_activity", None), reason)
         self.hibernation_counts["refused"] += 1
         metrics.HIBERNATIONS.labels("refused").inc()
-        owner = allocation.owner if (allocation := self.allocations.get(kernel_id)) is not None else None
+        owner = record.owner if record is not None else None
         self.hibernation_refusals.append({"id": kernel_id, "owner": owner, "reason": reason, "at": time.time()})
         self.log.warning("kernel %s stays awake: it cannot hibernate: %s", kernel_id, reason)
 
@@ -207,12 +210,12 @@ class HibernationMixin:
     async def _make_room(self, kernel_id: str) -> None:
         """Hibernate the least recently used idle kernels until the one waking fits the capacity (MSB_CAPACITY_*):
         so a host holds more sessions than its memory, as long as few are in use at once."""
-        flavor = self.allocations[kernel_id].flavor
+        flavor = self.records[kernel_id].flavor
         tried: set[str] = {kernel_id}
         while not self.fits(flavor):
             idle = [
                 (km.last_activity, other)
-                for other in list(self.allocations)
+                for other in list(self.records)
                 if other not in tried
                 and (km := kernels_of(self).get(other)) is not None
                 and getattr(km, "execution_state", None) == "idle"
@@ -243,23 +246,19 @@ class HibernationMixin:
 
     def hibernation_refused(self, kernel_id: str) -> str | None:
         """Why the kernel's last try to hibernate was refused, if it was: the cull that ends it says so."""
-        refused = self._refused_at.get(kernel_id)
-        return refused[1] if refused else None
+        record = self.records.get(kernel_id)
+        return record.hibernation_refused[1] if record is not None and record.hibernation_refused else None
 
     async def wake_all(self, timeout: float) -> None:
         """Restore every hibernated kernel (at a stop with MSB_KEEP_KERNELS); one that does not come back in time is lost."""
-        hibernated = [kernel_id for kernel_id in list(self.allocations) if self.is_hibernated(kernel_id)]
+        hibernated = [kernel_id for kernel_id in list(self.records) if self.is_hibernated(kernel_id)]
         if hibernated:
             self.log.info("waking %d hibernated kernel(s), for the next msb-kernels serve to adopt", len(hibernated))
             await asyncio.wait([asyncio.ensure_future(self.wake_kernel(kernel_id)) for kernel_id in hibernated], timeout=timeout)
 
-    def forget_hibernation(self, kernel_id: str) -> None:
-        self._hibernation_locks.pop(kernel_id, None)
-        self._refused_at.pop(kernel_id, None)
-
     def hibernation_stats(self, person: Any = None) -> dict:
         """Counts for everyone; the recent refusals (which name kernels) only of kernels ``person`` may see."""
-        hibernated = [kernel_id for kernel_id in list(self.allocations) if self.is_hibernated(kernel_id)]
+        hibernated = [kernel_id for kernel_id in list(self.records) if self.is_hibernated(kernel_id)]
         return {
             "after_seconds": self.hibernate_after,
             "hibernated_now": len(hibernated),

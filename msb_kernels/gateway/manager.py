@@ -8,13 +8,16 @@ all stay jupyter_server's) with the warm pool and one mixin per concept, each in
 - activity.py: jupyter_server's activity watch in one pass, and the bounded buffer for closed clients;
 - stats.py: /api/msb/stats.
 
+What it keeps of each kernel is one KernelRecord (records.py), in ``records``: the rooms share state through it and
+through each other's public methods, not through dicts of their own, so each stays a room of its own. It owns the
+SandboxRegistry its provisioners, pool and the MCP bridge's sessions count sandboxes in (registry.py).
+
 It raises the project's own errors (msb_kernels.errors); the handlers turn them into HTTP answers (errors.py).
 The kernelspecs it offers are kernelspecs.py's: only sandboxed ones.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections import deque
@@ -22,25 +25,25 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
-from tornado.ioloop import PeriodicCallback
 from traitlets import default
 
-from msb_kernels import audit, metrics, registry
+from msb_kernels import audit, metrics
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.compat import MappingKernelManagerHooks, kernels_of, pending_starts_of, serve_starts_through, shutdown_all_now
 from msb_kernels.config import load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
-from msb_kernels.gateway.adoption import AdoptionMixin, BusyFile, lost_executions, open_websockets
+from msb_kernels.gateway.adoption import AdoptionMixin
 from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import Allocation, backend_of, describe, sandbox_of
+from msb_kernels.gateway.records import KernelRecord, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.identity.people import acting, may_see, set_acting
 from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, has_own_directory
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+from msb_kernels.registry import SandboxRegistry
 from msb_kernels.session_env import requested_env
 from msb_kernels.status import iso_utc
 
@@ -85,17 +88,20 @@ class MsbKernelManager(
         self.msb_settings = load_settings(self.config)
         # jupyter_server starts kernels through pinned_superclass._async_start_kernel: that is where the pool serves them.
         serve_starts_through(self, PooledMultiKernelManager)
+        # This gateway's sandboxes: its provisioners reach it as their manager's parent's (registry.registry_of), its
+        # pool and the MCP bridge's sessions through this manager.
+        self.sandbox_registry = SandboxRegistry()
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
-        self.allocations: dict[str, Allocation] = {}
+        # One record per kernel, from its start (or adoption) to remove_kernel: everything the gateway keeps of it.
+        self.records: dict[str, KernelRecord] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
-        self._stop_reasons: dict[str, str] = {}
-        self._busy_files: dict[str, BusyFile] = {}  # kept kernels: the execute_request each is running, on disk
-        self._recorded: dict[str, float | None] = {}  # kept kernels: the last activity their adoption record holds
-        self._loss_reports: dict[str, asyncio.Task] = {}
-        self._record_callback: PeriodicCallback | None = None
-        self._addresses: dict[str, str] = {}  # where each kernel was reached when its WebSockets' channels were made
-        registry.kernel_moved_listeners.append(self._kernel_moved)
+        self.init_adoption()
+        self.sandbox_registry.kernel_moved_listeners.append(self._kernel_moved)
         self.init_hibernation()
+
+    def record(self, kernel_id: str) -> KernelRecord | None:
+        """The kernel's record; None for an id this gateway runs no kernel under (or not yet: a pooled one waiting)."""
+        return self.records.get(kernel_id)
 
     # -- kernel lifecycle -----------------------------------------------------------
 
@@ -112,8 +118,8 @@ class MsbKernelManager(
 
     def visible(self, kernel_id: str) -> bool:
         """Whether the caller may see this kernel: the system and admins every one, a person their own."""
-        allocation = self.allocations.get(kernel_id)
-        return may_see(acting(), allocation.owner if allocation is not None else None)
+        record = self.records.get(kernel_id)
+        return may_see(acting(), record.owner if record is not None else None)
 
     def __contains__(self, kernel_id: object) -> bool:
         return super().__contains__(kernel_id) and self.visible(str(kernel_id))
@@ -163,7 +169,7 @@ class MsbKernelManager(
             raise
         pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
         kernel_id = pooled or kernel_id or self.new_kernel_id()
-        allocation = Allocation(
+        record = KernelRecord(
             kernel_id,
             kernel_name,
             flavor,
@@ -172,7 +178,7 @@ class MsbKernelManager(
             env=requested_env(env),
             owner=person.name if person is not None else None,  # never a name the request asserts
         )
-        self.allocations[kernel_id] = allocation
+        self.records[kernel_id] = record
         try:
             started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
@@ -184,12 +190,13 @@ class MsbKernelManager(
         except BaseException as exc:
             metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
             audit.record("start", f"failed: {metrics.start_failure_reason(exc)}", kernel_id, kernel_name=kernel_name)
-            self.allocations.pop(kernel_id, None)
+            self.records.pop(kernel_id, None)
+            record.close()
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
             pending_starts_of(self).pop(kernel_id, None)
             await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
-            self._record_stop(allocation, "error", f"start failed: {reason}")
+            self._record_stop(record, "error", f"start failed: {reason}")
             if isinstance(exc, (MsbError, web.HTTPError)) or not isinstance(exc, Exception):  # ours, jupyter_server's, cancellation
                 raise
             self.log.error("kernel %s did not start: %s", kernel_id, exc, exc_info=exc)
@@ -205,40 +212,31 @@ class MsbKernelManager(
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
         km = super().remove_kernel(kernel_id)
-        busy = self._busy_files.pop(kernel_id, None)
-        if busy is not None:
-            busy.close()
-        self._recorded.pop(kernel_id, None)
-        self._addresses.pop(kernel_id, None)
-        self.forget_hibernation(kernel_id)
-        lost_executions.pop(kernel_id, None)
-        task = self._loss_reports.pop(kernel_id, None)
-        if task is not None:
-            task.cancel()
-        allocation = self.allocations.pop(kernel_id, None)
-        if allocation is not None:
-            reason = self._stop_reasons.pop(kernel_id, "shut down")
+        record = self.records.pop(kernel_id, None)
+        if record is not None:
+            record.close()
+            reason = record.stop_reason or "shut down"
             exit_reason = described.last_exit_reason if (described := describe(km)) else None
-            self._record_stop(allocation, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
+            self._record_stop(record, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
             how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
             metrics.KERNEL_STOPS.labels(how).inc()
-            audit.record("stop", how, kernel_id, owner=allocation.owner, reason=reason)
-            self._count_oom(allocation, exit_reason)
-        for listener in list(registry.kernel_removed_listeners):
+            audit.record("stop", how, kernel_id, owner=record.owner, reason=reason)
+            self._count_oom(record, exit_reason)
+        for listener in list(self.sandbox_registry.kernel_removed_listeners):
             listener(kernel_id)
         give_memory_back()
         return km
 
-    def _record_stop(self, allocation: Allocation, status: str, reason: str, exit_reason: str | None = None) -> None:
+    def _record_stop(self, record: KernelRecord, status: str, reason: str, exit_reason: str | None = None) -> None:
         """``reason`` says what happened; ``exit_reason`` is the sandbox's word on why the kernel ended, when it knows."""
         self.stopped.append(
             {
-                "id": allocation.kernel_id,
-                "owner": allocation.owner,
-                "kernel_name": allocation.kernel_name,
-                "flavor": allocation.flavor.name,
-                "template": allocation.template,
-                "created": iso_utc(allocation.created),
+                "id": record.kernel_id,
+                "owner": record.owner,
+                "kernel_name": record.kernel_name,
+                "flavor": record.flavor.name,
+                "template": record.template,
+                "created": iso_utc(record.created),
                 "stopped": iso_utc(time.time()),
                 "status": status,
                 "reason": reason,
@@ -247,9 +245,9 @@ class MsbKernelManager(
         )
 
     @staticmethod
-    def _count_oom(allocation: Allocation, exit_reason: str | None) -> None:
-        if exit_reason == allocation.flavor.out_of_memory_message():
-            metrics.OOM_KILLS.labels(allocation.flavor.name).inc()
+    def _count_oom(record: KernelRecord, exit_reason: str | None) -> None:
+        if exit_reason == record.flavor.out_of_memory_message():
+            metrics.OOM_KILLS.labels(record.flavor.name).inc()
 
     async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
         self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's, before anything is counted
@@ -269,21 +267,16 @@ class MsbKernelManager(
 
     def retained_sizes(self) -> dict[str, int]:
         """How many entries each structure the gateway keeps holds now: each is bounded, or freed with its kernel
-        (issue 28's soak reads these beside the gateway's RSS)."""
+        (issue 28's soak reads these beside the gateway's RSS). What the gateway keeps per kernel is on its record,
+        which remove_kernel pops: the records, and what they hold that a client's or a kernel's life adds to."""
+        records = list(self.records.values())
         return {
             "kernels": len(kernels_of(self)),
-            "allocations": len(self.allocations),
+            "records": len(records),
             "pending_kernels": len(pending_starts_of(self)),
             "recently_stopped": len(self.stopped),
-            "stop_reasons": len(self._stop_reasons),
-            "busy_files": len(self._busy_files),
-            "adoption_records": len(self._recorded),
-            "loss_reports": len(self._loss_reports),
-            "addresses": len(self._addresses),
-            "hibernation_locks": len(self._hibernation_locks),
-            "hibernation_refusals": len(self._refused_at),
-            "lost_executions": len(lost_executions),
-            "open_websockets": sum(len(sockets) for sockets in open_websockets.values()),
+            "lost_executions": sum(len(record.lost_executions) for record in records),
+            "open_websockets": sum(len(record.websockets) for record in records),
             **self.activity_sizes(),
             **{f"mcp_{name}": size for name, size in (self.mcp_sizes() if self.mcp_sizes else {}).items()},
         }
@@ -291,39 +284,44 @@ class MsbKernelManager(
     mcp_sizes = None  # set by the gateway's /mcp mount: the MCP bridge's own structures (Bridge.sizes)
 
     def _kernel_moved(self, kernel_id: str) -> None:
-        """A kernel now at another address (registry.kernel_moved_listeners): the activity watch and the open
+        """A kernel now at another address (its registry's kernel_moved_listeners): the activity watch and the open
         WebSockets follow it at once; one that reconnects later finds its address changed (changed_address)."""
         if kernel_id not in self:
             return
         self.stop_watching_activity(kernel_id)
         self.start_watching_activity(kernel_id)
-        for connection in list(open_websockets.get(kernel_id, ())):
+        record = self.records.get(kernel_id)
+        for connection in list(record.websockets if record is not None else ()):
             connection.follow_kernel()
 
     def changed_address(self, kernel_id: str, changed: list | None) -> list | None:  # compat.MappingKernelManagerHooks
         """jupyter_server's test of whether a restart moved the kernel, which looks at ports only: the address counts too."""
         km = self.get_kernel(kernel_id)
-        if changed is None and self._addresses.setdefault(kernel_id, km.ip) != km.ip:
+        record = self.records.get(kernel_id)
+        if record is not None and record.address is None:
+            record.address = km.ip
+        if changed is None and record is not None and record.address != km.ip:
             changed = list(km.ports)
         return changed
 
     def ports_changed(self, kernel_id: str) -> bool:
         changed = super().ports_changed(kernel_id)
-        self._addresses[kernel_id] = self.get_kernel(kernel_id).ip
+        if (record := self.records.get(kernel_id)) is not None:
+            record.address = self.get_kernel(kernel_id).ip
         return changed
 
     def _record_death(self, kernel_id: str) -> None:
         """The kernel died and jupyter_client restarts it: a fresh kernel under the same id, its state gone."""
-        allocation = self.allocations.get(kernel_id)
-        if allocation is None:
+        record = self.records.get(kernel_id)
+        if record is None:
             return
         sandbox = sandbox_of(kernels_of(self).get(kernel_id))
         reason = sandbox.exit_reason() if sandbox is not None else None
         metrics.KERNEL_RESTARTS.labels("died").inc()
-        self._count_oom(allocation, reason)
+        self._count_oom(record, reason)
         self.log.warning("kernel %s died%s; restarting it", kernel_id, f" ({reason})" if reason else "")
         self._record_stop(
-            allocation,
+            record,
             "restarted",
             "died" + (f" ({reason})" if reason else "") + " and was restarted with a fresh kernel under the same id; its state is lost",
             reason,

@@ -42,11 +42,11 @@ class GatewayCollector(Collector):
         )
         limit = GaugeMetricFamily("msb_kernel_memory_limit_bytes", "Each kernel's flavor memory", labels=["kernel_id", "flavor"])
         counted: Counter = Counter()
-        for kernel_id, allocation in list(manager.allocations.items()):
+        for kernel_id, record in list(manager.records.items()):
             sandbox = sandbox_of(kernels_of(manager).get(kernel_id))
-            counted[(manager.kernel_status(kernel_id), allocation.flavor.name, backend_of(sandbox))] += 1
-            labels = [kernel_id, allocation.flavor.name]
-            limit.add_metric(labels, allocation.flavor.memory_bytes)
+            counted[(manager.kernel_status(kernel_id), record.flavor.name, backend_of(sandbox))] += 1
+            labels = [kernel_id, record.flavor.name]
+            limit.add_metric(labels, record.flavor.memory_bytes)
             if sandbox is None:
                 continue
             try:
@@ -59,7 +59,7 @@ class GatewayCollector(Collector):
                 cpu.add_metric(labels, seconds)
         for (state, flavor, backend), count in sorted(counted.items()):
             sessions.add_metric([state, flavor, backend], count)
-        yield from (sessions, cpu, memory, limit, sessions_per_person(manager.allocations.values()))
+        yield from (sessions, cpu, memory, limit, sessions_per_person(manager.records.values()))
 
         pool = manager.pool.stats()
         waiting = GaugeMetricFamily("msb_pool_waiting", "Warm kernels waiting in the pool, per kernelspec", labels=["kernel_name"])
@@ -88,11 +88,11 @@ class GatewayCollector(Collector):
 PEOPLE_LABELS = 50  # the most active people, each by name; the rest of a large team add up under "(others)"
 
 
-def sessions_per_person(allocations: Any) -> GaugeMetricFamily:
+def sessions_per_person(records: Any) -> GaugeMetricFamily:
     """Sessions by the person who started them, with a bounded label set: at most PEOPLE_LABELS names per scrape (the
     people with the most sessions), "(others)" for the rest, and "(system)" for kernels no person started. A
     thousand-person team then costs Prometheus 52 series here, not a thousand."""
-    counts = Counter(a.owner or "(system)" for a in list(allocations))
+    counts = Counter(r.owner or "(system)" for r in list(records))
     family = GaugeMetricFamily(
         "msb_sessions_per_person",
         f"Sessions per person: the {PEOPLE_LABELS} with the most by name, the rest as (others)",

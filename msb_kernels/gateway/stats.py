@@ -32,7 +32,7 @@ class StatsMixin:
         has the JPY_SESSION_NAME its start request carried: JupyterLab with --gateway-url keeps
         its sessions in its own server and sends only that, once, at the start.
         """
-        paths = {kernel_id: a.notebook_path for kernel_id, a in list(self.allocations.items()) if a.notebook_path}
+        paths = {kernel_id: r.notebook_path for kernel_id, r in list(self.records.items()) if r.notebook_path}
         if session_manager is not None:
             for session in await ensure_async(session_manager.list_sessions()):
                 kernel = session.get("kernel") or {}
@@ -44,13 +44,13 @@ class StatsMixin:
         """Resource stats (sessions, ports, memory and CPUs allocated, per flavor, utilization), plus one entry per kernel."""
         paths = await self.notebook_paths(session_manager)
         memory, cpus = self.allocated()
-        active = len(self.allocations)
+        active = len(self.records)
         backend, backend_info = backend_stats(self.msb_settings)
         ports = port_stats(backend, backend_info)
         kernels = []
         person = acting()
-        for kernel_id, allocation in list(self.allocations.items()):
-            if not may_see(person, allocation.owner):
+        for kernel_id, record in list(self.records.items()):
+            if not may_see(person, record.owner):
                 continue  # another person's: not even its id (the totals above count it, naming nobody)
             km = kernels_of(self).get(kernel_id)
             sandbox = described.sandbox if (described := describe(km)) else None
@@ -66,12 +66,12 @@ class StatsMixin:
             kernels.append(
                 {
                     "id": kernel_id,
-                    "owner": allocation.owner,
-                    "kernel_name": allocation.kernel_name,
-                    "flavor": allocation.flavor.name,
-                    "template": allocation.template,
+                    "owner": record.owner,
+                    "kernel_name": record.kernel_name,
+                    "flavor": record.flavor.name,
+                    "template": record.template,
                     "backend": info.get("backend"),
-                    "created": iso_utc(allocation.created),
+                    "created": iso_utc(record.created),
                     "last_activity": iso_utc(last.timestamp()) if last is not None else None,
                     "status": self.kernel_status(kernel_id),
                     "execution_state": getattr(km, "execution_state", "starting") if km is not None else "starting",
@@ -101,7 +101,7 @@ class StatsMixin:
                 "memory_mb": max(0, self.capacity_memory_mib - memory),
                 "cpus": None if self.capacity_cpus is None else max(0, self.capacity_cpus - cpus),
             },
-            "flavor_counts": {name: sum(1 for a in self.allocations.values() if a.flavor.name == name) for name in FLAVORS},
+            "flavor_counts": {name: sum(1 for r in list(self.records.values()) if r.flavor.name == name) for name in FLAVORS},
             "utilization": {
                 "sessions": percent(active, self.msb_settings.max_sessions),
                 "ports": percent(ports["allocated"], ports["allocated"] + ports["available"]),

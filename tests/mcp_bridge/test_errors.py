@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mcp import Client
 
-from msb_kernels.registry import session_kernel_ids
+from msb_kernels import registry
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error
 from tests.mcp_bridge.test_tools import call
 from tests.skips import needs_cgroups
@@ -78,7 +78,7 @@ async def test_language_mismatch_with_the_session_is_a_clear_error(mcp_server, p
 
 
 async def test_resource_limit_exceeded_suggests_stopping_a_session(mcp_server, python_session, monkeypatch):
-    monkeypatch.setenv("MSB_MAX_SESSIONS", str(max(1, len(session_kernel_ids))))
+    monkeypatch.setenv("MSB_MAX_SESSIONS", str(max(1, len(registry.default().session_kernel_ids))))
     result = await call(mcp_server, "execute_code", {"code": "1"})
     error = result_error(result)
     assert error["type"] == "ResourceLimitExceeded" and "MSB_MAX_SESSIONS" in error["message"]

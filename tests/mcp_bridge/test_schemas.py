@@ -14,8 +14,8 @@ from mcp import Client
 from mcp_bridge.models import ToolResult
 from mcp_bridge.notebooks import tools as notebook_tools
 from mcp_bridge.tools import TOOLS
+from msb_kernels import registry
 from msb_kernels.errors import error_types
-from msb_kernels.registry import live_sandboxes
 from tests.mcp_bridge.conftest import result_error
 
 pytestmark = pytest.mark.asyncio
@@ -126,7 +126,7 @@ async def test_every_tool_and_every_request_error_fits_the_output_schema(mcp_ser
 
 
 async def test_limit_refusal_fits_the_output_schema(mcp_server, python_session, monkeypatch):
-    monkeypatch.setenv("MSB_MAX_SESSIONS", str(max(1, len(live_sandboxes))))
+    monkeypatch.setenv("MSB_MAX_SESSIONS", str(max(1, len(registry.default().live_sandboxes))))
     async with Client(mcp_server) as raw:
         client = await checked_client(raw)
         for tool, arguments in (("execute_code", {"code": "1"}), ("execute_command", {"command": "true"})):

@@ -14,8 +14,8 @@ from mcp import Client
 
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
+from msb_kernels import registry
 from msb_kernels.config import load_settings
-from msb_kernels.registry import live_sandboxes, pooled_kernel_ids, session_kernel_ids
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error, wait_until_running
 
 pytestmark = pytest.mark.asyncio
@@ -272,7 +272,7 @@ async def test_executions_on_one_session_run_in_order(mcp_server, python_session
 
 
 async def test_ten_sessions_run_in_parallel(mcp_sessions, monkeypatch):
-    monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(session_kernel_ids) + 12))
+    monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(registry.default().session_kernel_ids) + 12))
     patient = build_server(mcp_sessions, load_settings(), dataclasses.replace(TEST_OPTIONS, running_after_seconds=120))
     async with Client(patient) as client:
         created = await asyncio.gather(*[client.call_tool("execute_code", {"code": f"mine = {i}"}) for i in range(10)])
@@ -433,7 +433,9 @@ async def test_progress_keeps_coming_while_the_code_prints_nothing(mcp_server, p
 async def test_max_sessions_counts_the_sessions_served_from_the_warm_pool(monkeypatch):
     """Before: a session taken from the pool was never checked, so MSB_MAX_SESSIONS=2 let 3 start (4 sandboxes)."""
     monkeypatch.setenv("MSB_POOL_SIZE", "python-small=1")
-    held = [k for k in live_sandboxes if k not in pooled_kernel_ids]  # this process's other tests' sessions
+    held = [
+        k for k in registry.default().live_sandboxes if k not in registry.default().pooled_kernel_ids
+    ]  # this process's other tests' sessions
     monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(held) + 2))
     sessions = ManagedKernelSessions(start_timeout=60)
     pool = sessions.kernel_manager.pool
@@ -453,6 +455,6 @@ async def test_max_sessions_counts_the_sessions_served_from_the_warm_pool(monkey
         assert error["type"] == "ResourceLimitExceeded" and "MSB_MAX_SESSIONS" in error["message"], error
         assert pool.waiting() == 1, "the refused start took the pooled kernel"
         mine = [r.structured_content["session_id"] for r in outcomes[:2]]
-        assert len(sessions.started) == 2 and set(mine) <= set(live_sandboxes)
+        assert len(sessions.started) == 2 and set(mine) <= set(registry.default().live_sandboxes)
     finally:
         await sessions.close()

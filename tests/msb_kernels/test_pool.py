@@ -36,7 +36,7 @@ async def test_a_new_session_gets_a_running_pooled_kernel_with_no_past(pooled_ma
     # Room for exactly one more session: the waiting kernel is nobody's, so it does not count. Sessions an earlier
     # test of this process still holds are counted in (and named, for whoever hunts the leak: it happened once in
     # three full runs, and a watch over every test could not catch it again).
-    held = set(registry.session_kernel_ids)
+    held = set(registry.default().session_kernel_ids)
     if held:
         print(f"sessions already claimed in this process: {sorted(held)}")
     monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(held) + 1))
@@ -115,4 +115,27 @@ async def test_shutdown_stops_pooled_kernels_too():
     await manager.shutdown_all(now=True)
     assert await sandbox.poll() is not None
     assert not sandbox.state_dir.exists()
-    assert pooled.kernel_id not in registry.live_sandboxes and pooled.kernel_id not in registry.pooled_kernel_ids
+    assert pooled.kernel_id not in registry.default().live_sandboxes and pooled.kernel_id not in registry.default().pooled_kernel_ids
+
+
+async def test_a_manager_that_owns_a_registry_counts_its_kernels_there_alone():
+    """The registry is the manager's, handed down: its pool marks its waiting kernel there, its provisioner holds the
+    sandbox there (reached through the kernel manager's parent) and claims the session there, never in default()."""
+    from msb_kernels.registry import SandboxRegistry
+
+    manager = PooledMultiKernelManager()
+    manager.sandbox_registry = own = SandboxRegistry()
+    manager.pool = KernelPool(manager, {"msb-python-small": 1})
+    manager.pool.fill()
+    try:
+        await wait_for(lambda: manager.pool.waiting() == 1)
+        (pooled_id,) = manager.pool.kernel_ids()
+        assert pooled_id in own.pooled_kernel_ids and pooled_id in own.live_sandboxes and not own.session_kernel_ids
+        assert pooled_id not in registry.default().pooled_kernel_ids and pooled_id not in registry.default().live_sandboxes
+        assert registry.runs_in_this_process(pooled_id)  # what a backend's sweep asks, whichever registry holds it
+        kernel_id = await manager.start_kernel(kernel_name="msb-python-small")
+        assert kernel_id == pooled_id and own.session_kernel_ids == {kernel_id} and kernel_id not in own.pooled_kernel_ids
+        assert kernel_id not in registry.default().session_kernel_ids
+    finally:
+        await manager.shutdown_all(now=True)
+    assert not own.live_sandboxes and not own.session_kernel_ids and not own.pooled_kernel_ids

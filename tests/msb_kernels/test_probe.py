@@ -37,14 +37,14 @@ async def test_the_probe_runs_once_per_backend_and_interpreter_and_never_counts_
     from msb_kernels import registry
 
     monkeypatch.setenv("MSB_MAX_SESSIONS", "1")
-    registry.session_kernel_ids.add("someone-elses-session")  # the limit is reached: a probe must not be refused for it
+    registry.default().session_kernel_ids.add("someone-elses-session")  # the limit is reached: a probe must not be refused for it
     try:
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         first = await probe.probe("namespace", argv)
         assert first.ok and first.seconds > 0, first
         assert await probe.probe("namespace", argv) is first  # kept for the process's life
     finally:
-        registry.session_kernel_ids.discard("someone-elses-session")
+        registry.default().session_kernel_ids.discard("someone-elses-session")
         probe.forget()
 
 

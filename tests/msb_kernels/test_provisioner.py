@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
+from msb_kernels import registry
 from msb_kernels.errors import ResourceLimitExceeded
 from msb_kernels.flavors import FLAVORS
-from msb_kernels.registry import live_sandboxes, session_kernel_ids
 from msb_kernels.templates import TEMPLATES
 from tests.kernel_helpers import execute
 
@@ -134,7 +134,7 @@ async def test_shutdown_removes_the_sandbox(start_kernel, runtime_root):
     assert not os.path.exists(f"/proc/{sandbox.init_pid}") or open(f"/proc/{sandbox.init_pid}/stat").read().split()[2] == "Z"
     assert not state_dir.exists()
     assert not any(path.exists() for path in cgroup_paths)
-    assert km.kernel_id not in live_sandboxes
+    assert km.kernel_id not in registry.default().live_sandboxes
 
 
 ALLOCATE = (
@@ -169,7 +169,7 @@ async def test_unknown_flavor_is_refused_with_the_accepted_values(start_kernel):
 
 async def test_max_sessions_refuses_one_more(start_kernel, monkeypatch):
     await start_kernel()
-    monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(session_kernel_ids)))
+    monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(registry.default().session_kernel_ids)))
     with pytest.raises(ResourceLimitExceeded, match="MSB_MAX_SESSIONS"):
         await start_kernel()
 
@@ -247,13 +247,13 @@ async def test_a_start_cancelled_while_waiting_for_its_turn_gives_back_its_sessi
     async with start_turn(load_settings()):  # every turn is taken: the start waits at it
         start = asyncio.ensure_future(km.start_kernel(kernel_id=kernel_id, env=dict(os.environ)))
         for _ in range(500):
-            if kernel_id in session_kernel_ids and (runtime_root / kernel_id).exists():
+            if kernel_id in registry.default().session_kernel_ids and (runtime_root / kernel_id).exists():
                 break
             await asyncio.sleep(0.01)
-        assert kernel_id in session_kernel_ids, "the start never claimed its session"
+        assert kernel_id in registry.default().session_kernel_ids, "the start never claimed its session"
         start.cancel()
         with pytest.raises(asyncio.CancelledError):
             await start
-    assert kernel_id not in session_kernel_ids, "a cancelled start kept its session"
+    assert kernel_id not in registry.default().session_kernel_ids, "a cancelled start kept its session"
     assert not (runtime_root / kernel_id).exists(), "a cancelled start left its directory (and the kernel's key) behind"
-    assert kernel_id not in live_sandboxes
+    assert kernel_id not in registry.default().live_sandboxes

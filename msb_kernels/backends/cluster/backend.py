@@ -415,7 +415,7 @@ class ClusterBackend(SandboxBackend):
             except ValueError:
                 grace = 0.0
             silent = now - beats.get(owner, record.created)
-            held = kernel_id in registry.live_sandboxes or kernel_id in self._starting
+            held = registry.runs_in_this_process(kernel_id) or kernel_id in self._starting
             own_gateway = owner == gateway and grace > 0
             owner_alive = held or (silent <= OWNER_TIMEOUT and not own_gateway)
             adoptable = not held and grace > 0 and record.state.phase == "running" and (own_gateway or silent <= OWNER_TIMEOUT + grace)
@@ -455,7 +455,7 @@ class ClusterBackend(SandboxBackend):
                 continue
             await asyncio.to_thread(self.engine.remove, found.details["service"])
             state_dir = self.root / found.sandbox_id
-            if state_dir.is_dir() and found.sandbox_id not in registry.live_sandboxes:
+            if state_dir.is_dir() and not registry.runs_in_this_process(found.sandbox_id):
                 remove_state_dir(state_dir, keep_io_dir=False)
             swept.append(found.sandbox_id)
         with contextlib.suppress(Exception):

@@ -4,7 +4,8 @@ A gateway's sandboxes are held by the keeper of its runtime dir (keeper_program.
 them), not by the gateway, so they live on through its stop, crash or kill -9, for
 MSB_ADOPT_GRACE_SECONDS. The next gateway on the same runtime dir adopts them: it reads each one's
 adoption record (``<state dir>/adoption.json``, 0600: the kernel's connection keys, its kernelspec,
-flavor, notebook and last activity), and becomes its owner through the sandbox's keeper socket.
+flavor, notebook, the person who started it and last activity: the gateway's KernelRecord.to_adoption), and
+becomes the sandbox's owner through its keeper socket.
 
 Adoption trusts only files that no sandbox can have written: regular files (not links)
 owned by this process's user and writable by no one else, in a state dir that is the

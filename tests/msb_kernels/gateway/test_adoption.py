@@ -16,7 +16,9 @@ from datetime import datetime
 import pytest
 
 from msb_kernels.backends import backend_classes
-from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET
+from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json, write_private_json
+from msb_kernels.flavors import get_flavor
+from msb_kernels.gateway.records import KernelRecord
 from tests.conftest import TEST_BASE, VENV_BIN
 from tests.msb_kernels.gateway.conftest import (
     Gateway,
@@ -297,5 +299,43 @@ async def test_adoption_trusts_only_records_no_sandbox_could_have_written():
         log = second.log()
         assert "is open to other users" in log and "is not a regular file of uid 0" in log, log[-3000:]
         assert trusted.exists()
+    finally:
+        second.stop()
+
+
+def test_a_kernel_record_round_trips_through_its_adoption_record_owner_included():
+    """What a kernel's record writes for adoption restores the same record; a record from before owners is nobody's."""
+    record = KernelRecord("k1", "msb-python-medium", get_flavor("medium"), "python", 1.5, "a.ipynb", {"KERNEL_X": "1"}, owner="alice")
+    restored = KernelRecord.from_adoption({**record.to_adoption(), "connection": {}, "last_activity": None})
+    assert restored.to_adoption() == record.to_adoption() and restored.owner == "alice"
+    older = {key: value for key, value in record.to_adoption().items() if key != "owner"}
+    assert KernelRecord.from_adoption(older).owner is None
+
+
+async def test_an_adopted_kernel_keeps_its_owner():
+    """The adoption record carries the kernel's owner (nobody's, as every kernel is until identity sets one); the next
+    gateway restores it into the kernel's record, and writes it back from there when it records the kernel again."""
+    first = await launch_gateway(NO_POOL)
+    try:
+        owned, unowned = [await first.start_kernel() for _ in range(2)]
+        notebook = await KernelSocket.open(first, owned)
+        await notebook.execute("kept = 'alice'")
+        notebook.close()
+    finally:
+        first.stop(signal.SIGKILL)
+    paths = {kernel_id: first.runtime_dir / kernel_id / ADOPTION_RECORD for kernel_id in (owned, unowned)}
+    written = {kernel_id: trusted_json(path, private=True)[0] for kernel_id, path in paths.items()}
+    assert written[owned]["owner"] is None and written[unowned]["owner"] is None, written
+    write_private_json(paths[owned], {**written[owned], "owner": "alice"})  # as a gateway with identity writes it
+    before = paths[owned].stat().st_ino
+    second = await take_over(first)
+    try:
+        assert sorted(k["id"] for k in (await second.stats())["kernels"]) == sorted([owned, unowned]), second.log()[-3000:]
+        assert paths[owned].stat().st_ino != before  # recorded again by the adopting gateway, from its own record
+        assert trusted_json(paths[owned], private=True)[0]["owner"] == "alice"
+        assert trusted_json(paths[unowned], private=True)[0]["owner"] is None
+        notebook = await KernelSocket.open(second, owned)
+        assert (await notebook.execute("print(kept)")).stdout == "alice\n"
+        notebook.close()
     finally:
         second.stop()

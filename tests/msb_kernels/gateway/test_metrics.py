@@ -76,7 +76,7 @@ async def test_metrics_follow_a_scripted_workload(gateway_factory):
         assert value(during, "msb_kernel_memory_limit_bytes", kernel_id=kernel_id, flavor="small") == 2**30
     assert value(during, "msb_kernel_cpu_seconds_total", kernel_id=ids[0], flavor="small") > 0.01
     assert value(during, "msb_gateway_resident_bytes") > 30 * 2**20
-    assert value(during, "msb_gateway_retained", structure="allocations") == 3
+    assert value(during, "msb_gateway_retained", structure="records") == 3
 
     # One OOM kill: B's sandbox passes its flavor's memory; jupyter_client restarts it under the same id.
     sockets[1].send("execute_request", {"code": HOG, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False})
@@ -101,7 +101,7 @@ async def test_metrics_follow_a_scripted_workload(gateway_factory):
     assert value(after, "msb_mcp_calls_total", tool="get_sessions", outcome="ok") == 1
     assert value(after, "msb_mcp_calls_total", tool="execute_code", outcome="SessionNotFound") == 1
     assert total(after, "msb_sessions") == 0
-    assert value(after, "msb_gateway_retained", structure="allocations") == 0
+    assert value(after, "msb_gateway_retained", structure="records") == 0
 
     async with httpx2.AsyncClient(timeout=10) as http:
         unauthenticated = await http.get(f"http://127.0.0.1:{port}/metrics")

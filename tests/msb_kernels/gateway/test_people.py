@@ -318,9 +318,9 @@ def test_sessions_per_person_keep_a_bounded_label_set():
 
     from msb_kernels.gateway.metrics import PEOPLE_LABELS, sessions_per_person
 
-    allocations = [SimpleNamespace(owner=f"person{i}") for i in range(300)] + [SimpleNamespace(owner="busy")] * 5
-    allocations.append(SimpleNamespace(owner=None))
-    samples = {sample.labels["person"]: sample.value for sample in sessions_per_person(allocations).samples}
+    records = [SimpleNamespace(owner=f"person{i}") for i in range(300)] + [SimpleNamespace(owner="busy")] * 5
+    records.append(SimpleNamespace(owner=None))
+    samples = {sample.labels["person"]: sample.value for sample in sessions_per_person(records).samples}
     assert len(samples) == PEOPLE_LABELS + 1 and samples["busy"] == 5 and sum(samples.values()) == 306
     assert samples["(others)"] == 306 - sum(v for k, v in samples.items() if k != "(others)")
 

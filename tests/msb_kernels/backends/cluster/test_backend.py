@@ -33,7 +33,7 @@ def backend(tmp_path) -> cluster.SwarmBackend:
 
 def test_whose_kernel_is_held_adoptable_or_an_orphan(backend, monkeypatch):
     now = time.time()
-    monkeypatch.setitem(registry.live_sandboxes, "held", object())
+    monkeypatch.setitem(registry.default().live_sandboxes, "held", object())
     records = [
         record("held", "msb_gateway", 600),  # this process runs it
         record("mine", "msb_gateway", 600),  # this gateway's owner, not run here: the last task of this gateway's
