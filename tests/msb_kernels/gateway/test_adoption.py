@@ -16,7 +16,7 @@ from datetime import datetime
 import pytest
 
 from msb_kernels.backends import backend_classes
-from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json, write_private_json
+from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json
 from msb_kernels.flavors import get_flavor
 from msb_kernels.gateway.records import KernelRecord
 from tests.conftest import TEST_BASE, VENV_BIN
@@ -312,29 +312,36 @@ def test_a_kernel_record_round_trips_through_its_adoption_record_owner_included(
     assert KernelRecord.from_adoption(older).owner is None
 
 
-async def test_an_adopted_kernel_keeps_its_owner():
-    """The adoption record carries the kernel's owner (nobody's, as every kernel is until identity sets one); the next
-    gateway restores it into the kernel's record, and writes it back from there when it records the kernel again."""
-    first = await launch_gateway(NO_POOL)
+async def test_an_adopted_kernel_keeps_its_owner(tmp_path):
+    """The adoption record carries each kernel's owner; the next gateway restores it into the kernel's record (and
+    writes it back from there), so after a crash and an adoption each person still sees only their own kernel."""
+    from tests.msb_kernels.gateway.test_people import add_user
+
+    users = tmp_path / "users.json"
+    tokens = {name: add_user(users, name) for name in ("alice", "bob")}
+    people = {**NO_POOL, "MSB_USERS_FILE": str(users), "MSB_TOKEN": None}
+    first = await launch_gateway(people)
+    first.token = tokens["alice"]
     try:
-        owned, unowned = [await first.start_kernel() for _ in range(2)]
-        notebook = await KernelSocket.open(first, owned)
+        alices = await first.start_kernel()
+        bobs = (await first.request("POST", "/api/kernels", {"name": "msb-python-small"}, token=tokens["bob"])).json["id"]
+        notebook = await KernelSocket.open(first, alices)
         await notebook.execute("kept = 'alice'")
         notebook.close()
     finally:
         first.stop(signal.SIGKILL)
-    paths = {kernel_id: first.runtime_dir / kernel_id / ADOPTION_RECORD for kernel_id in (owned, unowned)}
+    paths = {kernel_id: first.runtime_dir / kernel_id / ADOPTION_RECORD for kernel_id in (alices, bobs)}
     written = {kernel_id: trusted_json(path, private=True)[0] for kernel_id, path in paths.items()}
-    assert written[owned]["owner"] is None and written[unowned]["owner"] is None, written
-    write_private_json(paths[owned], {**written[owned], "owner": "alice"})  # as a gateway with identity writes it
-    before = paths[owned].stat().st_ino
-    second = await take_over(first)
+    assert written[alices]["owner"] == "alice" and written[bobs]["owner"] == "bob", written
+    before = paths[alices].stat().st_ino
+    second = await take_over(first, people)
     try:
-        assert sorted(k["id"] for k in (await second.stats())["kernels"]) == sorted([owned, unowned]), second.log()[-3000:]
-        assert paths[owned].stat().st_ino != before  # recorded again by the adopting gateway, from its own record
-        assert trusted_json(paths[owned], private=True)[0]["owner"] == "alice"
-        assert trusted_json(paths[unowned], private=True)[0]["owner"] is None
-        notebook = await KernelSocket.open(second, owned)
+        assert [k["id"] for k in (await second.request("GET", "/api/kernels")).json] == [alices], second.log()[-3000:]
+        assert [k["id"] for k in (await second.request("GET", "/api/kernels", token=tokens["bob"])).json] == [bobs]
+        assert (await second.request("GET", f"/api/kernels/{alices}", token=tokens["bob"])).code == 404
+        assert paths[alices].stat().st_ino != before  # recorded again by the adopting gateway, from its own record
+        assert trusted_json(paths[alices], private=True)[0]["owner"] == "alice"
+        notebook = await KernelSocket.open(second, alices)
         assert (await notebook.execute("print(kept)")).stdout == "alice\n"
         notebook.close()
     finally:
