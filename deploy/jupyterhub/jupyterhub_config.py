@@ -5,7 +5,8 @@
 #
 # Run it with the jupyterhub of the venv msb-kernels is installed in: the gateway is started from that venv
 # (`<venv>/bin/msb-kernels serve`) and so are the single-user servers (`<venv>/bin/jupyterhub-singleuser`).
-# The proxy is configurable-http-proxy from npm (`npm install -g configurable-http-proxy`), found on PATH.
+# The proxy is configurable-http-proxy from npm (`npm install -g configurable-http-proxy`), found on PATH, else the
+# one ./scripts/test installs into the venv.
 #
 # The gateway's own settings (MSB_BACKEND, MSB_HUB_AUTH_CACHE_SECONDS, ...) are set in the Hub's environment: every
 # MSB_* variable but this config's own knobs below passes to it. The knobs have defaults for a plain install:
@@ -33,6 +34,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -73,6 +75,9 @@ if os.environ.get("MSB_HUB_PUBLIC_URL"):
     c.JupyterHub.public_url = os.environ["MSB_HUB_PUBLIC_URL"]
 c.JupyterHub.hub_ip = "127.0.0.1"  # the Hub's API is for the proxy, the gateway and local servers only
 c.JupyterHub.hub_port = int(knob("API_PORT", "8081"))
+chp = VENV_BIN.parent / "share" / "msb-kernels" / "chp" / "node_modules" / ".bin" / "configurable-http-proxy"
+if shutil.which("configurable-http-proxy") is None and chp.exists():
+    c.ConfigurableHTTPProxy.command = [str(chp)]
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{knob('PROXY_API_PORT', '8001')}"
 
 # -- the gateway, as a service the Hub starts and stops ------------------------------------------------------------
