@@ -73,9 +73,9 @@ class LiveNotebook:
     def live(self) -> bool:
         return self.task is not None and not self.task.done() and not self.closed.is_set()
 
-    async def open(self, url: str) -> None:
+    async def open(self, url: str, headers: dict[str, str] | None = None) -> None:
         synced = asyncio.get_running_loop().create_future()
-        self.task = asyncio.create_task(self._run(url, synced))
+        self.task = asyncio.create_task(self._run(url, synced, headers or {}))
         try:
             await asyncio.wait_for(asyncio.shield(synced), SYNC_TIMEOUT_SECONDS)
         except asyncio.TimeoutError:
@@ -87,9 +87,9 @@ class LiveNotebook:
             await self.close()
             raise
 
-    async def _run(self, url: str, synced: asyncio.Future) -> None:
+    async def _run(self, url: str, synced: asyncio.Future, headers: dict[str, str]) -> None:
         try:
-            async with connect(url, max_size=None, open_timeout=SYNC_TIMEOUT_SECONDS) as websocket:
+            async with connect(url, max_size=None, open_timeout=SYNC_TIMEOUT_SECONDS, additional_headers=headers) as websocket:
                 channel = RoomChannel(websocket, self.room.room_id, self.closed)
                 async with Provider(self.model.ydoc, channel, log=log) as provider:
                     await provider.synced.wait()
@@ -127,7 +127,7 @@ class NotebookDocuments:
                 return notebook
             room = await self.lab.room(path)
             notebook = LiveNotebook(path, room)
-            await notebook.open(self.lab.room_url(room))
+            await notebook.open(self.lab.room_url(room), self.lab.room_headers())
             self.notebooks[path] = notebook
             return notebook
 

@@ -143,9 +143,13 @@ class LabServer:
         return Room(f"{body['format']}:{body['type']}:{body['fileId']}", body["sessionId"])
 
     def room_url(self, room: Room) -> str:
-        query = {"sessionId": room.session_id, **({"token": self.token} if self.token else {})}
         base = "ws" + self.url[len("http") :]
-        return f"{base}/api/collaboration/room/{room.room_id}?{urlencode(query)}"
+        return f"{base}/api/collaboration/room/{room.room_id}?{urlencode({'sessionId': room.session_id})}"
+
+    def room_headers(self) -> dict[str, str]:
+        """The token in a header, as for REST: a JupyterHub single-user server takes a WebSocket's ``?token=`` only from
+        a browser (Sec-Fetch-Mode: websocket), and a URL's token ends up in logs."""
+        return {"Authorization": f"token {self.token}"} if self.token else {}
 
 
 def no_lab() -> MsbError:

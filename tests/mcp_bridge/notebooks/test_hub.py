@@ -1,0 +1,100 @@
+"""Each person's assistant in their own notebook, under JupyterHub (mcp_bridge/notebooks/hub.py).
+
+One Hub (tests/hub.py, the shipped deploy config), alice's JupyterLab open in Chromium. The MCP Inspector CLI
+(TypeScript SDK) with alice's own Hub token, through the Hub's proxy, inserts a cell into the notebook she has
+open and runs it: her browser shows both. With bob's token, the same calls cannot read or write her notebook, and
+her notebook is as she left it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hub import Hub, UserServer, launch_hub
+from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
+from tests.msb_kernels.gateway.browser import STDOUT, By, LabPage, browser, screenshot_on_failure  # noqa: F401 (browser is a fixture)
+from tests.skips import needs_hub
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    needs_hub,
+    pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing())),
+]
+
+
+@pytest.fixture(scope="module")
+async def hub() -> AsyncIterator[Hub]:
+    server = await launch_hub(users=("alice", "bob"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+async def alice_server(hub: Hub) -> UserServer:
+    return await hub.start_server("alice")
+
+
+@pytest.fixture
+def driver(request: pytest.FixtureRequest, browser: Any, tmp_path: Path) -> Any:
+    screenshot_on_failure(request, browser, tmp_path)
+    return browser
+
+
+def inspector_as(hub: Hub, token: str) -> Inspector:
+    env = inspector_env(NODE_OPTIONS=f"--import={FETCH_PRELOAD.as_uri()}", MSB_TEST_BEARER_TOKEN=token)
+    return Inspector([hub.gateway_url + "/mcp"], env)
+
+
+def cell_texts(page: LabPage) -> list[str]:
+    return [cell.find_element(By.CSS_SELECTOR, ".cm-content").text for cell in page.find(".jp-NotebookPanel .jp-Cell")]
+
+
+async def test_alices_assistant_works_in_her_notebook_and_bobs_cannot(hub: Hub, alice_server: UserServer, driver: Any) -> None:
+    path = f"analysis-{uuid.uuid4().hex[:6]}.ipynb"
+    notebook = {
+        "cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [], "execution_count": None}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    made = await alice_server.request("PUT", f"/api/contents/{path}", {"type": "notebook", "content": notebook})
+    assert made.code in (200, 201), (made.code, made.body)
+    hub.login(driver, "alice")
+    page = LabPage(driver, alice_server)
+    driver.get(f"{alice_server.url}/lab/tree/{path}?reset")
+    page.wait(lambda: page.find(".jp-NotebookPanel .jp-Cell"), "her notebook to open", 180)
+    page.wait_for_kernel("idle")
+
+    alice = inspector_as(hub, hub.tokens["alice"])
+    inserted = (await alice.call("insert_cell", notebook=path, source="shared = 6 * 7; print('assistant says', shared)")).result
+    assert not inserted.get("isError"), inserted
+    cell = inserted["structuredContent"]["cells"][0]
+    await asyncio.to_thread(page.wait, lambda: "assistant says" in "".join(cell_texts(page)), "the assistant's cell in her browser", 60)
+    ran = (await alice.call("execute_cell", notebook=path, cell_id=cell["id"])).result
+    assert ran["structuredContent"]["status"] in ("ok", "running"), ran
+    element = page.find(".jp-NotebookPanel .jp-Cell")[cell["index"]]
+    await asyncio.to_thread(page.wait_for_text, element, STDOUT, "assistant says 42", 120)
+
+    bob_token = await hub.token_for("bob")
+    bob = inspector_as(hub, bob_token)
+    for tool, arguments in (
+        ("read_notebook", {"notebook": path}),
+        ("insert_cell", {"notebook": path, "source": "print('bob was here')"}),
+        ("execute_cell", {"notebook": path, "cell_id": cell["id"]}),
+    ):
+        refused = (await bob.call(tool, **arguments)).result
+        assert refused.get("isError") is True, (tool, refused)
+        text = json.dumps(refused)
+        assert "assistant says" not in text and "/user/alice" not in text, (tool, text[:800])
+    # Her notebook is as her assistant left it: bob's insert reached nothing of hers.
+    assert not [t for t in cell_texts(page) if "bob was here" in t]
+    read = (await alice.call("read_notebook", notebook=path)).result["structuredContent"]
+    assert [c["source"] for c in read["cells"] if "bob" in c["source"]] == [], read
