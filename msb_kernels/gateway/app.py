@@ -65,6 +65,16 @@ from msb_kernels.identity.tokens import Tokens
 JUPYTERLAB_ALLOWED_ENVS = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
 
 
+def jupyterlab_command(url: str) -> str:
+    """The one command that starts JupyterLab on this gateway, as the banner, README.md and docs/notebooks.md give it:
+    Lab's own token is one the operator chooses, since the notebook tools reach Lab with it (MSB_LAB_TOKEN); the
+    allowed variables carry a notebook's path and its flavor to the kernel's start."""
+    return (
+        f"jupyter lab --IdentityProvider.token=<lab-token> --gateway-url={url} --GatewayClient.auth_token=<token> "
+        f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}"
+    )
+
+
 def hold_runtime_dir(root: Path) -> int:
     """One gateway per runtime dir: a gateway answers for the sandboxes there (its start-up sweep, its stats),
     so two on one dir would act on each other's. Returns the descriptor that holds the lock for this process's life."""
@@ -269,8 +279,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
             self.backend_line(),
             *self.people_lines(),
             "  clients send it as the header  Authorization: token <token>",
-            f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
-            f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
+            f"  JupyterLab: {jupyterlab_command(url)}",
             f"  stats: {url}/api/msb/stats   metrics: {url}/metrics   health (no token): {url}/api/msb/health",
             f"  MCP: {url}/mcp",
             self.stop_line(),

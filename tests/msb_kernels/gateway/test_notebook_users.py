@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from msb_kernels.templates import TEMPLATES
+from tests.conftest import REPO
 from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, KernelSocket, launch_gateway, launch_jupyter_server, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -205,14 +207,32 @@ async def test_every_kernelspec_has_logos_through_the_gateway(pooled_gateway: Ga
     assert {"logo-32x32", "logo-64x64"} <= set(spec["resources"]), json.dumps(spec)
 
 
+def documented_lab_commands(path: Path) -> list[tuple[str, ...]]:
+    """Each `jupyter lab` command in a document's shell blocks, its continued lines joined, as shlex splits it."""
+    commands, text = [], path.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if line.startswith("jupyter lab "):
+            commands.append(tuple(shlex.split(line, comments=True)))
+    return commands
+
+
 async def test_serve_says_what_serves_kernels_and_how_jupyterlab_connects(gateway_factory) -> None:
     gateway = await gateway_factory(extra_env={"MSB_TOKEN": None})  # a generated token: jupyter_server's paste-this-URL case
     banner = await wait_until(lambda: "listening on" in gateway.log() and gateway.log(), 30, "the banner")
     token = banner.split("  token: ", 1)[1].split()[0]
-    assert (
-        f"jupyter lab --gateway-url={gateway.url} --GatewayClient.auth_token=<token> "
-        "--GatewayClient.allowed_envs=JPY_SESSION_NAME,KERNEL_FLAVOR" in banner
-    )
+    (command,) = [line.split("JupyterLab: ", 1)[1] for line in banner.splitlines() if "JupyterLab: " in line]
+    assert shlex.split(command) == [
+        "jupyter",
+        "lab",
+        "--IdentityProvider.token=<lab-token>",
+        f"--gateway-url={gateway.url}",
+        "--GatewayClient.auth_token=<token>",
+        "--GatewayClient.allowed_envs=JPY_SESSION_NAME,KERNEL_FLAVOR",
+    ]
+    documented = [(name, doc) for name in ("README.md", "docs/notebooks.md") for doc in documented_lab_commands(REPO / name)]
+    assert len(documented) >= 3, documented  # the README's start and shared notebooks, and docs/notebooks.md
+    for name, doc in documented:
+        assert list(doc) == shlex.split(command.replace(gateway.url, "http://127.0.0.1:8765")), (name, doc, command)
     assert "every kernel runs in a namespace sandbox" in banner
     for misleading in ("Serving notebooks from local directory", "copy and paste", "twice to skip confirmation"):
         assert misleading not in banner, misleading
