@@ -285,6 +285,8 @@ async def launch_jupyter_server(gateway: Gateway, app: str = "server", port: int
         "--GatewayClient.connect_timeout=60",
         f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
     ]  # as the banner says
+    if app == "lab":  # the settings `msb-kernels install` put in the suite's own prefix, as in a user's Lab's app dir
+        argv.append(f"--LabApp.app_settings_dir={TEST_BASE / 'prefix' / 'share' / 'jupyter' / 'lab' / 'settings'}")
     server = JupyterServer(port, token, _start_process(argv, env, log_path), log_path)
     await _wait_for_http(server, "/api/status", token=token)
     return server
