@@ -13,7 +13,7 @@ from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions, SessionInfo
 from msb_kernels.choice import KernelChoice
 from msb_kernels.config import MsbSettings
-from msb_kernels.egress.grant import NETWORK_ALLOW_ENV, SECRETS_ENV
+from msb_kernels.egress.grant import ARGUMENTS_ENV, NETWORK_ALLOW_ENV, SECRETS_ENV
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.session_env import check_env
@@ -73,6 +73,8 @@ class NewSession:
             if clash:
                 raise InvalidRequest(f"{', '.join(clash)} is both in env and in secrets; a secret's placeholder is its variable")
             env[SECRETS_ENV] = json.dumps(declared)
+        if self.network_allow is not None or self.secrets:
+            env[ARGUMENTS_ENV] = "network_allow,secrets"  # the gateway's refusals name these arguments, not its variables
         return env
 
 

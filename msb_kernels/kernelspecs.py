@@ -16,6 +16,10 @@ from msb_kernels.flavors import FLAVORS, Flavor
 from msb_kernels.templates import TEMPLATES, Template, install_tslab
 
 PROVISIONER_NAME = "msb-sandbox"
+# JupyterLab's settings beside the kernelspecs (overrides.d in Lab's app dir, read where Lab runs from this prefix): a
+# notebook without kernel metadata, as tools and scripts write them, starts the server's default kernel (the gateway's
+# sandboxed Python). Without it Lab asks, preselecting the first kernel by display name: a large Node one.
+LAB_SETTINGS = {"@jupyterlab/notebook-extension:tracker": {"autoStartDefaultKernel": True}}
 
 
 def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dict:
@@ -104,4 +108,14 @@ def install(settings: MsbSettings, prefix: str | None = None, user: bool = False
                 _write_logos(template, Path(staging))
                 destination = manager.install_kernel_spec(staging, name, user=user, prefix=None if user else (prefix or sys.prefix))
             report.append(f"installed {name}: {kernelspec(template, flavor, settings)['display_name']} -> {destination}")
+    if not user:
+        report.append(install_lab_settings(Path(prefix or sys.prefix)))
     return report
+
+
+def install_lab_settings(prefix: Path) -> str:
+    """LAB_SETTINGS, as defaults of JupyterLab's run from this prefix (a person's own settings still win)."""
+    path = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.d" / "msb-kernels.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(LAB_SETTINGS, indent=1) + "\n")
+    return f"installed JupyterLab's settings (a notebook without kernel metadata starts the default kernel) -> {path}"

@@ -31,11 +31,12 @@ from traitlets import Unicode
 from msb_kernels import labroot
 from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
 from msb_kernels.backends.core import hostpaths
-from msb_kernels.backends.core.base import EgressRoute, SharedVolume
+from msb_kernels.backends.core.base import SharedVolume
 from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.compat import curve_capable, kernel_supports_curve, send_interrupt_request, transport_encryption_policy
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
+from msb_kernels.egress.route import EgressRoute
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, volume_for

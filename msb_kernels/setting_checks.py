@@ -116,21 +116,9 @@ def read_key(path: str) -> bytes:
     raise ValueError(f"holds {len(data)} bytes, not a 32-byte key")
 
 
-def check_key_file(value: str) -> str | None:
-    """A hibernation key in a file no one else may read."""
-    try:
-        read_key(value)
-        private = not os.stat(value).st_mode & 0o077
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
-    except ValueError as exc:
-        return str(exc)
-    return None if private else "is readable by other users"
-
-
-def check_users_file(value: str) -> str | None:
-    """MSB_USERS_FILE: a file only its owner reads and writes (its admin flags are powers); its content is read by
-    msb_kernels.identity.users_file, which names what is wrong inside."""
+def check_private_file(value: str) -> str | None:
+    """A file only its owner reads and writes, as ssh wants its keys: a key, the users' powers, secrets. Another user
+    who can read it holds what it guards, so its mode is refused, with the chmod that fixes it."""
     path = Path(value)
     if not path.is_file():
         return "does not exist" if not path.exists() else "is not a file"
@@ -138,3 +126,23 @@ def check_users_file(value: str) -> str | None:
     if mode & 0o077:
         return f"has mode {mode:04o}, which lets other users read or change it (run chmod 600 {path})"
     return None
+
+
+def check_key_file(value: str) -> str | None:
+    """A hibernation key in a file no one else may read."""
+    problem = check_private_file(value)
+    if problem:
+        return problem
+    try:
+        read_key(value)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def check_users_file(value: str) -> str | None:
+    """MSB_USERS_FILE: its admin flags are powers; its content is read by msb_kernels.identity.users_file, which
+    names what is wrong inside."""
+    return check_private_file(value)

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from msb_kernels.backends.core.base import EgressRoute
 from msb_kernels.egress import route
 from msb_kernels.egress.dns import parse_dns_servers
 from msb_kernels.egress.grant import KernelNetwork
@@ -32,16 +31,18 @@ class KernelRoute:
         self.egress = KernelEgress(kernel_id, network.policy, network.source, network.secrets)
         self.service = service_for(settings)
 
-    async def open(self, env: dict[str, str]) -> EgressRoute:
+    async def open(self, env: dict[str, str]) -> route.EgressRoute:
         """Have the proxy listen for the kernel, and point its tools at it (env: the kernel's, completed here)."""
         network = self.egress
         if self.backend.egress_routes == "tcp":  # known to the proxy by its address on the kernels' network, once it runs
             address, port, dial = self.backend.egress_endpoint()
             await self.service.listen_tcp(address, port)
-            opened = EgressRoute(route.listeners([], dns=False), f"tcp:{dial}:{port}")
+            opened = route.EgressRoute(route.listeners([], dns=False), f"tcp:{dial}:{port}")
         else:
             await self.service.open(network, self.io_dir / route.SOCKET_NAME)
-            opened = EgressRoute(route.listeners(network.policy.transparent_ports()), f"{self.backend.guest_io_dir}/{route.SOCKET_NAME}")
+            opened = route.EgressRoute(
+                route.listeners(network.policy.transparent_ports()), f"{self.backend.guest_io_dir}/{route.SOCKET_NAME}"
+            )
         if network.secrets:
             bundle = self.io_dir / route.CA_BUNDLE_NAME
             bundle.write_bytes(system_bundle() + b"\n" + self.service.ca.load())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from msb_kernels.egress.dns import parse_dns_servers
 from msb_kernels.egress.policy import RULE_FORMS, Policy, PolicyError
 from msb_kernels.errors import ConfigError
+from msb_kernels.setting_checks import check_private_file
 
 
 def _network_allow(value: str) -> str | None:
@@ -39,13 +39,13 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "network_allow": _network_allow,
     "network_dns": _dns_servers,
     "network_ca_file": _ca_file,
-    "network_secrets_file": lambda v: None if os.path.isfile(v) else "is not a file",
+    "network_secrets_file": check_private_file,  # docs/network.md: read by the gateway's user only
 }
 ACCEPTED = {
     "network_allow": f"use {RULE_FORMS}",
     "network_dns": "use DNS server addresses, ADDRESS[:PORT] separated by commas, such as 192.0.2.53 or [2001:db8::53]:5353",
     "network_ca_file": "use a PEM file of CA certificates, or leave it unset for the system's",
-    "network_secrets_file": 'use a JSON file {"NAME": {"value": "...", "hosts": ["api.example.com"]}}, readable by this user',
+    "network_secrets_file": 'use a JSON file {"NAME": {"value": "...", "hosts": ["api.example.com"]}}, readable by this user only (chmod 600)',
 }
 
 

@@ -2,7 +2,8 @@
 
 One definition for every way a kernel starts (the gateway's REST API, MCP sessions, nbclient and papermill): a
 start request asks with ``KERNEL_NETWORK_ALLOW`` (rules, or ``none``) and ``KERNEL_SECRETS`` (JSON, secrets.py) in
-its environment; neither ever reaches the kernel's environment. The operator's list is MSB_NETWORK_ALLOW, or any
+its environment; neither ever reaches the kernel's environment. A client that asked with arguments of its own (the MCP
+tools' ``network_allow`` and ``secrets``) names them in ``KERNEL_NETWORK_ARGUMENTS``, so that a refusal names what it sent. The operator's list is MSB_NETWORK_ALLOW, or any
 public host where MSB_ALLOW_NETWORK is true; a request may narrow it, never widen it.
 """
 
@@ -21,7 +22,8 @@ from msb_kernels.errors import ConfigError, InvalidRequest
 
 NETWORK_ALLOW_ENV = "KERNEL_NETWORK_ALLOW"
 SECRETS_ENV = "KERNEL_SECRETS"
-START_ONLY_ENV = (NETWORK_ALLOW_ENV, SECRETS_ENV)  # a start request's, never the kernel's
+ARGUMENTS_ENV = "KERNEL_NETWORK_ARGUMENTS"  # "network_allow,secrets": what the client called the two, for its errors
+START_ONLY_ENV = (NETWORK_ALLOW_ENV, SECRETS_ENV, ARGUMENTS_ENV)  # a start request's, never the kernel's
 NO_NETWORK = "none"
 SESSION_SOURCE = f"this session's network_allow ({NETWORK_ALLOW_ENV})"
 
@@ -94,35 +96,41 @@ def placeholder_maker(runtime_root: Path, kernel_id: str):
 def network_for(
     allow_network: bool, network_allow: str | None, secrets_file: str | None, start_env: dict, runtime_root: Path, kernel_id: str
 ) -> KernelNetwork:
-    """The way out for a kernel started with start_env; InvalidRequest names the variable that asks too much."""
+    """The way out for a kernel started with start_env; InvalidRequest names the variable (or the client's argument)
+    that asks too much, and what the client can do about it."""
     operator = operator_policy(allow_network, network_allow)
     requested = start_env.get(NETWORK_ALLOW_ENV)
     declared = start_env.get(SECRETS_ENV)
+    allow_name, secrets_name = _argument_names(start_env)
+    widen = "ask the operator to add it to MSB_NETWORK_ALLOW" if network_allow else "ask the operator to allow it"
     if requested is not None and requested.strip().lower() == NO_NETWORK:
         if declared:
-            raise InvalidRequest(f"{SECRETS_ENV} declares secrets for a kernel with {NETWORK_ALLOW_ENV}=none, which reaches no host")
+            raise InvalidRequest(f"{secrets_name} declares secrets for a kernel with {allow_name}=none, which reaches no host")
         return KernelNetwork(None, "none")
     policy, source = operator, "MSB_NETWORK_ALLOW" if network_allow else "MSB_ALLOW_NETWORK"
     if requested is not None:
         if operator is None:
             raise InvalidRequest(
-                f"{NETWORK_ALLOW_ENV}={requested!r} asks for network, but this server gives kernels none "
+                f"{allow_name}={requested!r} asks for network, but this server gives kernels none "
                 "(MSB_NETWORK_ALLOW and MSB_ALLOW_NETWORK are unset)",
-                ["ask the operator to set MSB_NETWORK_ALLOW", f"or start the kernel without {NETWORK_ALLOW_ENV}"],
+                ["ask the operator to set MSB_NETWORK_ALLOW", f"or start the kernel without {allow_name}"],
             )
         try:
             policy, source = operator.narrowed_to(Policy.parse(requested)), SESSION_SOURCE
         except PolicyError as exc:
             raise InvalidRequest(
-                f"{NETWORK_ALLOW_ENV}={requested!r}: {exc}",
-                [f"ask only for hosts within {operator}", f"rules are {RULE_FORMS}"],
+                f"{allow_name}={requested!r}: {exc}",
+                [f"ask only for hosts within {operator}", f"for a host outside it, {widen}", f"rules are {RULE_FORMS}"],
             ) from None
     try:
-        session_secrets = parse_declarations(declared, SECRETS_ENV) if declared else {}
+        session_secrets = parse_declarations(declared, secrets_name) if declared else {}
     except PolicyError as exc:
         raise InvalidRequest(str(exc)) from None
     if session_secrets and policy is None:
-        raise InvalidRequest(f"{SECRETS_ENV} declares secrets, but this server gives kernels no network (MSB_NETWORK_ALLOW is unset)")
+        raise InvalidRequest(
+            f"{secrets_name} declares secrets, but this server gives kernels no network (MSB_NETWORK_ALLOW is unset)",
+            ["ask the operator to set MSB_NETWORK_ALLOW", f"or leave {secrets_name} out"],
+        )
     if policy is None:
         return KernelNetwork(None, "none")
     if not network_allow and requested is None and not session_secrets and not secrets_file:
@@ -130,10 +138,20 @@ def network_for(
     placeholder = placeholder_maker(runtime_root, kernel_id)
     usable = {name: d for name, d in operator_secrets(secrets_file, operator).items() if _allowed(policy, d["hosts"])}
     try:
-        secrets = make_secrets({**usable, **session_secrets}, policy, SECRETS_ENV, placeholder)
+        secrets = make_secrets({**usable, **session_secrets}, policy, secrets_name, placeholder)
     except PolicyError as exc:
-        raise InvalidRequest(str(exc), [f"add the host to {NETWORK_ALLOW_ENV}, or leave the secret out"]) from None
+        outside = [name for name, d in session_secrets.items() if not _allowed(operator, d["hosts"])]
+        advice = f"for {', '.join(outside)}'s host, {widen}" if outside else f"add the host to {allow_name}"
+        raise InvalidRequest(str(exc), [advice, "or leave the secret out"]) from None
     return KernelNetwork(policy, source, secrets)
+
+
+def _argument_names(start_env: dict) -> tuple[str, str]:
+    """What the client called its list and its secrets: its own arguments' names, or the start request's variables."""
+    names = start_env.get(ARGUMENTS_ENV, "").split(",")
+    if len(names) == 2 and all(name.isidentifier() for name in names):
+        return names[0], names[1]
+    return NETWORK_ALLOW_ENV, SECRETS_ENV
 
 
 def _allowed(policy: Policy, hosts: list[str]) -> bool:

@@ -6,6 +6,7 @@ sets the variables) and the proxy (which reads the relay's header).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 SOCKET_NAME = "egress.sock"  # in the kernel's io dir: the proxy listens there for this kernel alone
@@ -55,3 +56,18 @@ def proxy_env(guest_io_dir: str, with_ca: bool) -> dict[str, str]:
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS", "npm_config_cafile"):
             env[name] = bundle
     return env
+
+
+@dataclass(frozen=True)
+class EgressRoute:
+    """A sandbox whose only way out is the egress proxy: a relay inside, which the sandbox's init starts on these
+    listeners (listeners() above), to the proxy's socket at this path inside. Egress owns it; the backends'
+    SandboxSpec carries it."""
+
+    listeners: list[list]
+    socket: str  # the proxy's socket, as the guest sees it (in its io dir)
+
+    def plan(self, with_source: bool) -> dict:
+        """What the sandbox's init needs to start the relay: its listeners, the socket, and the relay's source for an
+        init that runs it with -c (the namespace init reads the file by path)."""
+        return {"listeners": self.listeners, "socket": self.socket, **({"source": relay_source()} if with_source else {})}

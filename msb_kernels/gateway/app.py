@@ -65,6 +65,26 @@ from msb_kernels.identity.tokens import Tokens
 JUPYTERLAB_ALLOWED_ENVS = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
 
 
+def _not_the_ping_unit_clash(record: logging.LogRecord) -> bool:
+    """Drop tornado's "websocket_ping_timeout (90000) cannot be longer than the websocket_ping_interval (30000)",
+    which every start printed about settings no operator set. jupyter_server's WebSocketMixin answers tornado's
+    ping_interval and ping_timeout with its own keepalive's milliseconds (30000, 90000), where tornado 6.5 reads
+    seconds (jupyter_server issue 1612): tornado's own ping would come every 30000 s, so its clamp of the timeout
+    changes nothing, while the mixin's timer pings every 30 s and closes a socket silent for 90 s, as meant. Setting
+    the timeout to the interval instead would have that timer close sockets that answer a little late."""
+    return not str(record.msg).startswith("The websocket_ping_timeout (")
+
+
+def jupyterlab_command(url: str) -> str:
+    """The one command that starts JupyterLab on this gateway, as the banner, README.md and docs/notebooks.md give it:
+    Lab's own token is one the operator chooses, since the notebook tools reach Lab with it (MSB_LAB_TOKEN); the
+    allowed variables carry a notebook's path and its flavor to the kernel's start."""
+    return (
+        f"jupyter lab --IdentityProvider.token=<lab-token> --gateway-url={url} --GatewayClient.auth_token=<token> "
+        f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}"
+    )
+
+
 def hold_runtime_dir(root: Path) -> int:
     """One gateway per runtime dir: a gateway answers for the sandboxes there (its start-up sweep, its stats),
     so two on one dir would act on each other's. Returns the descriptor that holds the lock for this process's life."""
@@ -169,6 +189,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         msb_log.handlers, msb_log.propagate = list(self.log.handlers), False
         for logger in (self.log, logging.getLogger("tornado"), msb_log):
             logger.setLevel(level)
+        logging.getLogger("tornado.general").addFilter(_not_the_ping_unit_clash)
         if not self.identity_provider.token and not people:
             raise ConfigError(
                 "the token is empty, which would let anyone run code here; "
@@ -269,8 +290,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
             self.backend_line(),
             *self.people_lines(),
             "  clients send it as the header  Authorization: token <token>",
-            f"  JupyterLab: jupyter lab --gateway-url={url} --GatewayClient.auth_token=<token> "
-            f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
+            f"  JupyterLab: {jupyterlab_command(url)}",
             f"  stats: {url}/api/msb/stats   metrics: {url}/metrics   health (no token): {url}/api/msb/health",
             f"  MCP: {url}/mcp",
             self.stop_line(),

@@ -236,6 +236,21 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
         # hold an empty one, not the ZMQ streams (a last connection's are the offline buffer's now, which closes them).
         self.channels = {}
 
+    @property
+    def write_message(self) -> Any:
+        """jupyter_server's alias of the handler's write_message, less the messages for a socket that is closing. A
+        socket replaced by a reconnect under the same session id (JupyterLab's) is closed at once, but its ZMQ
+        streams deliver until its client answers the close: each message raised WebSocketClosedError, which has no
+        text, and jupyter_server logged it as a blank warning (49 in one short Lab session). The client is gone: there
+        is no one to tell."""
+        return self._write_while_open
+
+    def _write_while_open(self, message: str | bytes, binary: bool = False) -> Any:
+        connection = self.websocket_handler.ws_connection
+        if connection is None or connection.is_closing():
+            return None
+        return self.websocket_handler.write_message(message, binary=binary)
+
     def send_to_client(self, message: dict, channel: str) -> None:
         """A message the gateway itself says on the kernel's behalf (see MsbKernelManager.tell_lost_executions)."""
         if self.subprotocol == "v1.kernel.websocket.jupyter.org":

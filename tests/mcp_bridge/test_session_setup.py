@@ -75,6 +75,25 @@ async def test_mcp_sessions_start_with_env_a_narrower_list_and_secrets_and_skip_
                 refused = await client.call_tool("execute_code", {"code": "1", **arguments})
                 error = result_error(refused)
                 assert error["type"] == "InvalidRequest" and expected in error["message"], (expected, error)
+            # A refusal of network_allow or secrets names the argument the client sent, and advice it can follow.
+            advised = {
+                "network_allow='pypi.org': pypi.org is not within the operator's list": (
+                    {"network_allow": "pypi.org"},
+                    "for a host outside it, ask the operator to add it to MSB_NETWORK_ALLOW",
+                ),
+                "secrets: T is for api.msb.test, which this kernel's network allow-list (pypi.msb.test) does not allow": (
+                    {"network_allow": "pypi.msb.test", "secrets": {"T": {"value": "v", "hosts": ["api.msb.test"]}}},
+                    "add the host to network_allow",
+                ),
+                "secrets: T is for api.example.com": (
+                    {"network_allow": "pypi.msb.test", "secrets": {"T": {"value": "v", "hosts": ["api.example.com"]}}},
+                    "for T's host, ask the operator to add it to MSB_NETWORK_ALLOW",
+                ),
+            }
+            for expected, (arguments, advice) in advised.items():
+                error = result_error(await client.call_tool("execute_code", {"code": "1", **arguments}))
+                assert expected in error["message"] and advice in error["suggestions"], (expected, error)
+                assert "KERNEL_" not in error["message"] + " ".join(error["suggestions"]), error
             listed = await client.call_tool("get_sessions", {"session_id": session["id"]})
             assert "network allow-list: pypi.msb.test" in listed.content[0].text
 

@@ -181,6 +181,7 @@ def test_every_setting_is_covered_here():
 
 def test_environment_sets_every_setting(monkeypatch, tmp_path):
     (tmp_path / "secrets.json").write_text('{"TOKEN": {"value": "x", "hosts": ["api.example.com"]}}')
+    (tmp_path / "secrets.json").chmod(0o600)
     (tmp_path / "hibernate.key").write_text("ab" * 32)
     (tmp_path / "hibernate.key").chmod(0o600)
     (tmp_path / "users.json").write_text('{"users": {}}')
@@ -280,6 +281,20 @@ def test_bad_config_file_value_is_reported_too(monkeypatch, tmp_path):
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
     with pytest.raises(ConfigError, match="'xl' is not a flavor"):
         load_settings()
+
+
+@pytest.mark.parametrize("variable", ["MSB_NETWORK_SECRETS_FILE", "MSB_USERS_FILE", "MSB_HIBERNATE_KEY_FILE"])
+def test_a_private_file_others_can_read_is_refused_with_the_chmod(monkeypatch, tmp_path, variable):
+    path = tmp_path / "private"
+    path.write_text('{"TOKEN": {"value": "x", "hosts": ["api.example.com"]}}' if "SECRETS" in variable else "ab" * 32)
+    path.chmod(0o644)
+    if "SECRETS" in variable:
+        monkeypatch.setenv("MSB_NETWORK_ALLOW", "api.example.com")
+    monkeypatch.setenv(variable, str(path))
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert f"{variable} " in str(caught.value)
+    assert f"has mode 0644, which lets other users read or change it (run chmod 600 {path})" in str(caught.value)
 
 
 @pytest.mark.parametrize("command", [["doctor"], ["run", "notebooks/hello.ipynb"], ["install"]])

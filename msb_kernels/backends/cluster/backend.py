@@ -140,6 +140,30 @@ class ClusterSandbox(Sandbox):
         return {**super().info(), "backend": self.backend.name, "service": self.service, "node": self.node, "address": self.address}
 
 
+def _address_on(cidrs: list[str]) -> str | None:
+    """This process's address in one of cidrs, or None: the route to the network's first address leaves from one of
+    this process's addresses on it, or not (UDP connect: nothing is sent)."""
+    for cidr in cidrs:
+        subnet = ipaddress.ip_network(cidr)
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((str(next(subnet.hosts())), 9))
+            if ipaddress.ip_address(probe.getsockname()[0]) in subnet:
+                return probe.getsockname()[0]
+    return None
+
+
+def _on_network_advice(network: str) -> list[str]:
+    return [
+        "run the gateway as a service of the stack: docker stack deploy -c deploy/swarm/stack.yml msb",
+        f"or run it in a container attached to {network} (it is attachable)",
+    ]
+
+
+def _off_network(network: str, engine: str, subnets: list[str] | None) -> str:
+    where = "it does not exist yet" if subnets is None else ", ".join(subnets) or "no subnet"
+    return f"this process is not on the kernels' network {network} ({where}), where {engine} kernels are reached"
+
+
 class ClusterBackend(SandboxBackend):
     """The engine-neutral part: a subclass names its engine (make_engine) and its MSB_BACKEND name."""
 
@@ -168,8 +192,22 @@ class ClusterBackend(SandboxBackend):
 
     @classmethod
     def availability(cls) -> Availability:
+        """The engine's word, and whether this process is on the kernels' network: one that is not (a gateway or a
+        bench started on a manager's host, not as the stack's service) could start kernels it never reaches, so the
+        backend is unavailable here, as a microVM is where none boots (MSB_BACKEND=auto, doctor, the bench)."""
         if cls._availability is None or time.monotonic() - cls._availability[0] > 30:
-            ok, reason, warnings = cls.make_engine(load_settings()).availability()
+            settings = load_settings()
+            engine = cls.make_engine(settings)
+            ok, reason, warnings = engine.availability()
+            if ok:
+                try:
+                    subnets = engine.existing_subnets()
+                except Exception as exc:  # the engine's client: any of its errors means we cannot tell
+                    ok, reason = False, f"cannot read the kernels' network {settings.swarm_network} ({str(exc)[:200]})"
+                else:
+                    if subnets is None or _address_on(subnets) is None:
+                        advice = "; ".join(_on_network_advice(settings.swarm_network))
+                        ok, reason = False, f"{_off_network(settings.swarm_network, engine.name, subnets)}: {advice}"
             cls._availability = (time.monotonic(), Availability(ok, reason, warnings))
         return cls._availability[1]
 
@@ -210,12 +248,9 @@ class ClusterBackend(SandboxBackend):
         return address, self.settings.swarm_egress_port, self.settings.swarm_egress_host or address
 
     def _own_address(self) -> str:
-        for cidr in self.kernel_networks():
-            subnet = ipaddress.ip_network(cidr)
-            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((str(next(subnet.hosts())), 9))  # UDP: nothing is sent
-                if ipaddress.ip_address(probe.getsockname()[0]) in subnet:
-                    return probe.getsockname()[0]
+        address = _address_on(self.kernel_networks())
+        if address is not None:
+            return address
         raise SandboxError(
             f"this process has no address on the kernels' network {self.settings.swarm_network}, where their egress proxy must listen",
             ["run the gateway as a service of the stack", "or start the kernel without MSB_NETWORK_ALLOW"],
@@ -227,20 +262,12 @@ class ClusterBackend(SandboxBackend):
         first address leaves from one of this process's addresses on it, or not."""
         if self._on_network:
             return
-        subnets = [ipaddress.ip_network(cidr) for cidr in self.kernel_networks()]
-        for subnet in subnets:
-            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((str(next(subnet.hosts())), 9))  # UDP: nothing is sent
-                if ipaddress.ip_address(probe.getsockname()[0]) in subnet:
-                    self._on_network = True
-                    return
+        subnets = self.kernel_networks()
+        if _address_on(subnets) is not None:
+            self._on_network = True
+            return
         raise BackendUnavailable(
-            f"this process is not on the kernels' network {self.settings.swarm_network} "
-            f"({', '.join(map(str, subnets)) or 'no subnet'}), where {self.engine.name} kernels are reached",
-            [
-                "run the gateway as a service of the stack: docker stack deploy -c deploy/swarm/stack.yml msb",
-                f"or run it in a container attached to {self.settings.swarm_network} (it is attachable)",
-            ],
+            _off_network(self.settings.swarm_network, self.engine.name, subnets), _on_network_advice(self.settings.swarm_network)
         )
 
     def settings_env(self) -> dict[str, str]:

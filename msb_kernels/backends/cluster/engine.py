@@ -75,6 +75,11 @@ class Engine(abc.ABC):
         """The CIDRs of the kernels' network, made if missing. Called by the gateway at start (through the backend)."""
 
     @abc.abstractmethod
+    def existing_subnets(self) -> list[str] | None:
+        """The CIDRs of the kernels' network, None where it does not exist; nothing is made. Called by the backend's
+        availability: kernels are reached on that network only, so a process that is not on it cannot use them."""
+
+    @abc.abstractmethod
     def image_labels(self, image: str) -> dict[str, str] | None:
         """The labels of image where the engine can read them (None: it cannot). Called once per image, for the
         label that says its kernel speaks CurveZMQ."""

@@ -192,7 +192,16 @@ class DockerSwarm(Engine):
 
     def network_subnets(self) -> list[str]:
         self._ensure_network()
-        config = (self.client().networks.get(self.network).attrs.get("IPAM") or {}).get("Config") or []
+        return self.existing_subnets() or []
+
+    def existing_subnets(self) -> list[str] | None:
+        import docker
+
+        try:
+            attrs = self.client().networks.get(self.network).attrs
+        except docker.errors.NotFound:
+            return None
+        config = (attrs.get("IPAM") or {}).get("Config") or []
         return [entry["Subnet"] for entry in config if entry.get("Subnet")]
 
     def image_labels(self, image: str) -> dict[str, str] | None:

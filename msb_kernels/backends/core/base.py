@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from msb_kernels.egress.route import EgressRoute
 from msb_kernels.errors import ConfigError, HibernationRefused, SandboxError
 from msb_kernels.flavors import Flavor
 
@@ -37,22 +38,6 @@ class HostDirectory:
 
     path: str
     writable: bool = False
-
-
-@dataclass(frozen=True)
-class EgressRoute:
-    """A sandbox whose only way out is the egress proxy (msb_kernels.egress): a relay inside, which init starts on
-    these listeners (route.listeners), to the proxy's socket at this path inside."""
-
-    listeners: list[list]
-    socket: str  # the proxy's socket, as the guest sees it (in its io dir)
-
-    def plan(self, with_source: bool) -> dict:
-        """What the sandbox's init needs to start the relay: its listeners, the socket, and the relay's source for an
-        init that runs it with -c (the namespace init reads the file by path)."""
-        from msb_kernels.egress.route import relay_source
-
-        return {"listeners": self.listeners, "socket": self.socket, **({"source": relay_source()} if with_source else {})}
 
 
 @dataclass(frozen=True)

@@ -188,5 +188,29 @@ def write_bundle(spec: SandboxSpec, state_dir: Path, cgroup_path: str | None, po
         config["linux"]["namespaces"][1]["path"] = netstack.netns_path(netstack.names(spec.sandbox_id)[0])
     if cgroup_path:  # made and sized by us beforehand; runsc moves the Sentry and the gofer into it
         config["linux"]["cgroupsPath"] = cgroup_path
+    _open_to_the_kernel(bundle, root, mounts)
     (bundle / "config.json").write_text(json.dumps(config, indent=1))
     return bundle
+
+
+def _open_to_the_kernel(bundle: Path, root: Path, mounts: list[dict]) -> None:
+    """The root's directories and /etc files with modes of their own, not what the operator's umask leaves: with umask
+    077 the root and the mount points runsc would make (/home among them) were 0700, and the kernel's user (uid 1000
+    inside) could reach nothing, its home included. The mount points are made here first, so runsc makes none."""
+    for directory in (bundle, root, root / "etc"):
+        os.chmod(directory, 0o755)
+    for written in (root / "etc").iterdir():
+        if not written.is_symlink():
+            os.chmod(written, 0o644)
+    for mount in mounts:
+        parts = Path(mount["destination"]).parts[1:]
+        if mount["type"] == "bind" and not os.path.isdir(mount["source"]):
+            parts = parts[:-1]  # a file's mount point is made by runsc; its directories are made here
+        place = root
+        for part in parts:
+            place = place / part
+            if place.is_symlink():  # a merged /usr's link: what lies beyond is a mount of the host's own
+                break
+            if not place.exists():
+                place.mkdir()
+                os.chmod(place, 0o755)

@@ -618,6 +618,10 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
     must close the error pipe once the kernel runs (or write why it cannot); then init runs become_reaper. The report
     for the host: init's pid, or the error. Called by main(), and by forkserver_program.py in a fork of the server."""
     try:
+        # The sandbox's own directories (its root's mountpoints, /home, /etc) must have the modes written here, not
+        # what the operator's umask leaves of them: with umask 077 a 0700 /home kept the kernel out of its home.
+        # This process is the sandbox's alone (a script, or a fork of the fork server); the kernel sets its own.
+        os.umask(0o022)
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
         if plan.get("scratch_ready_fd") is not None:

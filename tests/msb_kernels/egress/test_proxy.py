@@ -187,6 +187,7 @@ async def test_secrets_reach_their_hosts_and_the_kernel_sees_only_placeholders(b
     operator_value, session_value = f"op-{secrets.token_hex(12)}", f"se-{secrets.token_hex(12)}"
     secrets_file = tmp_path / "secrets.json"
     secrets_file.write_text(json.dumps({"OP_TOKEN": {"value": operator_value, "hosts": ["api.msb.test"]}}))
+    secrets_file.chmod(0o600)
     session = {"SESSION_TOKEN": {"value": session_value, "hosts": ["api.msb.test:443", "pypi.msb.test"]}}
     settings = {"MSB_BACKEND": backend, "MSB_NETWORK_ALLOW": "*.msb.test", "MSB_NETWORK_SECRETS_FILE": str(secrets_file)}
     with network_settings(upstream, MSB_NETWORK_CA_FILE=upstream.ca_file, **settings):

@@ -185,10 +185,12 @@ class JupyterServer(HttpServer):
         return self.process.returncode
 
 
-def _start_process(argv: list[str], env: dict, log_path: Path) -> subprocess.Popen:
+def _start_process(argv: list[str], env: dict, log_path: Path, umask: int = -1) -> subprocess.Popen:
     log = open(log_path, "wb")
     try:
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(TEST_BASE))
+        return subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(TEST_BASE), umask=umask
+        )
     finally:
         log.close()
 
@@ -212,10 +214,11 @@ async def launch_gateway(
     port: int | None = None,
     token: str | None = None,
     venv: Path | None = None,
+    umask: int = -1,
 ) -> Gateway:
     """port and token: a gateway that takes over from another, where its clients expect it. venv: one a user made
     elsewhere, with msb-kernels and its kernelspecs installed into it; the gateway runs from it, as its user's would,
-    seeing nothing of the suite's (JUPYTER_PATH, PYTHONPATH, PATH)."""
+    seeing nothing of the suite's (JUPYTER_PATH, PYTHONPATH, PATH). umask: the operator's (-1: this process's)."""
     number = next(_counter)
     runtime_dir = runtime_dir or TEST_BASE / f"g{number}"  # short: ipc socket paths must fit in 107 bytes
     token = token or secrets.token_hex(16)
@@ -226,7 +229,7 @@ async def launch_gateway(
     log_path = TEST_BASE / f"serve-{number}-{port}.log"
     # A copied venv's scripts name the original's interpreter: its own python runs the copy.
     program = [str(venv / "bin" / "python"), "-m", "msb_kernels.cli"] if venv is not None else [str(VENV_BIN / "msb-kernels")]
-    process = _start_process([*program, "serve", "--port", str(port), *(args or [])], env, log_path)
+    process = _start_process([*program, "serve", "--port", str(port), *(args or [])], env, log_path, umask)
     gateway = Gateway(port, token, process, log_path, runtime_dir=runtime_dir, env=env)
     await _wait_for_http(gateway, "/api/msb/health", token=None)
     return gateway
@@ -282,6 +285,8 @@ async def launch_jupyter_server(gateway: Gateway, app: str = "server", port: int
         "--GatewayClient.connect_timeout=60",
         f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
     ]  # as the banner says
+    if app == "lab":  # the settings `msb-kernels install` put in the suite's own prefix, as in a user's Lab's app dir
+        argv.append(f"--LabApp.app_settings_dir={TEST_BASE / 'prefix' / 'share' / 'jupyter' / 'lab' / 'settings'}")
     server = JupyterServer(port, token, _start_process(argv, env, log_path), log_path)
     await _wait_for_http(server, "/api/status", token=token)
     return server

@@ -26,6 +26,7 @@ from msb_kernels.backends.core import cgroups
 from msb_kernels.templates import TEMPLATES
 from tests.mcp_bridge.conftest import TICKS, call_with_progress
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, init_pids, pid_alive, wait_until
+from tests.skips import needs_runsc
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -450,3 +451,20 @@ async def test_a_new_session_is_served_from_the_warm_pool(gateway_factory) -> No
     assert refused.code == 429 and refused.json["limit"] == "max_sessions"
     assert gateway.stop() == 0, gateway.log()[-3000:]
     assert not gateway.sandboxes(), "pooled kernels outlived the server"
+
+
+@pytest.mark.parametrize("backend", [pytest.param("namespace"), pytest.param("gvisor", marks=needs_runsc)])
+async def test_a_restrictive_umask_changes_nothing_in_the_sandbox(gateway_factory, backend: str) -> None:
+    """Hardened hosts run services with umask 077: the sandbox's own directories (its home, /tmp, io dir) still have
+    the modes its unprivileged kernel needs, so a kernel starts and runs code, and writes where it should."""
+    gateway = await gateway_factory(extra_env={"MSB_BACKEND": backend}, umask=0o077)
+    kernel_id = await gateway.start_kernel()
+    ws = await KernelSocket.open(gateway, kernel_id)
+    try:
+        code = "import os, pathlib\npathlib.Path('~/made').expanduser().write_text('x')\nprint(os.listdir(os.path.expanduser('~')))"
+        reply = await ws.execute(code)
+        assert reply.error is None and "made" in reply.stdout, (reply.error, gateway.log()[-3000:])
+    finally:
+        ws.close()
+    assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+    assert "Traceback" not in gateway.log(), gateway.log()[-3000:]

@@ -66,20 +66,26 @@ def test_a_python_notebook_shows_output_stderr_and_a_plot(page: LabPage) -> None
     assert page.prompt(cell) == "[2]:"
 
 
-def test_a_notebook_naming_python3_opens_in_a_sandbox_without_a_kernel_dialog(page: LabPage) -> None:
-    """A notebook from elsewhere: its metadata names ipykernel's python3. Lab starts it at once, in a sandbox; with
-    only the flavors' names listed, it asked which kernel to use (and offered a Node one first)."""
+PYTHON3_METADATA = {
+    "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+    "language_info": {"name": "python"},
+}
+
+
+@pytest.mark.parametrize("metadata", [PYTHON3_METADATA, {}], ids=["python3", "no-metadata"])
+def test_a_notebook_naming_python3_opens_in_a_sandbox_without_a_kernel_dialog(page: LabPage, metadata: dict) -> None:
+    """A notebook from elsewhere: its metadata names ipykernel's python3, or (as tools and scripts write them) no
+    kernel at all. Lab starts it at once, on the default sandboxed Python kernel. With only the flavors' names listed,
+    it asked which kernel to use; without metadata it asked too, with the first by display name preselected (a large
+    Node kernel), until the settings msb-kernels installs beside Lab had it start the server's default."""
     import nbformat
 
     from tests.conftest import TEST_BASE
 
-    metadata = {
-        "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-        "language_info": {"name": "python"},
-    }
     cells = [nbformat.v4.new_code_cell("print('written elsewhere')"), nbformat.v4.new_code_cell("")]
-    nbformat.write(nbformat.v4.new_notebook(metadata=metadata, cells=cells), TEST_BASE / f"js-root-{page.lab.port}" / "work" / "wild.ipynb")
-    page.driver.get(f"{page.lab.url}/lab/tree/work/wild.ipynb?reset&token={page.lab.token}")
+    name = f"wild-{len(metadata)}.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(metadata=metadata, cells=cells), TEST_BASE / f"js-root-{page.lab.port}" / "work" / name)
+    page.driver.get(f"{page.lab.url}/lab/tree/work/{name}?reset&token={page.lab.token}")
     page.wait(
         lambda: [e for e in page.find(".jp-NotebookPanel .jp-Toolbar-kernelName") if "(sandbox" in e.text] or page.find(".jp-Dialog"),
         "a sandboxed kernel for the notebook",
@@ -87,8 +93,9 @@ def test_a_notebook_naming_python3_opens_in_a_sandbox_without_a_kernel_dialog(pa
     )
     assert not page.find(".jp-Dialog"), "JupyterLab asked which kernel to use"
     page.wait_for_kernel("idle")
-    shown = page.wait_for_text(page.run("import os; print('sandbox:', os.environ['MSB_SANDBOX'], os.getuid())"), STDOUT, "sandbox:")
-    assert shown.split()[2:] == ["1000"] and shown.split()[1] in ("namespace", "gvisor", "microsandbox"), shown
+    code = "import os, sys; print('sandbox:', os.environ['MSB_SANDBOX'], os.getuid(), os.environ['MSB_FLAVOR'], sys.version_info[0])"
+    shown = page.wait_for_text(page.run(code), STDOUT, "sandbox:").split()
+    assert shown[2:] == ["1000", "small", "3"] and shown[1] in ("namespace", "gvisor", "microsandbox"), shown
 
 
 def test_a_shell_escape_runs_in_the_sandbox(page: LabPage) -> None:

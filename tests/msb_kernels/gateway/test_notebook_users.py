@@ -7,8 +7,10 @@ import asyncio
 import io
 import json
 import os
+import shlex
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +20,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from mcp_bridge import jupyter_ws
 from msb_kernels.templates import TEMPLATES
+from tests.conftest import REPO
 from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, KernelSocket, launch_gateway, launch_jupyter_server, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -205,14 +209,32 @@ async def test_every_kernelspec_has_logos_through_the_gateway(pooled_gateway: Ga
     assert {"logo-32x32", "logo-64x64"} <= set(spec["resources"]), json.dumps(spec)
 
 
+def documented_lab_commands(path: Path) -> list[tuple[str, ...]]:
+    """Each `jupyter lab` command in a document's shell blocks, its continued lines joined, as shlex splits it."""
+    commands, text = [], path.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if line.startswith("jupyter lab "):
+            commands.append(tuple(shlex.split(line, comments=True)))
+    return commands
+
+
 async def test_serve_says_what_serves_kernels_and_how_jupyterlab_connects(gateway_factory) -> None:
     gateway = await gateway_factory(extra_env={"MSB_TOKEN": None})  # a generated token: jupyter_server's paste-this-URL case
     banner = await wait_until(lambda: "listening on" in gateway.log() and gateway.log(), 30, "the banner")
     token = banner.split("  token: ", 1)[1].split()[0]
-    assert (
-        f"jupyter lab --gateway-url={gateway.url} --GatewayClient.auth_token=<token> "
-        "--GatewayClient.allowed_envs=JPY_SESSION_NAME,KERNEL_FLAVOR" in banner
-    )
+    (command,) = [line.split("JupyterLab: ", 1)[1] for line in banner.splitlines() if "JupyterLab: " in line]
+    assert shlex.split(command) == [
+        "jupyter",
+        "lab",
+        "--IdentityProvider.token=<lab-token>",
+        f"--gateway-url={gateway.url}",
+        "--GatewayClient.auth_token=<token>",
+        "--GatewayClient.allowed_envs=JPY_SESSION_NAME,KERNEL_FLAVOR",
+    ]
+    documented = [(name, doc) for name in ("README.md", "docs/notebooks.md") for doc in documented_lab_commands(REPO / name)]
+    assert len(documented) >= 3, documented  # the README's start and shared notebooks, and docs/notebooks.md
+    for name, doc in documented:
+        assert list(doc) == shlex.split(command.replace(gateway.url, "http://127.0.0.1:8765")), (name, doc, command)
     assert "every kernel runs in a namespace sandbox" in banner
     for misleading in ("Serving notebooks from local directory", "copy and paste", "twice to skip confirmation"):
         assert misleading not in banner, misleading
@@ -245,6 +267,33 @@ async def test_a_kernels_own_output_stays_out_of_the_gateways_log(pooled_gateway
     log = gateway.log()
     for kernels_own in ("kernel-stderr-marker", "Traceback", "user-code-error", "ZMQError"):
         assert kernels_own not in log, f"{kernels_own!r} in the gateway's log:\n{log[-3000:]}"
+
+
+async def test_a_replaced_kernel_connection_leaves_no_blank_or_ping_warning_in_the_log(gateway_factory) -> None:
+    """JupyterLab replaces a kernel's WebSocket under the same session id when it reconnects: the log says so in words,
+    and the start says nothing about WebSocket ping settings that the operator never set."""
+    gateway = await gateway_factory()
+    kernel_id = await gateway.start_kernel()
+    session_id = uuid.uuid4().hex
+    first = await KernelSocket.open(gateway, kernel_id, session_id)
+    assert (await first.execute("print(1)")).stdout == "1\n"
+    # Output streams while the first socket is replaced: some of it reaches that socket as it closes.
+    first.send(
+        "execute_request", jupyter_ws.execute_content("import time\nfor i in range(300):\n    print(i, flush=True)\n    time.sleep(0.005)")
+    )
+    await first.receive(30)
+    second = await KernelSocket.open(gateway, kernel_id, session_id)  # the same session: the first is replaced
+    assert (await second.execute("print(2)")).stdout == "2\n"
+    second.close()
+    first.close()
+    assert (await gateway.request("DELETE", f"/api/kernels/{kernel_id}")).code == 204
+    assert gateway.stop(timeout=20) == 0
+    log = gateway.log()
+    warnings = [line for line in log.splitlines() if line.startswith("[W ")]
+    blank = [line for line in warnings if not line.split("]", 1)[1].strip()]
+    assert blank == [], f"blank warnings in the gateway's log:\n{log[-3000:]}"
+    assert "websocket_ping_timeout" not in log, log[-3000:]
+    assert any("Replacing stale connection" in line for line in warnings), log[-3000:]
 
 
 async def test_a_notebook_from_elsewhere_naming_python3_starts_in_a_sandbox(pooled_gateway: Gateway, lab) -> None:
