@@ -14,13 +14,13 @@ import hashlib
 import json
 import os
 import secrets
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from msb_kernels.errors import ConfigError, InvalidRequest
 from msb_kernels.identity.people import USER_NAME, Person
+from msb_kernels.setting_checks import check_private_file
 
 SETTING = "MSB_USERS_FILE"
 
@@ -52,13 +52,11 @@ def check_name(name: str) -> str:
 
 
 def check_mode(path: Path) -> None:
-    """Refuse a file that another user can read or write, naming the mode and the chmod that fixes it."""
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"{SETTING}={path} has mode {mode:04o}: other users can read or change who is an admin here",
-            [f"chmod 600 {path}"],
-        )
+    """Refuse a file that another user can read or write, naming the mode and the chmod that fixes it (the same rule
+    as every private file's: setting_checks.check_private_file). A missing file is read's to report."""
+    problem = check_private_file(str(path)) if path.exists() else None
+    if problem:
+        raise ConfigError(f"{SETTING}={path} {problem}: other users could change who is an admin here", [f"chmod 600 {path}"])
 
 
 def read(path: Path) -> dict[str, Entry]:
