@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions, SessionInfo
-from msb_kernels.choice import KernelChoice
+from msb_kernels.choice import DEFAULT_ENVIRONMENT, KernelChoice
 from msb_kernels.config import MsbSettings
 from msb_kernels.egress.grant import NETWORK_ALLOW_ENV, SECRETS_ENV
 from msb_kernels.errors import InvalidRequest, SandboxError
@@ -49,6 +49,22 @@ def requested(language: str | None, template: str | None, flavor: str | None) ->
     return by_language or by_template, get_flavor(flavor) if flavor is not None else None
 
 
+def requested_environment(settings: MsbSettings, environment: str | None) -> str | None:
+    """The environment argument checked against the registered ones (None: not asked for); an unknown name lists them."""
+    if environment is None:
+        return None
+    from msb_kernels.environments import list_environments
+
+    name = str(environment).strip().lower()
+    known = [DEFAULT_ENVIRONMENT, *(e.name for e in list_environments(settings))]
+    if name not in known:
+        raise InvalidRequest(
+            f"environment={environment!r} is not an environment here; use one of {', '.join(known)}",
+            ["list_environments lists them with their Python and packages", "omit environment for the default one"],
+        )
+    return name
+
+
 @dataclass(frozen=True)
 class NewSession:
     """What a new session asks for beyond its language and flavor: its kernel's variables, a network allow-list
@@ -83,8 +99,11 @@ async def resolve_session(
     template: Template | None,
     flavor: Flavor | None,
     new: NewSession | None = None,
+    environment: str | None = None,
 ) -> tuple[SessionInfo, bool]:
-    """The session to run in: the one named (checked against what was asked for), or a new one."""
+    """The session to run in: the one named (checked against what was asked for), or a new one.
+
+    environment: a checked name (requested_environment), None where the caller did not ask for one."""
     if session_id is not None:
         if not session_id.strip():
             raise InvalidRequest("session_id is empty; omit it to get a new session")
@@ -112,6 +131,11 @@ async def resolve_session(
                 f"session {session_id} is flavor {info.flavor}; a running session cannot change flavor",
                 suggestions=["omit flavor", f"omit session_id to start a new {flavor.name} session"],
             )
+        if environment is not None and environment != info.environment:
+            raise InvalidRequest(
+                f"session {session_id} runs the {info.environment} environment, but environment={environment!r} was asked for",
+                ["omit environment to use this session", f"omit session_id to start a new session in {environment}"],
+            )
         if info.status == "error":
             reason = await sessions.death_reason(session_id)
             raise SandboxError(
@@ -119,7 +143,9 @@ async def resolve_session(
                 suggestions=["restart_session to get a fresh kernel in this session", "omit session_id to start a new session"],
             )
         return info, False
-    choice = KernelChoice(template or TEMPLATES["python"], flavor or get_flavor(settings.default_flavor))
+    chosen = template or TEMPLATES["python"]
+    flavor = flavor or get_flavor(settings.default_flavor)
+    choice = KernelChoice.of(chosen.name, flavor.name, environment)
     reason = choice.template.unavailable_reason() if sessions.local_kernels else None
     if reason:
         raise InvalidRequest(f"{choice.template.name} sessions are not available here: {reason}")

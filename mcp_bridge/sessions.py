@@ -56,6 +56,12 @@ class SessionInfo:
     def sandboxed(self) -> bool:
         return self.language is not None
 
+    @property
+    def environment(self) -> str | None:
+        """The Python environment its kernelspec names (msb-<env>-python-<flavor>); None for a kernel that is not an msb kernel."""
+        choice = KernelChoice.from_kernel_name(self.kernel_name)
+        return choice.environment_name if choice is not None else None
+
     def summary(self) -> dict:
         now = time.time()
         return {
@@ -71,6 +77,7 @@ class SessionInfo:
             "started_by": self.started_by,
             "sandboxed": self.sandboxed,
             "network": self.network,
+            "environment": self.environment,
         }
 
 

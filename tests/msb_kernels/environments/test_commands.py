@@ -1,0 +1,104 @@
+"""`msb-kernels env`'s refusals: each names the argument and what to do, and leaves the store and the kernelspecs as
+they were. Real interpreters (pyenv's old ones where the host has them), a real pip, no kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+
+from tests.msb_kernels.environments.conftest import EnvHost
+
+OLD_PYTHONS = sorted(Path("/root/.pyenv/versions").glob("3.[5-8].*/bin/python")) if os.access("/root", os.X_OK) else []
+
+
+def _refused(host: EnvHost, *args: str) -> str:
+    """The command fails with a clear error (no traceback), and nothing was written."""
+    before = host.store_text()
+    specs_before = set(KernelSpecManager().find_kernel_specs())
+    result = host.env_cli(*args)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and result.stderr.startswith("msb-kernels: error: "), result.stderr
+    assert host.store_text() == before
+    assert set(KernelSpecManager().find_kernel_specs()) == specs_before
+    return result.stderr
+
+
+def test_names_are_lowercase_letters_digits_and_dashes_and_not_taken(env_host):
+    for name in ("Data", "data_science", "_data", "data-", "a" * 41, "data.1"):
+        assert "NAME" in _refused(env_host, "add", name, "--python", sys.executable), name
+    for name in ("python", "node", "small", "large", "default", "python3"):
+        assert "is a template, a flavor or the default" in _refused(env_host, "add", name, "--python", sys.executable), name
+
+
+def test_a_name_that_clashes_with_an_installed_kernelspec_is_refused(env_host, tmp_path):
+    spec = tmp_path / "clash"
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({"argv": ["python", "-m", "ipykernel_launcher"], "display_name": "R", "language": "R"}))
+    manager = KernelSpecManager()
+    installed = manager.install_kernel_spec(str(spec), "clashing", prefix=str(Path(os.environ["JUPYTER_PATH"]).parent.parent))
+    try:
+        error = _refused(env_host, "add", "clashing", "--python", sys.executable)
+        assert "clashes with the installed kernelspec clashing" in error and "jupyter kernelspec remove clashing" in error
+    finally:
+        manager.remove_kernel_spec("clashing")
+    assert installed
+
+
+def test_an_interpreter_that_is_missing_a_directory_or_not_executable_is_refused(env_host, tmp_path):
+    assert "--python /no/such/python: no such file" in _refused(env_host, "add", "data", "--python", "/no/such/python")
+    assert "is a directory" in _refused(env_host, "add", "data", "--python", str(tmp_path))
+    plain = tmp_path / "python"
+    plain.write_text("#!/bin/sh\n")
+    error = _refused(env_host, "add", "data", "--python", str(plain))
+    assert "is not executable" in error and f"chmod +x {plain}" in error
+
+
+def test_a_broken_interpreter_is_refused_in_its_own_words(env_host, tmp_path):
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'error while loading shared libraries: libpython3.11.so.1.0' >&2\nexit 127\n")
+    broken.chmod(0o755)
+    error = _refused(env_host, "add", "data", "--python", str(broken))
+    assert "is not a working Python interpreter: error while loading shared libraries: libpython3.11.so.1.0" in error
+
+
+def test_an_interpreter_without_ipykernel_is_refused_with_the_pip_command(env_host, tmp_path):
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    error = _refused(env_host, "add", "data", "--python", str(venv / "bin" / "python"))
+    assert f"ipykernel is not installed in it: run `{venv}/bin/python -m pip install ipykernel` first" in error
+
+
+@pytest.mark.skipif(not OLD_PYTHONS, reason="no Python older than 3.9 on this host (pyenv's under /root/.pyenv)")
+def test_a_python_too_old_is_refused_by_its_version():
+    host = EnvHost(Path(os.environ["MSB_RUNTIME_DIR"]).parent / "envs-old")
+    error = _refused(host, "add", "data", "--python", str(OLD_PYTHONS[0]))
+    assert "is too old: sandboxed kernels need Python 3.9 or newer" in error
+
+
+def test_a_requirements_file_that_does_not_resolve_gives_pips_reason_and_leaves_nothing(env_host, tmp_path, wheels):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("msbenvprobe\nno-such-package-anywhere==1.0\n")
+    error = _refused(env_host, "create", "data", "-r", str(requirements), "--wheels", str(wheels))
+    # pip's "ERROR:" lines, or uv's "error:" and "cause:" (uv where it is on PATH, as in this venv): their reason only
+    assert re.search(r"installing the requirements with (pip|uv) failed: (ERROR|error): ", error), error
+    assert "no-such-package-anywhere" in error and "Collecting" not in error and "Using Python" not in error, error
+    assert not (env_host.directory / "data").exists()  # no half-made venv
+    assert "-r /no/such/file: no such file" in _refused(env_host, "create", "data", "-r", "/no/such/file")
+    assert "--wheels /no/such/dir: no such directory" in _refused(
+        env_host, "create", "data", "-r", str(requirements), "--wheels", "/no/such/dir"
+    )
+
+
+def test_unknown_environments_are_named_with_the_registered_ones(env_host):
+    for command in ("remove", "check"):
+        error = _refused(env_host, command, "nope")
+        assert "NAME 'nope': no such environment (registered: none yet)" in error
+    listed = env_host.cli("env", "list")
+    assert listed.returncode == 0 and "no environments" in listed.stdout
