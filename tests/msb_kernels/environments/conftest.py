@@ -26,6 +26,8 @@ class EnvHost:
     """An environments directory of its own, and `msb-kernels` run as an operator runs it, against it."""
 
     directory: Path
+    created_output: str = ""  # what `env create` printed
+    freeze_before: str = ""  # the suite's venv, as `pip freeze` listed it before the environment was made
 
     @property
     def env(self) -> dict[str, str]:
@@ -68,11 +70,13 @@ def probe_env(wheels) -> Iterator[EnvHost]:
     except OSError as exc:
         pytest.skip(f"cannot make a home directory here: {exc}")
     host = EnvHost(home / "environments")
+    freeze = [sys.executable, "-m", "pip", "freeze", "--all"]
+    host.freeze_before = subprocess.run(freeze, capture_output=True, text=True, check=True).stdout
     requirements = home / "requirements.txt"
     requirements.write_text(PROBE_PACKAGE + "\n")
     created = host.env_cli("create", "probe", "-r", str(requirements), "--wheels", str(wheels))
     assert created.returncode == 0, created.stdout + created.stderr
-    host.created_output = created.stdout  # type: ignore[attr-defined]
+    host.created_output = created.stdout
     yield host
     host.cli("env", "remove", "probe")
     shutil.rmtree(home, ignore_errors=True)
