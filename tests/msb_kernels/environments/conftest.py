@@ -28,10 +28,11 @@ class EnvHost:
     directory: Path
     created_output: str = ""  # what `env create` printed
     freeze_before: str = ""  # the suite's venv, as `pip freeze` listed it before the environment was made
+    path: str | None = None  # PATH for its commands; None: the suite's (whose venv has uv)
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "MSB_ENVIRONMENTS_DIR": str(self.directory)}
+        return {**os.environ, "MSB_ENVIRONMENTS_DIR": str(self.directory), **({"PATH": self.path} if self.path else {})}
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(

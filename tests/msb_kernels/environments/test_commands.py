@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 
-from tests.msb_kernels.environments.conftest import EnvHost
+from tests.msb_kernels.environments.conftest import SUITE_PREFIX, EnvHost
 
 OLD_PYTHONS = sorted(Path("/root/.pyenv/versions").glob("3.[5-8].*/bin/python")) if os.access("/root", os.X_OK) else []
 
@@ -82,12 +83,16 @@ def test_a_python_too_old_is_refused_by_its_version():
     assert "is too old: sandboxed kernels need Python 3.9 or newer" in error
 
 
-def test_a_requirements_file_that_does_not_resolve_gives_pips_reason_and_leaves_nothing(env_host, tmp_path, wheels):
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_requirements_file_that_does_not_resolve_gives_pips_reason_and_leaves_nothing(env_host, tmp_path, wheels, installer):
+    if installer == "pip":  # a host without uv on PATH: the new venv's own pip
+        env_host.path = "/usr/local/bin:/usr/bin:/bin"
+        assert shutil.which("uv", path=env_host.path) is None
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("msbenvprobe\nno-such-package-anywhere==1.0\n")
     error = _refused(env_host, "create", "data", "-r", str(requirements), "--wheels", str(wheels))
     # pip's "ERROR:" lines, or uv's "error:" and "cause:" (uv where it is on PATH, as in this venv): their reason only
-    assert re.search(r"installing the requirements with (pip|uv) failed: (ERROR|error): ", error), error
+    assert re.search(rf"installing the requirements with {installer} failed: (ERROR|error): ", error), error
     assert "no-such-package-anywhere" in error and "Collecting" not in error and "Using Python" not in error, error
     assert not (env_host.directory / "data").exists()  # no half-made venv
     assert "-r /no/such/file: no such file" in _refused(env_host, "create", "data", "-r", "/no/such/file")
@@ -102,3 +107,24 @@ def test_unknown_environments_are_named_with_the_registered_ones(env_host):
         assert "NAME 'nope': no such environment (registered: none yet)" in error
     listed = env_host.cli("env", "list")
     assert listed.returncode == 0 and "no environments" in listed.stdout
+
+
+def test_install_rewrites_every_registered_environments_kernelspecs(env_host):
+    """An interpreter that has ipykernel (the suite's own) added, its kernelspec lost, and `msb-kernels install` again."""
+    added = env_host.env_cli("add", "again", "--python", sys.executable)
+    assert added.returncode == 0, added.stderr
+    try:
+        assert "again" in (env_host.store_text() or "")
+        assert "NAME 'again': an environment of that name exists" in _refused(env_host, "add", "again", "--python", sys.executable)
+        kernels = Path(os.environ["JUPYTER_PATH"]) / "kernels"
+        spec = json.loads((kernels / "msb-again-python-medium" / "kernel.json").read_text())
+        assert spec["display_name"] == "Python 3 (again, sandbox, medium)" and spec["argv"][0] == sys.executable
+        shutil.rmtree(kernels / "msb-again-python-medium")
+        installed = env_host.cli("install", "--prefix", str(SUITE_PREFIX))
+        assert installed.returncode == 0, installed.stderr
+        assert "installed msb-again-python-medium: Python 3 (again, sandbox, medium)" in installed.stdout
+        assert (kernels / "msb-again-python-medium" / "kernel.json").is_file()
+    finally:
+        removed = env_host.cli("env", "remove", "again")
+    assert removed.returncode == 0 and not list(kernels.glob("msb-again-*")), removed.stderr
+    assert Path(sys.executable).exists(), "remove deleted an interpreter it did not create"

@@ -183,6 +183,8 @@ async def test_a_gateway_lists_pools_and_starts_environments_and_mcp_picks_one(p
             reply = await ws.execute("import sys; print(sys.executable)")
             ws.close()
             assert reply.stdout.strip() == (expected or str(probe_env.directory / "probe" / "bin" / "python")), reply.stdout
+            (entry,) = [k for k in (await gateway.stats())["kernels"] if k["id"] == kernel_id]
+            assert entry["environment"] == environment and entry["kernel_name"] == name, entry
 
         headers = {"Authorization": f"Bearer {gateway.token}"}
         async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
