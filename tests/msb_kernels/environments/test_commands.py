@@ -128,3 +128,39 @@ def test_install_rewrites_every_registered_environments_kernelspecs(env_host):
         removed = env_host.cli("env", "remove", "again")
     assert removed.returncode == 0 and not list(kernels.glob("msb-again-*")), removed.stderr
     assert Path(sys.executable).exists(), "remove deleted an interpreter it did not create"
+
+
+def test_check_reports_a_kernel_that_cannot_start_a_broken_interpreter_and_one_without_ipykernel(env_host, tmp_path, monkeypatch):
+    """An interpreter that worked when added, then: one whose kernel cannot start in a sandbox (a wrapper that needs a
+    host file beside its prefix, which no sandbox shows), one that broke, one that lost ipykernel; each in its own words."""
+    prefix = tmp_path / "wrapped"
+    (prefix / "bin").mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    python = prefix / "bin" / "python"
+    needed = tmp_path / "licence.key"
+    needed.write_text("host only")
+    python.write_text(f'#!/bin/sh\n[ -e {needed} ] || {{ echo "cannot read {needed}" >&2; exit 3; }}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    added = env_host.env_cli("add", "wrapped", "--python", str(python))
+    assert added.returncode == 0, added.stderr
+    # A namespace fork server runs its interpreter on the host, where the file is: each kernel its own, in its sandbox.
+    monkeypatch.setenv("MSB_FORK_KERNELS", "false")
+    try:
+        checked = env_host.cli("env", "check", "wrapped")
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        assert "wrapped: Python 3." in checked.stdout and "namespace: failed: a kernel from " in checked.stdout, checked.stdout
+        assert f"kernel stderr: cannot read {needed}" in checked.stdout, checked.stdout  # the kernel's own words
+
+        python.write_text("#!/bin/sh\necho 'Fatal Python error: init_fs_encoding: failed to get the Python codec' >&2\nexit 1\n")
+        checked = env_host.cli("env", "check", "wrapped")
+        assert checked.returncode == 1 and "wrapped: broken: " in checked.stdout, checked.stdout
+        assert "Fatal Python error: init_fs_encoding: failed to get the Python codec" in checked.stdout, checked.stdout
+
+        bare = tmp_path / "bare"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+        python.write_text(f'#!/bin/sh\nexec {bare}/bin/python "$@"\n')
+        checked = env_host.cli("env", "check")
+        assert checked.returncode == 1 and "wrapped: ipykernel is not installed in it" in checked.stdout, checked.stdout
+    finally:
+        removed = env_host.cli("env", "remove", "wrapped")
+    assert removed.returncode == 0, removed.stderr
