@@ -173,6 +173,16 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         reason = self.template_spec.unavailable_reason()
         if reason and not adopting:
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
+        interpreter = km.kernel_spec.argv[0] if km.kernel_spec and km.kernel_spec.argv else ""
+        if self.environment and not adopting and not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+            # Said here, before a sandbox starts: inside one, a missing interpreter is only an exit status.
+            raise InvalidRequest(
+                f"cannot start a kernel of environment {self.environment}: its interpreter {interpreter} is gone or not executable",
+                [
+                    f"`msb-kernels env check {self.environment}` says what it finds",
+                    f"`msb-kernels env remove {self.environment}`, then add it again",
+                ],
+            )
         if adopting:
             self.backend: SandboxBackend = get_backend(self.settings)
             registry.session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
 
+from msb_kernels.errors import InvalidRequest
 from tests.msb_kernels.environments.conftest import SUITE_PREFIX, EnvHost
 
 OLD_PYTHONS = sorted(Path("/root/.pyenv/versions").glob("3.[5-8].*/bin/python")) if os.access("/root", os.X_OK) else []
@@ -164,3 +166,18 @@ def test_check_reports_a_kernel_that_cannot_start_a_broken_interpreter_and_one_w
     finally:
         removed = env_host.cli("env", "remove", "wrapped")
     assert removed.returncode == 0, removed.stderr
+
+
+async def test_a_kernel_of_an_environment_whose_interpreter_is_gone_is_refused_before_a_sandbox_starts(env_host, tmp_path):
+    python = tmp_path / "gone" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    assert env_host.env_cli("add", "gone", "--python", str(python)).returncode == 0
+    try:
+        python.unlink()
+        km = AsyncKernelManager(kernel_name="msb-gone-python-small")
+        with pytest.raises(InvalidRequest, match=f"environment gone: its interpreter {python} is gone or not executable"):
+            await km.start_kernel()
+    finally:
+        assert env_host.cli("env", "remove", "gone").returncode == 0

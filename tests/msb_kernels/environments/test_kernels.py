@@ -208,6 +208,8 @@ async def test_a_gateway_lists_pools_and_starts_environments_and_mcp_picks_one(p
                 assert unknown.is_error
                 error = unknown.structured_content["error"]
                 assert error["type"] == "InvalidRequest" and "use one of default, probe" in error["message"], error
+                node = await client.call_tool("start_session", {"language": "node", "environment": "probe"})
+                assert node.is_error and "node kernels have no environments" in node.structured_content["error"]["message"]
                 mismatch = await client.call_tool("execute_code", {"code": "1", "session_id": session["id"], "environment": "default"})
                 assert mismatch.is_error and "runs the probe environment" in mismatch.structured_content["error"]["message"]
                 for sid in {session["id"], own.structured_content["session_id"], default.structured_content["session_id"]}:
