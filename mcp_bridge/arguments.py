@@ -7,6 +7,7 @@ is an InvalidRequest naming it and the accepted values, never a half-started ker
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import dataclass, field
 
 from mcp_bridge.options import BridgeOptions
@@ -49,14 +50,40 @@ def requested(language: str | None, template: str | None, flavor: str | None) ->
     return by_language or by_template, get_flavor(flavor) if flavor is not None else None
 
 
-def requested_environment(settings: MsbSettings, environment: str | None) -> str | None:
-    """The environment argument checked against the registered ones (None: not asked for); an unknown name lists them."""
+@dataclass(frozen=True)
+class EnvironmentFacts:
+    """An environment as its kernelspecs describe it (msb metadata): what list_environments shows of it."""
+
+    name: str
+    python_version: str | None
+    packages: list[str]
+
+
+async def environments_of(sessions: KernelSessions) -> dict[str, EnvironmentFacts]:
+    """The default environment and each one a python kernelspec names (msb-<env>-python-<flavor>), where the kernels
+    start: this host's kernelspecs, or a remote gateway's, so the names are the ones a start can use."""
+    found = {DEFAULT_ENVIRONMENT: EnvironmentFacts(DEFAULT_ENVIRONMENT, platform.python_version() if sessions.local_kernels else None, [])}
+    for name, spec in sorted((await sessions.kernelspecs()).items()):
+        choice = KernelChoice.from_kernel_name(name)
+        if choice is None or choice.template.name != "python":
+            continue
+        msb = (spec.get("metadata") or {}).get("msb") or {}
+        known = found.get(choice.environment_name)
+        if known is None or known.python_version is None:
+            found[choice.environment_name] = EnvironmentFacts(
+                choice.environment_name,
+                msb.get("python_version") or (known.python_version if known else None),
+                list(msb.get("packages") or []),
+            )
+    return found
+
+
+async def requested_environment(sessions: KernelSessions, environment: str | None) -> str | None:
+    """The environment argument checked against those that exist (None: not asked for); an unknown name lists them."""
     if environment is None:
         return None
-    from msb_kernels.environments import list_environments
-
     name = str(environment).strip().lower()
-    known = [DEFAULT_ENVIRONMENT, *(e.name for e in list_environments(settings))]
+    known = list(await environments_of(sessions))
     if name not in known:
         raise InvalidRequest(
             f"environment={environment!r} is not an environment here; use one of {', '.join(known)}",

@@ -185,6 +185,11 @@ class KernelSessions(abc.ABC):
     async def list(self) -> list[SessionInfo]: ...
 
     @abc.abstractmethod
+    async def kernelspecs(self) -> dict[str, dict]:
+        """{name: kernel.json's content} of what a new session can start: what names the environments, wherever
+        the kernels run (this host's kernelspecs, or a remote gateway's)."""
+
+    @abc.abstractmethod
     async def connection(self, session_id: str) -> KernelConnection: ...
 
     @abc.abstractmethod

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -20,7 +19,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from mcp_bridge import files
-from mcp_bridge.arguments import NewSession, check_size, check_timeout, requested, requested_environment, resolve_session
+from mcp_bridge.arguments import NewSession, check_size, check_timeout, environments_of, requested, requested_environment, resolve_session
 from mcp_bridge.commands import command_argv, new_marker
 from mcp_bridge.models import (
     ChoicesResponse,
@@ -145,7 +144,7 @@ async def execute_code(
     new = NewSession(env or {}, network_allow, secrets)
     chosen = requested(language, template, flavor)
     info, created = await resolve_session(
-        bridge.sessions, bridge.settings, session_id, *chosen, new, requested_environment(bridge.settings, environment)
+        bridge.sessions, bridge.settings, session_id, *chosen, new, await requested_environment(bridge.sessions, environment)
     )
     return await bridge.run_and_respond(info, created, "code", code, seconds, ctx)
 
@@ -238,7 +237,7 @@ async def start_session(
     new = NewSession(env or {}, network_allow, secrets)
     chosen = requested(language, template, flavor)
     info, _ = await resolve_session(
-        bridge.sessions, bridge.settings, None, *chosen, new, requested_environment(bridge.settings, environment)
+        bridge.sessions, bridge.settings, None, *chosen, new, await requested_environment(bridge.sessions, environment)
     )
     return sessions_result(bridge, [info])
 
@@ -466,30 +465,21 @@ async def list_languages(ctx: Context) -> Annotated[CallToolResult, ChoicesRespo
     return model_result(response, text)
 
 
-def environments(settings: MsbSettings) -> EnvironmentsResponse:
-    """The default environment (this server's own interpreter) and every registered one (msb_kernels.environments)."""
-    from msb_kernels.environments import list_environments
-
-    default = EnvironmentInfo(
-        name=DEFAULT_ENVIRONMENT,
-        python_version=platform.python_version(),
-        packages=[],
-        default=True,
-        description="the server's own interpreter: what a session gets when it names no environment",
-    )
+async def environments(bridge: Bridge) -> EnvironmentsResponse:
+    """The default environment (the server's own interpreter) and every one a kernelspec names (msb_kernels.environments)."""
+    found = await environments_of(bridge.sessions)
     return EnvironmentsResponse(
         environments=[
-            default,
-            *(
-                EnvironmentInfo(
-                    name=e.name,
-                    python_version=e.python_version,
-                    packages=e.main_packages(),
-                    default=False,
-                    description=f"{e.origin} {e.created_at}; kernelspecs msb-{e.name}-python-<flavor>",
-                )
-                for e in list_environments(settings)
-            ),
+            EnvironmentInfo(
+                name=e.name,
+                python_version=e.python_version or "unknown",
+                packages=e.packages,
+                default=e.name == DEFAULT_ENVIRONMENT,
+                description="the server's own interpreter: what a session gets when it names no environment"
+                if e.name == DEFAULT_ENVIRONMENT
+                else f"its kernelspecs are msb-{e.name}-python-<flavor>",
+            )
+            for e in found.values()
         ]
     )
 
@@ -499,7 +489,7 @@ def environments(settings: MsbSettings) -> EnvironmentsResponse:
     ToolAnnotations(read_only_hint=True),
 )
 async def list_environments(ctx: Context) -> Annotated[CallToolResult, EnvironmentsResponse]:
-    response = environments(bridge_of(ctx).settings)
+    response = await environments(bridge_of(ctx))
     text = "\n".join(
         f"{e.name}: Python {e.python_version}" + (" (default)" if e.default else "") + (f" - {', '.join(e.packages)}" if e.packages else "")
         for e in response.environments

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import sys
 import tempfile
@@ -44,6 +45,8 @@ def kernelspec(
                 "memory_mib": flavor.memory_mib,
                 "template": template.name,
                 "environment": environment or DEFAULT_ENVIRONMENT,
+                # The installing interpreter's, for the default environment: list_environments shows it.
+                **({"python_version": platform.python_version()} if template.name == "python" and not environment else {}),
                 "installed_cull_idle_timeout": settings.session_timeout_seconds,
             },
             "debugger": False,

@@ -22,12 +22,13 @@ def choices(name: str) -> list[KernelChoice]:
 def install(environment: Environment, settings: MsbSettings, prefix: str | None = None, user: bool = False) -> list[str]:
     """Write one kernelspec per flavor whose argv[0] is the environment's interpreter."""
     manager = KernelSpecManager()
-    return [
-        write_kernelspec(
-            manager, choice, kernelspec(choice.template, choice.flavor, settings, environment.name, environment.python), prefix, user
-        )
-        for choice in choices(environment.name)
-    ]
+    lines = []
+    for choice in choices(environment.name):
+        spec = kernelspec(choice.template, choice.flavor, settings, environment.name, environment.python)
+        # What a client that sees only kernelspecs (Lab, a remote gateway's MCP tools) shows of the environment.
+        spec["metadata"]["msb"].update(python_version=environment.python_version, packages=environment.main_packages())
+        lines.append(write_kernelspec(manager, choice, spec, prefix, user))
+    return lines
 
 
 def installed(name: str) -> dict[str, str]:

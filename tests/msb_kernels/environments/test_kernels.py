@@ -16,10 +16,11 @@ from pathlib import Path
 import httpx2
 import nbformat
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.kernel_helpers import execute
+from tests.mcp_bridge.conftest import child_env
 from tests.msb_kernels.environments.conftest import EnvHost
 from tests.msb_kernels.environments.wheels import PROBE_VALUE
 from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway, wait_until
@@ -214,6 +215,20 @@ async def test_a_gateway_lists_pools_and_starts_environments_and_mcp_picks_one(p
                 assert mismatch.is_error and "runs the probe environment" in mismatch.structured_content["error"]["message"]
                 for sid in {session["id"], own.structured_content["session_id"], default.structured_content["session_id"]}:
                     await client.call_tool("stop_session", {"session_id": sid})
+        # msb-mcp attached to the gateway from elsewhere: no store of its own, the gateway's kernelspecs name them.
+        elsewhere = {k: v for k, v in child_env().items() if k != "MSB_ENVIRONMENTS_DIR"}
+        params = StdioServerParameters(
+            command=str(VENV_BIN / "msb-mcp"), args=["--gateway", gateway.url, "--token", gateway.token], env=elsewhere
+        )
+        async with Client(params) as remote:
+            listed = await remote.call_tool("list_environments", {})
+            environments = {e["name"]: e for e in listed.structured_content["environments"]}
+            assert environments["probe"]["python_version"].startswith("3.") and "msbenvprobe 1.0" in environments["probe"]["packages"]
+            ran = await remote.call_tool("execute_code", {"code": "import msbenvprobe\nprint(msbenvprobe.VALUE)", "environment": "probe"})
+            assert ran.structured_content["stdout"].strip() == PROBE_VALUE, ran.content[0].text
+            await remote.call_tool("stop_session", {"session_id": ran.structured_content["session_id"]})
+            unknown = await remote.call_tool("execute_code", {"code": "1", "environment": "nope"})
+            assert unknown.is_error and "use one of default, probe" in unknown.structured_content["error"]["message"]
     finally:
         gateway.stop()
 
