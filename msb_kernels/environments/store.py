@@ -6,9 +6,12 @@ whole on each change, so no reader ever sees half of it and a failed command lea
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from msb_kernels.config import MsbSettings
@@ -66,15 +69,25 @@ class EnvironmentStore:
             Path(temporary).unlink(missing_ok=True)
             raise
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One change at a time: two `env add`s at once would each write the file without the other's environment."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def put(self, environment: Environment) -> None:
-        environments = self.load()
-        environments[environment.name] = environment
-        self.save(environments)
+        with self._locked():
+            environments = self.load()
+            environments[environment.name] = environment
+            self.save(environments)
 
     def drop(self, name: str) -> None:
-        environments = self.load()
-        environments.pop(name, None)
-        self.save(environments)
+        with self._locked():
+            environments = self.load()
+            environments.pop(name, None)
+            self.save(environments)
 
 
 def list_environments(settings: MsbSettings) -> list[Environment]:

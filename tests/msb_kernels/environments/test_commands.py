@@ -181,3 +181,25 @@ async def test_a_kernel_of_an_environment_whose_interpreter_is_gone_is_refused_b
             await km.start_kernel()
     finally:
         assert env_host.cli("env", "remove", "gone").returncode == 0
+
+
+def test_adds_at_once_keep_every_environment(env_host):
+    """The store is changed under a lock and replaced whole: four `env add`s at once leave four environments."""
+    names = [f"at-once-{n}" for n in range(4)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "msb_kernels.cli", "env", "add", name, "--python", sys.executable, "--prefix", str(SUITE_PREFIX)],
+            env=env_host.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for name in names
+    ]
+    try:
+        assert [p.wait(120) for p in processes] == [0] * 4, [p.stderr.read() for p in processes]
+        stored = json.loads(env_host.store_text() or "{}")
+        assert sorted(e["name"] for e in stored["environments"]) == names and stored["format"] == 1
+        assert not [p for p in env_host.directory.iterdir() if p.name.startswith(".environments-")]  # no temporary file left
+    finally:
+        for name in names:
+            env_host.cli("env", "remove", name)
