@@ -6,6 +6,7 @@ Each returns the lines to print; a refusal is an InvalidRequest naming the argum
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -150,17 +151,9 @@ def check(names: list[str], settings: MsbSettings) -> tuple[bool, list[str]]:
             ok = False
             lines.append(f"{environment.name}: {problem}")
             continue
-        EnvironmentStore.of(settings).put(
-            Environment(
-                environment.name,
-                environment.python,
-                environment.origin,
-                environment.created_at,
-                interpreter.version,
-                interpreter.packages,
-                environment.image,
-            )
-        )
+        looked = dataclasses.replace(environment, python_version=interpreter.version, packages=interpreter.packages)
+        EnvironmentStore.of(settings).put(looked)  # what it holds now, for env list, the MCP tools and its kernelspecs
+        kernelspecs.refresh(looked)
         lines.append(
             f"{environment.name}: Python {interpreter.version}, ipykernel {interpreter.ipykernel}, {len(interpreter.packages)} packages"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,18 @@ def installed(name: str) -> dict[str, str]:
     """The environment's kernelspecs that Jupyter finds here: {kernel name: directory}."""
     wanted = {choice.kernel_name for choice in choices(name)}
     return {kernel: path for kernel, path in KernelSpecManager().find_kernel_specs().items() if kernel in wanted}
+
+
+def refresh(environment: Environment) -> None:
+    """What the installed kernelspecs say of the environment (its Python, main packages), after a check looked again."""
+    for path in installed(environment.name).values():
+        spec_file = Path(path) / "kernel.json"
+        try:
+            spec = json.loads(spec_file.read_text())
+            spec["metadata"]["msb"].update(python_version=environment.python_version, packages=environment.main_packages())
+            spec_file.write_text(json.dumps(spec, indent=1))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a kernelspec this user cannot write, or one edited by hand: install rewrites it
 
 
 def remove(name: str) -> list[str]:

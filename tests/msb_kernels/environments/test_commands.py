@@ -158,6 +158,20 @@ def test_check_reports_a_kernel_that_cannot_start_a_broken_interpreter_and_one_w
         assert checked.returncode == 1 and "wrapped: broken: " in checked.stdout, checked.stdout
         assert "Fatal Python error: init_fs_encoding: failed to get the Python codec" in checked.stdout, checked.stdout
 
+        # Repaired, with a package more (on a PYTHONPATH the wrapper keeps, -E or not): check records what it holds now,
+        # in the store and in its kernelspecs.
+        site = tmp_path / "extra"
+        (site / "aaamsbextra-2.0.dist-info").mkdir(parents=True)
+        (site / "aaamsbextra-2.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: aaamsbextra\nVersion: 2.0\n")
+        python.write_text(
+            '#!/bin/bash\nargs=(); for a in "$@"; do [ "$a" = -E ] || args+=("$a"); done\n'
+            f'PYTHONPATH={site} exec {sys.executable} "${{args[@]}}"\n'
+        )
+        env_host.cli("env", "check", "wrapped")
+        assert "aaamsbextra 2.0" in env_host.cli("env", "list").stdout
+        spec = json.loads((Path(os.environ["JUPYTER_PATH"]) / "kernels" / "msb-wrapped-python-small" / "kernel.json").read_text())
+        assert "aaamsbextra 2.0" in spec["metadata"]["msb"]["packages"], spec["metadata"]["msb"]
+
         bare = tmp_path / "bare"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
         python.write_text(f'#!/bin/sh\nexec {bare}/bin/python "$@"\n')
