@@ -38,6 +38,7 @@ print(json.dumps({"value": value, "executable": sys.executable, "prefix": sys.pr
                   "beside": sorted(os.listdir(os.path.dirname(sys.prefix))), "backend": os.environ.get("MSB_SANDBOX")}))
 """
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
+pytestmark = pytest.mark.slow  # some 90 s of papermill runs, gateways and gVisor starts: out of the quick loop
 
 
 def _papermill(kernel: str, backend: str, directory: Path, host: EnvHost) -> dict:
