@@ -7,11 +7,12 @@ is an InvalidRequest naming it and the accepted values, never a half-started ker
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import dataclass, field
 
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions, SessionInfo
-from msb_kernels.choice import KernelChoice
+from msb_kernels.choice import DEFAULT_ENVIRONMENT, KernelChoice
 from msb_kernels.config import MsbSettings
 from msb_kernels.egress.grant import ARGUMENTS_ENV, NETWORK_ALLOW_ENV, SECRETS_ENV
 from msb_kernels.errors import InvalidRequest, SandboxError
@@ -50,6 +51,48 @@ def requested(language: str | None, template: str | None, flavor: str | None) ->
 
 
 @dataclass(frozen=True)
+class EnvironmentFacts:
+    """An environment as its kernelspecs describe it (msb metadata): what list_environments shows of it."""
+
+    name: str
+    python_version: str | None
+    packages: list[str]
+
+
+async def environments_of(sessions: KernelSessions) -> dict[str, EnvironmentFacts]:
+    """The default environment and each one a python kernelspec names (msb-<env>-python-<flavor>), where the kernels
+    start: this host's kernelspecs, or a remote gateway's, so the names are the ones a start can use."""
+    found = {DEFAULT_ENVIRONMENT: EnvironmentFacts(DEFAULT_ENVIRONMENT, platform.python_version() if sessions.local_kernels else None, [])}
+    for name, spec in sorted((await sessions.kernelspecs()).items()):
+        choice = KernelChoice.from_kernel_name(name)
+        if choice is None or choice.template.name != "python":
+            continue
+        msb = (spec.get("metadata") or {}).get("msb") or {}
+        known = found.get(choice.environment_name)
+        if known is None or known.python_version is None:
+            found[choice.environment_name] = EnvironmentFacts(
+                choice.environment_name,
+                msb.get("python_version") or (known.python_version if known else None),
+                list(msb.get("packages") or []),
+            )
+    return found
+
+
+async def requested_environment(sessions: KernelSessions, environment: str | None) -> str | None:
+    """The environment argument checked against those that exist (None: not asked for); an unknown name lists them."""
+    if environment is None:
+        return None
+    name = str(environment).strip().lower()
+    known = list(await environments_of(sessions))
+    if name not in known:
+        raise InvalidRequest(
+            f"environment={environment!r} is not an environment here; use one of {', '.join(known)}",
+            ["list_environments lists them with their Python and packages", "omit environment for the default one"],
+        )
+    return name
+
+
+@dataclass(frozen=True)
 class NewSession:
     """What a new session asks for beyond its language and flavor: its kernel's variables, a network allow-list
     narrower than the server's, and secrets (msb_kernels.egress); a start request carries them in its env."""
@@ -85,8 +128,11 @@ async def resolve_session(
     template: Template | None,
     flavor: Flavor | None,
     new: NewSession | None = None,
+    environment: str | None = None,
 ) -> tuple[SessionInfo, bool]:
-    """The session to run in: the one named (checked against what was asked for), or a new one."""
+    """The session to run in: the one named (checked against what was asked for), or a new one.
+
+    environment: a checked name (requested_environment), None where the caller did not ask for one."""
     if session_id is not None:
         if not session_id.strip():
             raise InvalidRequest("session_id is empty; omit it to get a new session")
@@ -114,6 +160,11 @@ async def resolve_session(
                 f"session {session_id} is flavor {info.flavor}; a running session cannot change flavor",
                 suggestions=["omit flavor", f"omit session_id to start a new {flavor.name} session"],
             )
+        if environment is not None and environment != info.environment:
+            raise InvalidRequest(
+                f"session {session_id} runs the {info.environment} environment, but environment={environment!r} was asked for",
+                ["omit environment to use this session", f"omit session_id to start a new session in {environment}"],
+            )
         if info.status == "error":
             reason = await sessions.death_reason(session_id)
             raise SandboxError(
@@ -121,7 +172,9 @@ async def resolve_session(
                 suggestions=["restart_session to get a fresh kernel in this session", "omit session_id to start a new session"],
             )
         return info, False
-    choice = KernelChoice(template or TEMPLATES["python"], flavor or get_flavor(settings.default_flavor))
+    chosen = template or TEMPLATES["python"]
+    flavor = flavor or get_flavor(settings.default_flavor)
+    choice = KernelChoice.of(chosen.name, flavor.name, environment)
     reason = choice.template.unavailable_reason() if sessions.local_kernels else None
     if reason:
         raise InvalidRequest(f"{choice.template.name} sessions are not available here: {reason}")

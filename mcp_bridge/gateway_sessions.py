@@ -153,6 +153,12 @@ class GatewayKernelSessions(KernelSessions):
             return response.text[:300]
         return str(body.get("message") or body.get("reason") or body)[:500]
 
+    async def kernelspecs(self) -> dict[str, dict]:
+        response = await self._request("GET", "/api/kernelspecs")
+        if response.status_code >= 400:
+            raise SandboxError(f"the gateway answered HTTP {response.status_code}: {self._message(response)}")
+        return {name: entry.get("spec") or {} for name, entry in (response.json().get("kernelspecs") or {}).items()}
+
     async def kernel_model(self, session_id: str, missing_ok: bool = False) -> dict | None:
         if not isinstance(session_id, str) or not session_id or "/" in session_id or "?" in session_id:
             raise not_found(str(session_id))

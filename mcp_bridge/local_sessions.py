@@ -205,6 +205,13 @@ class ManagedKernelSessions(KernelSessions):
         self.sandbox_registry = registry.registry_of(kernel_manager)
         self.sandbox_registry.kernel_removed_listeners.append(self.forget)  # the gateway's removals: culls, Lab's, deaths
 
+    async def kernelspecs(self) -> dict[str, dict]:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        manager = getattr(self.kernel_manager, "kernel_spec_manager", None) or KernelSpecManager()  # None before a first start
+        specs = manager.get_all_specs()
+        return {name: entry["spec"] for name, entry in specs.items()}
+
     def _km(self, session_id: str) -> Any:
         if not isinstance(session_id, str) or session_id not in self.kernel_manager.list_kernel_ids():
             raise not_found(str(session_id))

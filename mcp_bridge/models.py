@@ -75,6 +75,9 @@ class SessionSummary(BaseModel):
     started_by: str = "other"
     sandboxed: bool = True
     network: str | None = Field(None, description="its way out: none, public internet, or allow-list: the hosts it may reach")
+    environment: str | None = Field(
+        None, description="the Python environment its kernel runs (list_environments); default: the server's own"
+    )
 
 
 class SessionListResponse(ToolResult):
@@ -121,6 +124,18 @@ class LanguageInfo(BaseModel):
 class ChoicesResponse(ToolResult):
     flavors: list[FlavorInfo]
     languages: list[LanguageInfo]
+
+
+class EnvironmentInfo(BaseModel):
+    name: str = Field(description="pass it as environment to start_session or execute_code")
+    python_version: str
+    packages: list[str] = Field(description="its main packages, 'name version', without the kernel's own")
+    default: bool = Field(description="the environment a session gets when it names none")
+    description: str
+
+
+class EnvironmentsResponse(ToolResult):
+    environments: list[EnvironmentInfo]
 
 
 class CellInfo(BaseModel):

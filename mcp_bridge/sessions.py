@@ -56,6 +56,12 @@ class SessionInfo:
     def sandboxed(self) -> bool:
         return self.language is not None
 
+    @property
+    def environment(self) -> str | None:
+        """The Python environment its kernelspec names (msb-<env>-python-<flavor>); None for a kernel that is not an msb kernel."""
+        choice = KernelChoice.from_kernel_name(self.kernel_name)
+        return choice.environment_name if choice is not None else None
+
     def summary(self) -> dict:
         now = time.time()
         return {
@@ -71,6 +77,7 @@ class SessionInfo:
             "started_by": self.started_by,
             "sandboxed": self.sandboxed,
             "network": self.network,
+            "environment": self.environment,
         }
 
 
@@ -176,6 +183,11 @@ class KernelSessions(abc.ABC):
 
     @abc.abstractmethod
     async def list(self) -> list[SessionInfo]: ...
+
+    @abc.abstractmethod
+    async def kernelspecs(self) -> dict[str, dict]:
+        """{name: kernel.json's content} of what a new session can start: what names the environments, wherever
+        the kernels run (this host's kernelspecs, or a remote gateway's)."""
 
     @abc.abstractmethod
     async def connection(self, session_id: str) -> KernelConnection: ...

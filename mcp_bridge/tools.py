@@ -19,10 +19,12 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from mcp_bridge import files
-from mcp_bridge.arguments import NewSession, check_size, check_timeout, requested, resolve_session
+from mcp_bridge.arguments import NewSession, check_size, check_timeout, environments_of, requested, requested_environment, resolve_session
 from mcp_bridge.commands import command_argv, new_marker
 from mcp_bridge.models import (
     ChoicesResponse,
+    EnvironmentInfo,
+    EnvironmentsResponse,
     ExecutionResponse,
     FileResponse,
     FlavorInfo,
@@ -36,6 +38,7 @@ from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result, model_result
 from mcp_bridge.sessions import SessionInfo
 from mcp_bridge.supervisor import Bridge, bridge_of
+from msb_kernels.choice import DEFAULT_ENVIRONMENT
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import FLAVORS, describe_flavors
@@ -57,6 +60,12 @@ TemplateArgument = Annotated[
 EnvArgument = Annotated[
     dict[str, str] | None,
     Field(description="variables for a new session's kernel; not LD_*, PYTHON*, MSB_*, JPY_* or KERNEL_*; for new sessions only"),
+]
+EnvironmentArgument = Annotated[
+    str | None,
+    Field(
+        description="the Python environment of a new session (list_environments names them); default: the server's own; for new sessions only"
+    ),
 ]
 NetworkAllowArgument = Annotated[
     str | list[str] | None,
@@ -127,12 +136,16 @@ async def execute_code(
     env: EnvArgument = None,
     network_allow: NetworkAllowArgument = None,
     secrets: SecretsArgument = None,
+    environment: EnvironmentArgument = None,
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     check_size(bridge.options, "code", code)
     seconds = check_timeout(bridge.options, timeout)
     new = NewSession(env or {}, network_allow, secrets)
-    info, created = await resolve_session(bridge.sessions, bridge.settings, session_id, *requested(language, template, flavor), new)
+    chosen = requested(language, template, flavor)
+    info, created = await resolve_session(
+        bridge.sessions, bridge.settings, session_id, *chosen, new, await requested_environment(bridge.sessions, environment)
+    )
     return await bridge.run_and_respond(info, created, "code", code, seconds, ctx)
 
 
@@ -207,8 +220,8 @@ async def get_execution_output(
 
 
 @tool(
-    "Start a new session (kernel) without running anything: its language, flavor, variables, network allow-list and "
-    "secrets. Pass the session_id it returns to execute_code."
+    "Start a new session (kernel) without running anything: its language, flavor, Python environment, variables, network "
+    "allow-list and secrets. Pass the session_id it returns to execute_code."
 )
 async def start_session(
     ctx: Context,
@@ -218,10 +231,14 @@ async def start_session(
     env: EnvArgument = None,
     network_allow: NetworkAllowArgument = None,
     secrets: SecretsArgument = None,
+    environment: EnvironmentArgument = None,
 ) -> Annotated[CallToolResult, SessionListResponse]:
     bridge = bridge_of(ctx)
     new = NewSession(env or {}, network_allow, secrets)
-    info, _ = await resolve_session(bridge.sessions, bridge.settings, None, *requested(language, template, flavor), new)
+    chosen = requested(language, template, flavor)
+    info, _ = await resolve_session(
+        bridge.sessions, bridge.settings, None, *chosen, new, await requested_environment(bridge.sessions, environment)
+    )
     return sessions_result(bridge, [info])
 
 
@@ -251,6 +268,7 @@ def sessions_result(bridge: Bridge, infos: list[SessionInfo]) -> CallToolResult:
             f"{s.id}: {s.language} {s.flavor}, {s.status}, up {s.uptime_seconds} s, last used {s.last_accessed}"
             + (f", notebook {s.notebook_path}" if s.notebook_path else "")
             + (f", network {s.network}" if s.network else "")
+            + (f", environment {s.environment}" if s.environment and s.environment != DEFAULT_ENVIRONMENT else "")
             + f" (started by {s.started_by})"
             for s in response.sessions
         )
@@ -443,5 +461,37 @@ async def list_languages(ctx: Context) -> Annotated[CallToolResult, ChoicesRespo
     text = "\n".join(
         f"{lang.name} (also: {', '.join(lang.aliases)})" + ("" if lang.available else f" - unavailable: {lang.reason}")
         for lang in response.languages
+    )
+    return model_result(response, text)
+
+
+async def environments(bridge: Bridge) -> EnvironmentsResponse:
+    """The default environment (the server's own interpreter) and every one a kernelspec names (msb_kernels.environments)."""
+    found = await environments_of(bridge.sessions)
+    return EnvironmentsResponse(
+        environments=[
+            EnvironmentInfo(
+                name=e.name,
+                python_version=e.python_version or "unknown",
+                packages=e.packages,
+                default=e.name == DEFAULT_ENVIRONMENT,
+                description="the server's own interpreter: what a session gets when it names no environment"
+                if e.name == DEFAULT_ENVIRONMENT
+                else f"its kernelspecs are msb-{e.name}-python-<flavor>",
+            )
+            for e in found.values()
+        ]
+    )
+
+
+@tool(
+    "The Python environments a new session can run (pass one as environment), with each one's Python and main packages.",
+    ToolAnnotations(read_only_hint=True),
+)
+async def list_environments(ctx: Context) -> Annotated[CallToolResult, EnvironmentsResponse]:
+    response = await environments(bridge_of(ctx))
+    text = "\n".join(
+        f"{e.name}: Python {e.python_version}" + (" (default)" if e.default else "") + (f" - {', '.join(e.packages)}" if e.packages else "")
+        for e in response.environments
     )
     return model_result(response, text)

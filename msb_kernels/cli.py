@@ -12,6 +12,7 @@ from pathlib import Path
 
 from msb_kernels import slow_imports
 from msb_kernels.config import load_settings
+from msb_kernels.environments.cli import add_env_parser
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.cli import add_serve_parser
 from msb_kernels.identity.cli import add_users_parser
@@ -69,10 +70,16 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from msb_kernels.environments import kernelspecs as environment_kernelspecs
+    from msb_kernels.environments import list_environments
     from msb_kernels.kernelspecs import install
 
-    for line in install(load_settings(), prefix=args.prefix, user=args.user):
+    settings = load_settings()
+    for line in install(settings, prefix=args.prefix, user=args.user):
         print(line)
+    for environment in list_environments(settings):  # each environment's kernelspecs, rewritten as the default ones are
+        for line in environment_kernelspecs.install(environment, settings, prefix=args.prefix, user=args.user):
+            print(line)
     return 0
 
 
@@ -333,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_swarm_proxy)
     add_serve_parser(sub)
     add_users_parser(sub)
+    add_env_parser(sub)
     return parser
 
 

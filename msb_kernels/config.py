@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -79,6 +80,12 @@ class MsbSettings(Configurable):
         "is ready first come, first served instead of all late together. Unset = the host's CPUs.",
     ).tag(config=True)
     runtime_dir = Unicode(None, allow_none=True, help="Host directory for sandbox state and kernel sockets.").tag(config=True)
+    environments_dir = Unicode(
+        None,
+        allow_none=True,
+        help="Where the registered Python environments are recorded (environments.json) and created ones are built "
+        "(unset = <this environment>/share/msb-kernels/environments).",
+    ).tag(config=True)
     disk_reserve = Bool(
         True,
         help="Reserve each namespace sandbox's whole disk on the host at start, so sandboxes together can never fill "
@@ -220,7 +227,9 @@ class MsbSettings(Configurable):
         "0: kernels end with the gateway.",
     ).tag(config=True)
     # warm pool
-    pool_size = Unicode("python-small=1", help="Kernels kept started per kernelspec, as TEMPLATE-FLAVOR=COUNT,...").tag(config=True)
+    pool_size = Unicode("python-small=1", help="Kernels kept started per kernelspec, as [ENVIRONMENT-]TEMPLATE-FLAVOR=COUNT,...").tag(
+        config=True
+    )
     pool_counts_as_sessions = Bool(False, help="Count waiting pooled kernels toward MSB_MAX_SESSIONS and the capacity.").tag(config=True)
     # the MCP bridge
     mcp_running_after_seconds = Float(50.0, help="A tool call returns status running (with an execution id) after this long.").tag(
@@ -316,6 +325,10 @@ class MsbSettings(Configurable):
             return Path(xdg) / "msb-kernels"
         return Path(f"/tmp/msb-kernels-{os.geteuid()}")
 
+    def environments_root(self) -> Path:
+        """Where `msb-kernels env`, install and the gateway all find the environments: one place per msb-kernels install."""
+        return Path(self.environments_dir) if self.environments_dir else Path(sys.prefix) / "share" / "msb-kernels" / "environments"
+
     def hibernate_root(self) -> Path:
         """Where hibernated kernels' images live: on a disk, as the scratch disks are."""
         return Path(self.hibernate_dir) if self.hibernate_dir else self.scratch_root() / "hibernate"
@@ -339,6 +352,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "capacity_cpus": checks.at_least(1),
     "cull_interval_seconds": checks.at_least(1),
     "pool_size": checks.check_pool_size,
+    "environments_dir": checks.check_environments_dir,
     "mcp_running_after_seconds": checks.at_least(0.1),
     "mcp_default_timeout_seconds": checks.at_least(0.1),
     "mcp_max_timeout_seconds": checks.at_least(0.1),
@@ -392,7 +406,8 @@ _ACCEPTED: dict[str, str] = {
     "cull_connected": "use true or false",
     "cull_busy": "use true or false",
     "offline_buffer_mib": "use a whole number of MiB >= 0 (0 keeps nothing for a closed WebSocket)",
-    "pool_size": "use TEMPLATE-FLAVOR=COUNT pairs such as python-small=1,node-small=0 (0 everywhere turns the pool off)",
+    "pool_size": "use [ENVIRONMENT-]TEMPLATE-FLAVOR=COUNT pairs such as python-small=1,data-python-small=1,node-small=0 "
+    "(0 everywhere turns the pool off)",
     "pool_counts_as_sessions": "use true or false",
     "mcp_running_after_seconds": "use a number of seconds > 0",
     "mcp_default_timeout_seconds": "use a number of seconds > 0",
@@ -414,6 +429,7 @@ _ACCEPTED: dict[str, str] = {
     "lab_root_path": "use the absolute path JupyterLab serves (its --ServerApp.root_dir), not a system directory, /tmp or /home itself",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "runtime_dir": "use a writable directory with a short path",
+    "environments_dir": "use an absolute path to a directory (made at the first `msb-kernels env add`), or unset it for the default",
     "scratch_dir": "use a writable directory on a disk with room for the flavors' disks",
     "disk_reserve": "use true or false",
     "require_limits": "use true or false",

@@ -1,8 +1,9 @@
-"""Kernelspecs: msb-<template>-<flavor>, each selecting the sandbox provisioner."""
+"""Kernelspecs: msb-<template>-<flavor> (and msb-<environment>-python-<flavor>), each selecting the sandbox provisioner."""
 
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import sys
 import tempfile
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager
 
-from msb_kernels.choice import KernelChoice
+from msb_kernels.choice import DEFAULT_ENVIRONMENT, KernelChoice
 from msb_kernels.config import MsbSettings
 from msb_kernels.flavors import FLAVORS, Flavor
 from msb_kernels.templates import TEMPLATES, Template, install_tslab
@@ -22,16 +23,24 @@ PROVISIONER_NAME = "msb-sandbox"
 LAB_SETTINGS = {"@jupyterlab/notebook-extension:tracker": {"autoStartDefaultKernel": True}}
 
 
-def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dict:
-    sandbox = f"sandbox, {flavor.name}"
+def kernelspec(
+    template: Template, flavor: Flavor, settings: MsbSettings, environment: str | None = None, python: str | None = None
+) -> dict:
+    """environment, python: an environment's name and interpreter (msb_kernels.environments); None for the default one."""
+    sandbox = f"{environment}, sandbox, {flavor.name}" if environment else f"sandbox, {flavor.name}"
+    argv = template.argv()
+    config = {"flavor": flavor.name, "template": template.name}
+    if environment:
+        argv[0] = python or argv[0]
+        config["environment"] = environment
     return {
-        "argv": template.argv(),
+        "argv": argv,
         "display_name": f"{template.display_name} ({sandbox})",
         "language": template.language,
         "interrupt_mode": "signal",
         "env": {},
         "metadata": {
-            "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": {"flavor": flavor.name, "template": template.name}},
+            "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": config},
             "cull_idle_timeout": settings.session_timeout_seconds,
             # The timeout install wrote: a gateway tells it from a deliberate per-kernelspec override.
             "msb": {
@@ -39,6 +48,9 @@ def kernelspec(template: Template, flavor: Flavor, settings: MsbSettings) -> dic
                 "cpus": flavor.cpus,
                 "memory_mib": flavor.memory_mib,
                 "template": template.name,
+                "environment": environment or DEFAULT_ENVIRONMENT,
+                # The installing interpreter's, for the default environment: list_environments shows it.
+                **({"python_version": platform.python_version()} if template.name == "python" and not environment else {}),
                 "installed_cull_idle_timeout": settings.session_timeout_seconds,
             },
             "debugger": False,
@@ -102,12 +114,7 @@ def install(settings: MsbSettings, prefix: str | None = None, user: bool = False
     for template_name in templates:
         template = TEMPLATES[template_name]
         for flavor in FLAVORS.values():
-            name = KernelChoice(template, flavor).kernel_name
-            with tempfile.TemporaryDirectory() as staging:
-                (Path(staging) / "kernel.json").write_text(json.dumps(kernelspec(template, flavor, settings), indent=1))
-                _write_logos(template, Path(staging))
-                destination = manager.install_kernel_spec(staging, name, user=user, prefix=None if user else (prefix or sys.prefix))
-            report.append(f"installed {name}: {kernelspec(template, flavor, settings)['display_name']} -> {destination}")
+            report.append(write_kernelspec(manager, KernelChoice(template, flavor), kernelspec(template, flavor, settings), prefix, user))
     if not user:
         report.append(install_lab_settings(Path(prefix or sys.prefix)))
     return report
@@ -119,3 +126,12 @@ def install_lab_settings(prefix: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(LAB_SETTINGS, indent=1) + "\n")
     return f"installed JupyterLab's settings (a notebook without kernel metadata starts the default kernel) -> {path}"
+
+
+def write_kernelspec(manager: KernelSpecManager, choice: KernelChoice, spec: dict, prefix: str | None, user: bool) -> str:
+    """Install one kernelspec with its logos where install puts them; the line that says so."""
+    with tempfile.TemporaryDirectory() as staging:
+        (Path(staging) / "kernel.json").write_text(json.dumps(spec, indent=1))
+        _write_logos(choice.template, Path(staging))
+        destination = manager.install_kernel_spec(staging, choice.kernel_name, user=user, prefix=None if user else (prefix or sys.prefix))
+    return f"installed {choice.kernel_name}: {spec['display_name']} -> {destination}"

@@ -33,6 +33,7 @@ from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backe
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import SharedVolume
 from msb_kernels.backends.core.state import remove_state_dir
+from msb_kernels.choice import DEFAULT_ENVIRONMENT
 from msb_kernels.compat import curve_capable, kernel_supports_curve, send_interrupt_request, transport_encryption_policy
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
@@ -80,6 +81,7 @@ class SandboxDescription:
     last_exit_reason: str | None  # why the previous sandbox's kernel died, when the backend knew
     network: str = "none"  # its way out: "none", "public internet", or the egress proxy's allow-list
     egress: dict | None = None  # the egress proxy's counters for it (KernelEgress.snapshot), while it listens for it
+    environment: str = DEFAULT_ENVIRONMENT  # the Python environment its interpreter is (msb_kernels.environments)
 
 
 class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -87,6 +89,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     flavor = Unicode(None, allow_none=True, config=True, help="small, medium or large; default MSB_DEFAULT_FLAVOR")
     template = Unicode("python", config=True, help="python or node")
+    environment = Unicode(None, allow_none=True, config=True, help="the environment whose interpreter is argv[0]; None: the default")
 
     sandbox: Sandbox | None = None
     last_exit_reason: str | None = None
@@ -143,6 +146,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             last_exit_reason=self.last_exit_reason,
             network=self.network.describe() if self.network is not None else "none",
             egress=self.egress.egress.snapshot() if self.egress is not None else None,
+            environment=self.environment or DEFAULT_ENVIRONMENT,
         )
 
     @property
@@ -170,6 +174,16 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         reason = self.template_spec.unavailable_reason()
         if reason and not adopting:
             raise InvalidRequest(f"cannot start a {self.template} kernel: {reason}")
+        interpreter = km.kernel_spec.argv[0] if km.kernel_spec and km.kernel_spec.argv else ""
+        if self.environment and not adopting and not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+            # Said here, before a sandbox starts: inside one, a missing interpreter is only an exit status.
+            raise InvalidRequest(
+                f"cannot start a kernel of environment {self.environment}: its interpreter {interpreter} is gone or not executable",
+                [
+                    f"`msb-kernels env check {self.environment}` says what it finds",
+                    f"`msb-kernels env remove {self.environment}`, then add it again",
+                ],
+            )
         if adopting:
             self.backend: SandboxBackend = get_backend(self.settings)
             registry.session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
@@ -368,6 +382,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             sandbox_id=self.kernel_id,
             flavor=self.flavor_spec,
             template=self.template_spec.name,
+            environment=self.environment or DEFAULT_ENVIRONMENT,
             argv=argv,
             env=env,
             io_dir=self.io_dir,
@@ -468,10 +483,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()
-        info.update(flavor=self.flavor, template=self.template, sandbox=self.sandbox.info() if self.sandbox else None)
+        info.update(
+            flavor=self.flavor, template=self.template, environment=self.environment, sandbox=self.sandbox.info() if self.sandbox else None
+        )
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         await super().load_provisioner_info(provisioner_info)
         self.flavor = provisioner_info.get("flavor")
         self.template = provisioner_info.get("template", "python")
+        self.environment = provisioner_info.get("environment")

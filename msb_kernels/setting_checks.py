@@ -97,6 +97,14 @@ def check_pool_size(value: str) -> str | None:
     return None
 
 
+def check_environments_dir(value: str) -> str | None:
+    if not os.path.isabs(value):
+        return "is not an absolute path"
+    if os.path.exists(value) and not os.path.isdir(value):
+        return "is not a directory"
+    return None
+
+
 def check_host(value: str) -> str | None:
     return "is not a host name or address" if not value.strip() or any(c.isspace() or c in "/?#" for c in value) else None
 

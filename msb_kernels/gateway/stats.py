@@ -70,6 +70,7 @@ class StatsMixin:
                     "kernel_name": record.kernel_name,
                     "flavor": record.flavor.name,
                     "template": record.template,
+                    "environment": described.environment if described is not None else None,
                     "backend": info.get("backend"),
                     "created": iso_utc(record.created),
                     "last_activity": iso_utc(last.timestamp()) if last is not None else None,

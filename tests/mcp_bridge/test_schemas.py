@@ -83,6 +83,7 @@ async def test_every_tool_and_every_request_error_fits_the_output_schema(mcp_ser
             "download_file": {"session_id": python_session, "path": "/tmp/fits.txt"},
             "list_flavors": {},
             "list_languages": {},
+            "list_environments": {},
             "restart_session": None,  # below, on a session of its own
             "stop_session": None,
             # With a JupyterLab, schema-checked: tests/mcp_bridge/notebooks/test_tools.py (this server has none).

@@ -37,5 +37,36 @@ def test_pool_sizes_parse_and_reject_bad_values():
     assert parse_pool_sizes("python-small=1,node-medium=2,python-large=0") == {"msb-python-small": 1, "msb-node-medium": 2}
     assert parse_pool_sizes("3") == {"msb-python-small": 3}
     assert parse_pool_sizes("") == {}
-    with pytest.raises(ConfigError, match="'python-huge=1' is not TEMPLATE-FLAVOR=COUNT"):
+    with pytest.raises(ConfigError, match="'python-huge=1' is not \\[ENVIRONMENT-\\]TEMPLATE-FLAVOR=COUNT"):
         parse_pool_sizes("python-huge=1")
+
+
+@pytest.mark.parametrize("environment", ["data", "data-science", "x2", "a-python-small"])
+def test_an_environments_kernel_name_parses_back_one_way(environment):
+    for flavor in FLAVORS:
+        choice = KernelChoice.of("python", flavor, environment)
+        assert choice.kernel_name == f"msb-{environment}-python-{flavor}"
+        assert KernelChoice.from_kernel_name(choice.kernel_name) == choice
+        assert choice.environment_name == environment and str(choice) == f"{environment}-python-{flavor}"
+    # The names users already have keep meaning the default environment.
+    assert KernelChoice.from_kernel_name("msb-python-small") == KernelChoice.of("python", "small", "default")
+    assert KernelChoice.from_kernel_name("msb-python-small").environment_name == "default"
+
+
+@pytest.mark.parametrize(
+    "name", ["msb-data-node-small", "msb-Data-python-small", "msb--python-small", "msb-default-python-small", "msb-small-python-small"]
+)
+def test_no_environment_of_node_or_of_a_reserved_or_malformed_name(name):
+    assert KernelChoice.from_kernel_name(name) is None
+
+
+def test_node_has_no_environments():
+    with pytest.raises(InvalidRequest, match="node kernels have no environments"):
+        KernelChoice.of("node", "small", "data")
+
+
+def test_pool_sizes_name_environments_too():
+    sizes = parse_pool_sizes("python-small=1,data-python-small=2,data-science-python-large=1")
+    assert sizes == {"msb-python-small": 1, "msb-data-python-small": 2, "msb-data-science-python-large": 1}
+    with pytest.raises(ConfigError, match="'data-node-small=1' is not"):
+        parse_pool_sizes("data-node-small=1")

@@ -71,6 +71,7 @@ class SandboxSpec:
     egress: EgressRoute | None = None  # MSB_NETWORK_ALLOW: out only through the egress proxy (allow_network is then False)
     owner_pid: int | None = None  # sandboxes die with this host process unless it is None or adopt_grace is set
     adopt_grace: float = 0  # > 0: a keeper holds the sandbox, which outlives its owner this long for another to adopt it
+    environment: str = "default"  # the Python environment argv[0] belongs to; recorded so `env remove` sees who uses it
     fork: bool = False  # the kernel may be forked from a server that imported it already (MSB_FORK_KERNELS), where the backend can
 
 

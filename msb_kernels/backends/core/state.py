@@ -29,7 +29,8 @@ log = logging.getLogger("msb_kernels")
 
 def new_state(backend: str, spec: SandboxSpec, **more: object) -> dict:
     """What every backend's state.json starts with: the sandbox, its backend, flavor and template, and who owns it
-    (owner_pid and its start time, so a reused pid is never taken for the owner). Called by each backend's create."""
+    (owner_pid and its start time, so a reused pid is never taken for the owner), and the Python environment and
+    interpreter it runs (for `msb-kernels env remove`). Called by each backend's create."""
     return {
         "sandbox_id": spec.sandbox_id,
         "backend": backend,
@@ -38,6 +39,8 @@ def new_state(backend: str, spec: SandboxSpec, **more: object) -> dict:
         "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
         "flavor": spec.flavor.name,
         "template": spec.template,
+        "environment": spec.environment,
+        "interpreter": spec.argv[0] if spec.argv else None,
         **more,
     }
 

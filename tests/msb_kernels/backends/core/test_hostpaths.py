@@ -54,6 +54,35 @@ def test_a_venvs_paths_include_the_installation_it_points_at(tmp_path):
     assert hostpaths.interpreter_paths("no-such-interpreter-anywhere") == []
 
 
+OTHER_PYTHONS = sorted(
+    p
+    for p in Path("/root/.pyenv/versions").glob("3.*/bin/python3")
+    if os.access("/root", os.X_OK) and p.resolve().parent.parent != Path(sys.base_prefix).resolve()
+)
+
+
+@pytest.mark.skipif(not OTHER_PYTHONS, reason="no second Python installation (pyenv's under /root/.pyenv) on this host")
+def test_a_venv_of_another_base_python_shows_that_installation(tmp_path):
+    """An environment's venv made from a Python that is not the gateway's: its own base is bound, not the gateway's."""
+    base = OTHER_PYTHONS[-1]
+    venv = tmp_path / "other"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
+    paths = hostpaths.interpreter_paths(str(venv / "bin" / "python"))
+    other = str(base.resolve().parent.parent)
+    assert str(venv) in paths and any(other == p or other.startswith(p + "/") for p in paths), (paths, other)
+    assert not any(p == sys.prefix for p in paths), "the gateway's own venv is no part of another environment"
+
+
+def test_a_conda_like_prefix_is_its_own_paths(tmp_path):
+    """/opt/<env>/bin/python with its stdlib beside it: the prefix is shown whole, and nothing above it."""
+    prefix = tmp_path / "opt" / "data"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "lib" / "python3.11").mkdir(parents=True)
+    (prefix / "bin" / "python3.11").write_bytes(b"")
+    (prefix / "bin" / "python").symlink_to("python3.11")
+    assert hostpaths.interpreter_paths(str(prefix / "bin" / "python")) == [str(prefix)]
+
+
 def _place(source: Path, destination: Path) -> None:
     """A copy of a venv at destination: its files hard-linked (a copy where they cannot be), so it costs a second."""
     destination.parent.mkdir(parents=True, exist_ok=True)
