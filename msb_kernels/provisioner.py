@@ -395,7 +395,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             egress=egress,
             owner_pid=os.getpid(),
             adopt_grace=self._adopt_grace(),
-            fork=self.settings.fork_kernels,
+            # A fork server imports its interpreter's ipykernel (and every .pth of its site-packages) on the host, outside
+            # any sandbox: only the gateway's own environment is trusted that far. Another environment's packages came
+            # from a requirements file, so its kernels start afresh, each inside its sandbox from the first instruction.
+            fork=self.settings.fork_kernels and not self.environment,
         )
         if registry.adoptions.pop(self.kernel_id, None) is not None:
             try:

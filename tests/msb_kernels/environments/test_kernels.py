@@ -94,6 +94,8 @@ async def test_remove_is_refused_while_a_kernel_uses_it_naming_the_kernel(probe_
     monkeypatch.setenv("MSB_ENVIRONMENTS_DIR", str(probe_env.directory))
     km, kc = await start_kernel("msb-probe-python-small")
     assert (await execute(kc, "import msbenvprobe; print(msbenvprobe.VALUE)")).stdout.strip() == PROBE_VALUE
+    # Its packages never ran on the host: an environment's kernel is not forked from a server that imported them there.
+    assert km.provisioner.sandbox.info()["forked"] is False
     before = probe_env.store_text()
     refused = probe_env.cli("env", "remove", "probe")
     assert refused.returncode == 2, refused.stdout + refused.stderr
