@@ -19,8 +19,8 @@ from msb_kernels.identity.people import Person
 
 
 class PersonalLabs:
-    """One NotebookDocuments per person, over their own server; ``public_url`` is where the Hub's proxy is (the
-    operator's MSB_HUB_PUBLIC_URL or JupyterHub's public_url), else the origin the caller reached /mcp at."""
+    """One NotebookDocuments per person, over their own server; ``public_url`` is where the Hub's proxy is
+    (JupyterHub's public_url), else the origin the caller reached /mcp at."""
 
     def __init__(self, public_url: str | None):
         self.public_url = public_url.rstrip("/") if public_url else None
@@ -35,7 +35,7 @@ class PersonalLabs:
         if base is None:
             raise InvalidRequest(
                 "the gateway does not know where JupyterHub's proxy is",
-                ["the operator: set MSB_HUB_PUBLIC_URL (or JupyterHub's c.JupyterHub.public_url)", "or reach /mcp through the Hub's proxy"],
+                ["the operator: set JupyterHub's c.JupyterHub.public_url (the deploy config's MSB_HUB_PUBLIC_URL)", "or reach /mcp through the Hub's proxy"],
             )
         url = f"{base.rstrip('/')}/user/{quote(person.name, safe='')}/"
         documents = self.people.get(person.name)

@@ -58,6 +58,7 @@ async def team() -> AsyncIterator[Team]:
             "MSB_USERS_FILE": str(users_file),
             "MSB_TOKEN": None,
             "MSB_MAX_SESSIONS_PER_USER": "2",
+            "MSB_USER_MEMORY_MIB": "2048",
             "MSB_SHARED_VOLUME_PATH": str(shared),
         }
     )
@@ -174,6 +175,7 @@ async def test_an_assistant_sees_and_touches_only_its_persons_sessions(team):
                 ("stop_session", {"session_id": session}),
                 ("get_execution_output", {"session_id": session, "execution_id": execution or "x"}),
                 ("download_file", {"session_id": session, "path": "/etc/hostname"}),
+                ("upload_file", {"session_id": session, "path": "/tmp/from-bob.txt", "content": "bob was here"}),
             ):
                 refused = await bob.call_tool(tool, arguments)
                 assert refused.is_error, (tool, refused.content[0].text)
@@ -221,6 +223,16 @@ async def test_an_mcp_session_is_bound_to_the_person_who_opened_it(team):
         metadata_url = challenge.split('resource_metadata="', 1)[1].split('"', 1)[0]
         metadata = (await http.get(metadata_url)).json()
         assert metadata["resource"] == team.gateway.url + "/mcp" and metadata["bearer_methods_supported"] == ["header"]
+
+
+async def test_a_persons_memory_share_refuses_a_flavor_past_it_and_names_their_use(team):
+    refused = await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-large"})
+    assert refused.code == 429 and refused.json["limit"] == "user_memory", refused.body
+    assert "bob's kernels hold 0 MiB of MSB_USER_MEMORY_MIB=2048; a large kernel (4096 MiB) does not fit" in refused.json["message"]
+    assert any("small" in suggestion for suggestion in refused.json["suggestions"]), refused.json
+    fits = await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-medium"})  # 2048 MiB: his whole share
+    assert fits.code == 201, fits.body
+    await team.rest("bob", "DELETE", f"/api/kernels/{fits.json['id']}")
 
 
 async def test_one_person_at_their_share_costs_the_others_nothing(team):
@@ -344,3 +356,24 @@ async def test_a_pooled_kernel_is_nobodys_until_handed_out_then_only_its_owners(
     assert [k["id"] for k in (await gateway.request("GET", "/api/kernels")).json] == [kernel]
     assert (await gateway.request("GET", "/api/kernels", token=tokens["bob"])).json == []
     assert (await gateway.request("GET", f"/api/kernels/{kernel}", token=tokens["bob"])).code == 404
+
+
+async def test_the_culler_culls_every_persons_idle_kernel(gateway_factory, tmp_path):
+    """The culler is the system's: started before any request, it sees every person's kernels, not those of whoever
+    started a kernel first."""
+    users_file = tmp_path / "users.json"
+    tokens = {name: add_user(users_file, name) for name in ("alice", "bob")}
+    env = {"MSB_USERS_FILE": str(users_file), "MSB_TOKEN": None, "MSB_SESSION_TIMEOUT_SECONDS": "3", "MSB_CULL_INTERVAL_SECONDS": "1"}
+    gateway = await gateway_factory(extra_env=env)
+    kernels = {
+        who: (await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, token=tokens[who])).json["id"]
+        for who in ("alice", "bob")
+    }
+
+    async def all_culled() -> bool:
+        codes = [(await gateway.request("GET", f"/api/kernels/{kernels[who]}", token=tokens[who])).code for who in kernels]
+        return codes == [404, 404]
+
+    await wait_until(all_culled, 60, "both people's idle kernels to be culled")
+    culled = [line for line in audit_lines(gateway) if line["event"] == "stop" and line["outcome"] == "culled"]
+    assert {line["owner"] for line in culled} == {"alice", "bob"} and {line["person"] for line in culled} == {"system"}, culled
