@@ -32,15 +32,21 @@ if [ "$extras" = "test" ]; then
     if [ ${#missing[@]} -gt 0 ]; then
         bash scripts/apt-install "${missing[@]}" || echo "the tests that need ${missing[*]} will skip" >&2
     fi
-    # The MCP Inspector CLI: a TypeScript-SDK client for tests/mcp_bridge/test_inspector.py (which skips without it).
-    inspector=.venv/share/msb-kernels/inspector
-    if [ ! -f "$inspector/node_modules/@modelcontextprotocol/inspector-cli/build/cli.js" ]; then
+    # npm_tool DIR FILE PACKAGE NODE TESTS: install an npm package into DIR unless FILE (under it) is there already.
+    npm_tool() {
+        [ -e "$1/$2" ] && return 0
         if ! command -v npm >/dev/null; then
-            echo "npm is not installed: the MCP Inspector tests will skip (install Node.js >= 18 with npm, then run this again)" >&2
-        elif ! npm install --no-audit --no-fund --prefix "$inspector" "@modelcontextprotocol/inspector@0.15" >/dev/null 2>&1; then
-            echo "npm could not install @modelcontextprotocol/inspector@0.15: the MCP Inspector tests will skip" >&2
+            echo "npm is not installed: $5 will skip (install Node.js >= $4 with npm, then run this again)" >&2
+        elif ! npm install --no-audit --no-fund --prefix "$1" "$3" >/dev/null 2>&1; then
+            echo "npm could not install $3: $5 will skip" >&2
         fi
-    fi
+    }
+    # The MCP Inspector CLI: a TypeScript-SDK client for tests/mcp_bridge/test_inspector.py.
+    npm_tool .venv/share/msb-kernels/inspector node_modules/@modelcontextprotocol/inspector-cli/build/cli.js \
+        "@modelcontextprotocol/inspector@0.15" 18 "the MCP Inspector tests"
+    # JupyterHub's proxy, from npm as a Hub's operator installs it, for tests/hub.py (the gateway under JupyterHub).
+    npm_tool .venv/share/msb-kernels/chp node_modules/.bin/configurable-http-proxy \
+        "configurable-http-proxy@5.3" 20 "the JupyterHub tests"
 fi
 if [ "$extras" = "test" ]; then
     # jupyter-mcp-server, the peer the notebook tools are measured against, in a venv of its own (its pins are not

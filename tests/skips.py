@@ -9,8 +9,12 @@ each with its reason, because a developer's laptop may lack chromium or root.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +49,24 @@ needs_node = pytest.mark.skipif(_node_reason is not None, reason=f"node kernels 
 
 _gvisor = GVisorBackend.availability()
 needs_runsc = pytest.mark.skipif(not _gvisor.ok, reason=f"gvisor backend cannot run on this host: {_gvisor.reason}")
+
+# JupyterHub in front of the gateway (tests/hub.py): not expected to skip on CI, where scripts/test installs both.
+_HUB_PREFIX = Path(sys.prefix) / "share" / "msb-kernels"
+CHP = _HUB_PREFIX / "chp" / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+def hub_unavailable() -> str | None:
+    """Why a JupyterHub cannot run here, with how to fix it; None where it can."""
+    if importlib.util.find_spec("jupyterhub") is None:
+        return "jupyterhub is not installed: run ./scripts/test (or pip install -e '.[test]')"
+    if not os.access(CHP, os.X_OK):
+        return "configurable-http-proxy is not installed: run ./scripts/test (npm needed)"
+    if shutil.which("node") is None:
+        return "configurable-http-proxy needs node, which is not on PATH: install Node.js >= 20"
+    return None
+
+
+needs_hub = pytest.mark.skipif(hub_unavailable() is not None, reason=f"no JupyterHub here: {hub_unavailable()}")
 
 
 def every_builtin_backend() -> list:

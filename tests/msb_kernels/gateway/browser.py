@@ -128,16 +128,21 @@ class LabPage:
         return cell.find_element(By.CSS_SELECTOR, ".jp-InputPrompt").text
 
 
-@pytest.fixture
-async def page(request: pytest.FixtureRequest, browser: Any, lab: HttpServer, tmp_path: Path) -> AsyncIterator[LabPage]:
-    """A fresh Lab workspace; the kernels this test started are shut down after it."""
+def screenshot_on_failure(request: pytest.FixtureRequest, driver: Any, tmp_path: Path) -> None:
+    """If the test that asked fails, save what the browser shows, and say where in the failure."""
 
     def screenshot() -> str:
         path = tmp_path / "screenshot.png"
-        browser.save_screenshot(str(path))
+        driver.save_screenshot(str(path))
         return str(path)
 
     request.node.stash[SCREENSHOT_ON_FAILURE] = screenshot
+
+
+@pytest.fixture
+async def page(request: pytest.FixtureRequest, browser: Any, lab: HttpServer, tmp_path: Path) -> AsyncIterator[LabPage]:
+    """A fresh Lab workspace; the kernels this test started are shut down after it."""
+    screenshot_on_failure(request, browser, tmp_path)
     lab_page = LabPage(browser, lab)
     lab_page.open_lab()
     yield lab_page

@@ -1,0 +1,136 @@
+# JupyterHub in front of msb-kernels: one JupyterLab per person, every kernel in a sandbox on one shared gateway,
+# and each person's kernels theirs alone (the gateway checks each request's Hub token).
+#
+#   .venv/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
+#
+# Run it with the jupyterhub of the venv msb-kernels is installed in: the gateway is started from that venv
+# (`<venv>/bin/msb-kernels serve`) and so are the single-user servers (`<venv>/bin/jupyterhub-singleuser`).
+# The proxy is configurable-http-proxy from npm (`npm install -g configurable-http-proxy`), found on PATH.
+#
+# The gateway's own settings (MSB_BACKEND, MSB_CAPACITY_MEMORY_MIB, ...) are set in the Hub's environment: every
+# MSB_* variable but these MSB_HUB_* ones passes to it. These knobs have defaults for a plain install:
+#
+#   MSB_HUB_IP              address the Hub's proxy listens on                 JupyterHub's ("": every interface)
+#   MSB_HUB_PORT            the Hub's public port (the proxy's)                8000
+#   MSB_HUB_API_PORT        the Hub's own port, for the proxy and services     8081
+#   MSB_HUB_PROXY_API_PORT  configurable-http-proxy's REST API port            8001
+#   MSB_HUB_GATEWAY_PORT    the port msb-kernels serve listens on (loopback)   8765
+#   MSB_HUB_GATEWAY_URL     where single-user servers reach the gateway        http://127.0.0.1:<gateway port>/services/msb-kernels/
+#   MSB_HUB_STATE_DIR       the Hub's database, cookie secret and pid files    the current directory
+#   MSB_HUB_AUTHENTICATOR   the authenticator ("dummy", or a class or name     JupyterHub's (PAM: the host's users)
+#                           JupyterHub knows, e.g. "github")
+#   MSB_HUB_PASSWORD        the shared password, for MSB_HUB_AUTHENTICATOR=dummy only (tests)
+#   MSB_HUB_ALLOWED_USERS   comma-separated names who may log in               the authenticator's own rule
+#   MSB_HUB_ADMIN_USERS     comma-separated Hub admins, who are the gateway's  none
+#                           admins too (they see and manage every kernel)
+#   MSB_HUB_SPAWNER         "simple" for SimpleLocalProcessSpawner (tests: no  JupyterHub's LocalProcessSpawner
+#                           system users needed, no isolation between them)
+#   MSB_HUB_ALLOW_ROOT      1: single-user servers may run as root             off
+#                           (jupyter's --allow-root; SimpleLocalProcessSpawner as root needs it)
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
+
+SERVICE = "msb-kernels"  # the gateway serves under /services/msb-kernels/ and requires this service's scope
+SERVICE_SCOPE = f"access:services!service={SERVICE}"
+VENV_BIN = Path(sys.executable).parent  # the venv running this Hub, which msb-kernels is installed in
+
+
+def knob(name: str, default: str = "") -> str:
+    return os.environ.get(f"MSB_HUB_{name}", default)
+
+
+def names(value: str) -> set[str]:
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+state_dir = Path(knob("STATE_DIR", ".")).resolve()
+state_dir.mkdir(parents=True, exist_ok=True)
+# The Hub keeps its state in files beside each other, not in whatever directory it happened to start in.
+c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
+
+if knob("IP"):
+    c.JupyterHub.ip = knob("IP")
+c.JupyterHub.port = int(knob("PORT", "8000"))
+c.JupyterHub.hub_ip = "127.0.0.1"  # the Hub's API is for the proxy, the gateway and local servers only
+c.JupyterHub.hub_port = int(knob("API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{knob('PROXY_API_PORT', '8001')}"
+
+# -- the gateway, as a service the Hub starts and stops ------------------------------------------------------------
+gateway_port = int(knob("GATEWAY_PORT", "8765"))
+# What the gateway needs from the Hub's environment: its own MSB_* settings, and where `msb-kernels install` put the
+# kernelspecs (the Jupyter path variables). Nothing else of the Hub's (its proxy token above all) reaches it.
+passed = ("LANG", "LC_ALL", "JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_PLATFORM_DIRS")
+gateway_env = {
+    name: value for name, value in os.environ.items() if name in passed or (name.startswith("MSB_") and not name.startswith("MSB_HUB_"))
+}
+c.JupyterHub.services = [
+    {
+        "name": SERVICE,
+        # The Hub gives it JUPYTERHUB_API_URL, _API_TOKEN, _SERVICE_NAME, _SERVICE_PREFIX and _SERVICE_URL: from those
+        # `msb-kernels serve` binds to this url, serves under /services/msb-kernels/ and checks Hub tokens. No MSB_TOKEN.
+        "command": [str(VENV_BIN / "msb-kernels"), "serve"],
+        # Loopback only: people reach it through the Hub's proxy, their servers on this host directly.
+        "url": f"http://127.0.0.1:{gateway_port}",
+        "environment": gateway_env,
+        # Not a link on the Hub's home page: the gateway is an API for JupyterLab and MCP clients, with no pages.
+        "display": False,
+    }
+]
+
+# -- who may use it ------------------------------------------------------------------------------------------------
+# Every user holds the gateway's scope through the `user` role (which every user has), and keeps what that role
+# gives by default ("self"). The gateway refuses any token without the scope, so a site can instead grant this
+# role scope to a group only.
+c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", SERVICE_SCOPE]}]
+# Hub admins hold access:services (every service's scope) through the admin role; the gateway treats them as its
+# admins.
+c.Authenticator.admin_users = names(knob("ADMIN_USERS"))
+if knob("ALLOWED_USERS"):
+    c.Authenticator.allowed_users = names(knob("ALLOWED_USERS"))
+
+authenticator = knob("AUTHENTICATOR")
+if authenticator == "dummy":
+    # Tests only: anyone allowed logs in with the one shared password.
+    c.JupyterHub.authenticator_class = "jupyterhub.auth.DummyAuthenticator"
+    c.DummyAuthenticator.password = knob("PASSWORD")
+elif authenticator:
+    c.JupyterHub.authenticator_class = authenticator
+
+# -- each person's JupyterLab, on the gateway, with its own token ---------------------------------------------------
+if knob("SPAWNER") == "simple":
+    # No system users needed and no isolation between people's servers: for tests and demos only. Their kernels are
+    # still sandboxed, and still their own, on the gateway.
+    c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+    c.SimpleLocalProcessSpawner.home_dir_template = str(state_dir / "home" / "{username}")
+c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]  # the server of this venv, whatever PATH says
+c.Spawner.default_url = "/lab"
+if knob("ALLOW_ROOT") not in ("", "0", "false"):
+    c.Spawner.args = ["--allow-root"]
+# A server's own token (JUPYTERHUB_API_TOKEN) gets JupyterHub's defaults for a server (the `server` role's: post
+# activity, be reached) plus the gateway's scope, which it holds only where its user does. Lab sends this token to
+# the gateway, so the gateway sees the person, not a shared secret.
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", SERVICE_SCOPE]
+c.Spawner.environment = {
+    # jupyter_server's GatewayClient reads these: the server runs no kernel of its own; every kernel is the gateway's.
+    "JUPYTER_GATEWAY_URL": knob("GATEWAY_URL", f"http://127.0.0.1:{gateway_port}/services/{SERVICE}/"),
+    # Called per spawn: the server's own Hub token (above), so each request to the gateway is this person's.
+    "JUPYTER_GATEWAY_AUTH_TOKEN": lambda spawner: spawner.api_token,
+    # What a Lab session may pass to its kernel's start (msb_kernels.gateway.app.JUPYTERLAB_ALLOWED_ENVS).
+    "JUPYTER_GATEWAY_ALLOWED_ENVS": "JPY_SESSION_NAME,KERNEL_FLAVOR",
+    # A kernel start is a sandbox start on the gateway; on a busy host that takes longer than jupyter_server's
+    # default wait.
+    "JUPYTER_GATEWAY_REQUEST_TIMEOUT": "90",
+    "JUPYTER_GATEWAY_CONNECT_TIMEOUT": "60",
+}
+# JupyterLab's first start (its extensions, jupyter-collaboration's among them) takes longer than JupyterHub's default
+# 30 s on a small, busy host.
+c.Spawner.http_timeout = 90
+c.Spawner.start_timeout = 120

@@ -1,0 +1,222 @@
+"""A real JupyterHub in front of the gateway, for tests: deploy/jupyterhub/jupyterhub_config.py as shipped.
+
+The Hub runs from a temp dir on free loopback ports, with configurable-http-proxy from npm (``scripts/test``
+installs it into ``.venv/share/msb-kernels/chp``), ``DummyAuthenticator`` with a shared password, and
+``SimpleLocalProcessSpawner`` (``--allow-root`` where the suite runs as root); the Hub starts and stops
+``msb-kernels serve`` as its managed service ``msb-kernels``. Everything test-only is in an overlay config that
+loads the deploy config first: the proxy's path, and an admin service whose token drives the Hub's REST API.
+
+API::
+
+    launch_hub(users=..., extra_config="") -> Hub
+    Hub .url .token (admin) .gateway_url .log() .gateway_log()
+        .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
+        .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
+        .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin
+        .revoke(user, token)  .delete_user(user)
+        .start_server(user) -> UserServer                POST .../server, then wait until it is ready
+        .login(driver, user)                             /hub/login in Chromium, as that user (cookies cleared first)
+        .stop()                                          servers, gateway, proxy, Hub, and every process they left
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from bench.kernels import descendants
+from tests.conftest import REPO, TEST_BASE, VENV_BIN
+from tests.msb_kernels.gateway.conftest import START_TIMEOUT, HttpServer, Response, free_port, pid_alive, wait_until
+from tests.skips import CHP
+
+DEPLOY_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
+SERVICE = "msb-kernels"
+PASSWORD = "msb-tests-shared-password"  # DummyAuthenticator's one password, for every user
+SERVER_TIMEOUT = 120.0  # a single-user server's start: JupyterLab and its extensions, on a loaded 2-core machine
+ADMIN_SERVICE = "msb-tests"
+
+
+class UserServer(HttpServer):
+    """A person's single-user server, reached through the Hub's proxy at /user/<name> with a token of theirs."""
+
+    def __init__(self, hub: Hub, user: str, token: str):
+        super().__init__(hub.port, token, hub.process, hub.log_path)
+        self.user = user
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/user/{self.user}"
+
+
+class Hub(HttpServer):
+    """A running JupyterHub; ``token`` is its admin service's."""
+
+    def __init__(self, *args: Any, state_dir: Path, gateway_port: int):
+        super().__init__(*args)
+        self.state_dir = state_dir
+        self.gateway_port = gateway_port
+        self.tokens: dict[str, str] = {}  # user -> a token of theirs the harness made (admin-made, all their scopes)
+
+    @property
+    def gateway_url(self) -> str:
+        return f"{self.url}/services/{SERVICE}"
+
+    def gateway_log(self) -> str:
+        """The Hub's log holds the gateway's too: a managed service writes to the Hub's stdout and stderr."""
+        return self.log()
+
+    async def api(self, method: str, path: str, body: Any = None, token: str | None = "default", **kwargs: Any) -> Response:
+        return await self.request(method, f"/hub/api/{path.lstrip('/')}", body, token=token, **kwargs)
+
+    async def gateway(self, method: str, path: str, token: str | None, body: Any = None, **kwargs: Any) -> Response:
+        return await self.request(method, f"/services/{SERVICE}/{path.lstrip('/')}", body, token=token, **kwargs)
+
+    async def token_for(self, user: str, scopes: list[str] | None = None, note: str = "msb-tests") -> str:
+        """A new Hub API token of user's: all their scopes, or only ``scopes`` (a subset of theirs)."""
+        body: dict[str, Any] = {"note": note, **({"scopes": scopes} if scopes is not None else {})}
+        response = await self.api("POST", f"users/{quote(user)}/tokens", body)
+        assert response.code == 201, (response.code, response.body)
+        return response.json["token"]
+
+    async def revoke(self, user: str, token: str) -> None:
+        """Delete the token through the Hub's API: its id is found by asking the Hub who holds it."""
+        found = await self.api("GET", "user", token=token)
+        assert found.code == 200, (found.code, found.body)
+        token_id = found.json["token_id"]
+        response = await self.api("DELETE", f"users/{quote(user)}/tokens/{token_id}")
+        assert response.code == 204, (response.code, response.body)
+
+    async def delete_user(self, user: str) -> None:
+        response = await self.api("DELETE", f"users/{quote(user)}", timeout=SERVER_TIMEOUT)
+        assert response.code == 204, (response.code, response.body)
+        self.tokens.pop(user, None)
+
+    async def start_server(self, user: str) -> UserServer:
+        response = await self.api("POST", f"users/{quote(user)}/server", timeout=SERVER_TIMEOUT)
+        assert response.code in (201, 202), (response.code, response.body)
+
+        async def ready() -> bool:
+            if not self.running():
+                raise AssertionError(f"the Hub exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            model = (await self.api("GET", f"users/{quote(user)}")).json
+            server = (model.get("servers") or {}).get("")
+            if server is None and not model.get("pending"):
+                raise AssertionError(f"{user}'s server did not start:\n{self.log()[-3000:]}")
+            return bool(server and server.get("ready"))
+
+        await wait_until(ready, SERVER_TIMEOUT, f"{user}'s single-user server", interval=0.25)
+        if user not in self.tokens:
+            self.tokens[user] = await self.token_for(user)
+        return UserServer(self, user, self.tokens[user])
+
+    def login(self, driver: Any, user: str, timeout: float = SERVER_TIMEOUT) -> None:
+        """Log in at /hub/login as a person does; land on /hub/home. Cookies of whoever was logged in go first."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        driver.delete_all_cookies()
+        driver.get(f"{self.url}/hub/login")
+        WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.ID, "username_input"))
+        driver.find_element(By.ID, "username_input").send_keys(user)
+        driver.find_element(By.ID, "password_input").send_keys(PASSWORD)
+        driver.find_element(By.ID, "login_submit").click()
+        WebDriverWait(driver, timeout).until(lambda d: "/hub/login" not in d.current_url)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """The Hub stops its servers, its managed gateway (which stops its kernels) and its proxy. Each of those starts
+        a session of its own, so no process group holds them: whatever of the Hub's tree is left after it is killed."""
+        tree = descendants(self.process.pid) - {self.process.pid}
+        try:
+            return super().stop(signum, timeout)
+        finally:
+            deadline = time.monotonic() + 10
+            while (alive := {pid for pid in tree if pid_alive(pid)}) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+_OVERLAY = """\
+# Written by tests/hub.py: the shipped config, then only what a test needs beside it.
+c = get_config()  # noqa: F821
+load_subconfig({deploy!r})  # noqa: F821
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+# A Lab does not stop on SIGINT (it asks on a terminal it lacks), and one that served a collaboration room may not
+# stop on SIGTERM either (tests/msb_kernels/gateway/conftest.JupyterServer): skip to the next signal sooner.
+c.Spawner.interrupt_timeout = 1
+c.Spawner.term_timeout = 5
+c.JupyterHub.services.append({{"name": {admin!r}, "api_token": {token!r}, "display": False}})
+c.JupyterHub.load_roles.append(
+    {{"name": "msb-tests-admin", "scopes": ["admin:users", "admin:servers", "tokens", "list:users"], "services": [{admin!r}]}}
+)
+{extra}
+"""
+
+
+async def launch_hub(users: tuple[str, ...] = ("alice", "bob"), admins: tuple[str, ...] = (), extra_config: str = "") -> Hub:
+    """Start a Hub with the deploy config and wait until it, its proxy and its gateway answer.
+
+    extra_config: more config lines after the deploy config's (``c`` is the config)."""
+    state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
+    state_dir.mkdir(parents=True)
+    port, gateway_port = free_port(), free_port()
+    token = secrets.token_hex(24)
+    overlay = state_dir / "jupyterhub_config.py"
+    overlay.write_text(_OVERLAY.format(deploy=str(DEPLOY_CONFIG), chp=str(CHP), admin=ADMIN_SERVICE, token=token, extra=extra_config))
+    env = {
+        **os.environ,
+        "MSB_HUB_IP": "127.0.0.1",
+        "MSB_HUB_PORT": str(port),
+        "MSB_HUB_API_PORT": str(free_port()),
+        "MSB_HUB_PROXY_API_PORT": str(free_port()),
+        "MSB_HUB_GATEWAY_PORT": str(gateway_port),
+        "MSB_HUB_STATE_DIR": str(state_dir),
+        "MSB_HUB_AUTHENTICATOR": "dummy",
+        "MSB_HUB_PASSWORD": PASSWORD,
+        "MSB_HUB_ALLOWED_USERS": ",".join(users),
+        "MSB_HUB_ADMIN_USERS": ",".join(admins),
+        "MSB_HUB_SPAWNER": "simple",
+        "MSB_HUB_ALLOW_ROOT": "1" if os.geteuid() == 0 else "",
+        # The gateway's own: a runtime dir of its own, short for ipc socket paths (107 bytes).
+        "MSB_RUNTIME_DIR": str(Path(TEST_BASE) / f"h{port}"),
+    }
+    log_path = state_dir / "jupyterhub.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [str(VENV_BIN / "jupyterhub"), "-f", str(overlay)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=state_dir,
+        )
+    hub = Hub(port, token, process, log_path, state_dir=state_dir, gateway_port=gateway_port)
+    try:
+        await _wait_until_up(hub)
+    except BaseException:
+        hub.stop()
+        raise
+    return hub
+
+
+async def _wait_until_up(hub: Hub) -> None:
+    async def answers(path: str, direct: bool = False) -> bool:
+        if not hub.running():
+            raise AssertionError(f"the Hub exited with {hub.process.returncode}:\n{hub.log()[-3000:]}")
+        with contextlib.suppress(ConnectionError, OSError):
+            if direct:  # the gateway on its own port: its route in the proxy comes a moment after the Hub is up
+                server = HttpServer(hub.gateway_port, hub.token, hub.process, hub.log_path)
+                return (await server.request("GET", path, token=None, timeout=5)).code == 200
+            return (await hub.request("GET", path, token=None, timeout=5)).code == 200
+        return False
+
+    await wait_until(lambda: answers("/hub/health"), START_TIMEOUT, "the Hub's /hub/health through its proxy", interval=0.25)
+    await wait_until(lambda: answers(f"/services/{SERVICE}/api/msb/health"), START_TIMEOUT, "the gateway through the Hub's proxy", 0.25)
