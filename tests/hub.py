@@ -8,10 +8,11 @@ loads the deploy config first: the proxy's path, and an admin service whose toke
 
 API::
 
-    launch_hub(users=..., extra_config="") -> Hub
-    Hub .url .token (admin) .gateway_url .log() .gateway_log()
+    launch_hub(users=..., admins=(), env=None, extra_config="") -> Hub
+    Hub .url .token (admin) .gateway_url .runtime_dir (the gateway's) .log() (the gateway's too)
         .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
         .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
+        .mcp(token) -> MCP SDK client                    the gateway's /mcp through the proxy, as token's person
         .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin
         .revoke(user, token)  .delete_user(user)
         .start_server(user) -> UserServer                POST .../server, then wait until it is ready
@@ -27,6 +28,7 @@ import secrets
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -58,9 +60,10 @@ class UserServer(HttpServer):
 class Hub(HttpServer):
     """A running JupyterHub; ``token`` is its admin service's."""
 
-    def __init__(self, *args: Any, state_dir: Path, gateway_port: int):
+    def __init__(self, *args: Any, state_dir: Path, gateway_port: int, runtime_dir: Path):
         super().__init__(*args)
         self.state_dir = state_dir
+        self.runtime_dir = runtime_dir  # the gateway's MSB_RUNTIME_DIR
         self.gateway_port = gateway_port
         self.tokens: dict[str, str] = {}  # user -> a token of theirs the harness made (admin-made, all their scopes)
 
@@ -68,15 +71,23 @@ class Hub(HttpServer):
     def gateway_url(self) -> str:
         return f"{self.url}/services/{SERVICE}"
 
-    def gateway_log(self) -> str:
-        """The Hub's log holds the gateway's too: a managed service writes to the Hub's stdout and stderr."""
-        return self.log()
-
     async def api(self, method: str, path: str, body: Any = None, token: str | None = "default", **kwargs: Any) -> Response:
         return await self.request(method, f"/hub/api/{path.lstrip('/')}", body, token=token, **kwargs)
 
     async def gateway(self, method: str, path: str, token: str | None, body: Any = None, **kwargs: Any) -> Response:
         return await self.request(method, f"/services/{SERVICE}/{path.lstrip('/')}", body, token=token, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def mcp(self, token: str | None) -> AsyncIterator[Any]:
+        """An MCP SDK client on the gateway's /mcp through the Hub's proxy, sending ``token`` as its person's."""
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx2.AsyncClient(headers=headers, timeout=SERVER_TIMEOUT) as http:
+            async with Client(streamable_http_client(f"{self.gateway_url}/mcp", http_client=http)) as client:
+                yield client
 
     async def token_for(self, user: str, scopes: list[str] | None = None, note: str = "msb-tests") -> str:
         """A new Hub API token of user's: all their scopes, or only ``scopes`` (a subset of theirs)."""
@@ -121,7 +132,8 @@ class Hub(HttpServer):
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import WebDriverWait
 
-        driver.delete_all_cookies()
+        # Every cookie, not only those the current page sees (delete_all_cookies): the Hub's own are on /hub/.
+        driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
         driver.get(f"{self.url}/hub/login")
         WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.ID, "username_input"))
         driver.find_element(By.ID, "username_input").send_keys(user)
@@ -152,7 +164,7 @@ c.ConfigurableHTTPProxy.command = [{chp!r}]
 # A Lab does not stop on SIGINT (it asks on a terminal it lacks), and one that served a collaboration room may not
 # stop on SIGTERM either (tests/msb_kernels/gateway/conftest.JupyterServer): skip to the next signal sooner.
 c.Spawner.interrupt_timeout = 1
-c.Spawner.term_timeout = 5
+c.Spawner.term_timeout = 2
 c.JupyterHub.services.append({{"name": {admin!r}, "api_token": {token!r}, "display": False}})
 c.JupyterHub.load_roles.append(
     {{"name": "msb-tests-admin", "scopes": ["admin:users", "admin:servers", "tokens", "list:users"], "services": [{admin!r}]}}
@@ -161,14 +173,18 @@ c.JupyterHub.load_roles.append(
 """
 
 
-async def launch_hub(users: tuple[str, ...] = ("alice", "bob"), admins: tuple[str, ...] = (), extra_config: str = "") -> Hub:
+async def launch_hub(
+    users: tuple[str, ...] = ("alice", "bob"), admins: tuple[str, ...] = (), env: dict | None = None, extra_config: str = ""
+) -> Hub:
     """Start a Hub with the deploy config and wait until it, its proxy and its gateway answer.
 
-    extra_config: more config lines after the deploy config's (``c`` is the config)."""
+    env: more variables for the Hub (MSB_* ones reach the gateway); extra_config: more config lines after the
+    deploy config's (``c`` is the config)."""
     state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
     state_dir.mkdir(parents=True)
     port, gateway_port = free_port(), free_port()
     token = secrets.token_hex(24)
+    runtime_dir = Path(TEST_BASE) / f"h{port}"  # short: ipc socket paths must fit in 107 bytes
     overlay = state_dir / "jupyterhub_config.py"
     overlay.write_text(_OVERLAY.format(deploy=str(DEPLOY_CONFIG), chp=str(CHP), admin=ADMIN_SERVICE, token=token, extra=extra_config))
     env = {
@@ -185,8 +201,8 @@ async def launch_hub(users: tuple[str, ...] = ("alice", "bob"), admins: tuple[st
         "MSB_HUB_ADMIN_USERS": ",".join(admins),
         "MSB_HUB_SPAWNER": "simple",
         "MSB_HUB_ALLOW_ROOT": "1" if os.geteuid() == 0 else "",
-        # The gateway's own: a runtime dir of its own, short for ipc socket paths (107 bytes).
-        "MSB_RUNTIME_DIR": str(Path(TEST_BASE) / f"h{port}"),
+        "MSB_RUNTIME_DIR": str(runtime_dir),
+        **(env or {}),
     }
     log_path = state_dir / "jupyterhub.log"
     with open(log_path, "wb") as log:
@@ -198,7 +214,7 @@ async def launch_hub(users: tuple[str, ...] = ("alice", "bob"), admins: tuple[st
             stdin=subprocess.DEVNULL,
             cwd=state_dir,
         )
-    hub = Hub(port, token, process, log_path, state_dir=state_dir, gateway_port=gateway_port)
+    hub = Hub(port, token, process, log_path, state_dir=state_dir, gateway_port=gateway_port, runtime_dir=runtime_dir)
     try:
         await _wait_until_up(hub)
     except BaseException:

@@ -7,11 +7,13 @@
 # (`<venv>/bin/msb-kernels serve`) and so are the single-user servers (`<venv>/bin/jupyterhub-singleuser`).
 # The proxy is configurable-http-proxy from npm (`npm install -g configurable-http-proxy`), found on PATH.
 #
-# The gateway's own settings (MSB_BACKEND, MSB_CAPACITY_MEMORY_MIB, ...) are set in the Hub's environment: every
-# MSB_* variable but these MSB_HUB_* ones passes to it. These knobs have defaults for a plain install:
+# The gateway's own settings (MSB_BACKEND, MSB_HUB_AUTH_CACHE_SECONDS, ...) are set in the Hub's environment: every
+# MSB_* variable but this config's own knobs below passes to it. The knobs have defaults for a plain install:
 #
 #   MSB_HUB_IP              address the Hub's proxy listens on                 JupyterHub's ("": every interface)
 #   MSB_HUB_PORT            the Hub's public port (the proxy's)                8000
+#   MSB_HUB_PUBLIC_URL      where people reach the Hub (https://hub.example)   unset; the gateway's notebook tools then
+#                                                                              take it from each request
 #   MSB_HUB_API_PORT        the Hub's own port, for the proxy and services     8081
 #   MSB_HUB_PROXY_API_PORT  configurable-http-proxy's REST API port            8001
 #   MSB_HUB_GATEWAY_PORT    the port msb-kernels serve listens on (loopback)   8765
@@ -40,7 +42,13 @@ SERVICE_SCOPE = f"access:services!service={SERVICE}"
 VENV_BIN = Path(sys.executable).parent  # the venv running this Hub, which msb-kernels is installed in
 
 
+# This config's own knobs (the table above), which stay with the Hub; the gateway's MSB_HUB_* settings pass on.
+KNOBS = {"IP", "PORT", "PUBLIC_URL", "API_PORT", "PROXY_API_PORT", "GATEWAY_PORT", "GATEWAY_URL", "STATE_DIR", "AUTHENTICATOR"}
+KNOBS |= {"PASSWORD", "ALLOWED_USERS", "ADMIN_USERS", "SPAWNER", "ALLOW_ROOT"}
+
+
 def knob(name: str, default: str = "") -> str:
+    assert name in KNOBS, name
     return os.environ.get(f"MSB_HUB_{name}", default)
 
 
@@ -59,6 +67,9 @@ c.ConfigurableHTTPProxy.pid_file = str(state_dir / "jupyterhub-proxy.pid")
 if knob("IP"):
     c.JupyterHub.ip = knob("IP")
 c.JupyterHub.port = int(knob("PORT", "8000"))
+if knob("PUBLIC_URL"):
+    # Services see it as JUPYTERHUB_PUBLIC_URL: the gateway's notebook tools reach /user/<name>/ through it.
+    c.JupyterHub.public_url = knob("PUBLIC_URL")
 c.JupyterHub.hub_ip = "127.0.0.1"  # the Hub's API is for the proxy, the gateway and local servers only
 c.JupyterHub.hub_port = int(knob("API_PORT", "8081"))
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{knob('PROXY_API_PORT', '8001')}"
@@ -69,7 +80,9 @@ gateway_port = int(knob("GATEWAY_PORT", "8765"))
 # kernelspecs (the Jupyter path variables). Nothing else of the Hub's (its proxy token above all) reaches it.
 passed = ("LANG", "LC_ALL", "JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_PLATFORM_DIRS")
 gateway_env = {
-    name: value for name, value in os.environ.items() if name in passed or (name.startswith("MSB_") and not name.startswith("MSB_HUB_"))
+    name: value
+    for name, value in os.environ.items()
+    if name in passed or (name.startswith("MSB_") and name.removeprefix("MSB_HUB_") not in KNOBS)
 }
 c.JupyterHub.services = [
     {

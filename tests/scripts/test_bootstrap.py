@@ -96,10 +96,11 @@ def test_apt_install_says_when_it_gives_up_on_the_lock():
     assert "another package manager held apt's lock for 1 s" in result.stderr and "MSB_APT_LOCK_TIMEOUT" in result.stderr, result.stderr
 
 
-@pytest.mark.slow
-@needs_root_apt
-def test_a_user_without_root_bootstraps_from_their_home_and_runs_the_demo():
-    """As `nobody`, from a checkout in /home/<user>: the README's first command's bootstrap, then `msb-kernels demo`."""
+@pytest.fixture(scope="module")
+def nobody_checkout():
+    """As `nobody`, a checkout in /home/<user> bootstrapped with the README's first command's bootstrap."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs root, apt-get and setpriv (to hold apt's lock, or to become an unprivileged user)")
     home = Path(f"/home/msbt-{uuid.uuid4().hex[:8]}")
     checkout = home / "msb"
     try:
@@ -118,22 +119,81 @@ def test_a_user_without_root_bootstraps_from_their_home_and_runs_the_demo():
             "LANG": "C.UTF-8",
             **{name: os.environ[name] for name in PASSED_ENV if name in os.environ},
         }
-        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
         boot = subprocess.run(
-            [*as_nobody, "bash", "scripts/bootstrap.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=900
+            [*AS_NOBODY, "bash", "scripts/bootstrap.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=900
         )
         assert boot.returncode == 0, boot.stderr[-3000:]
-        demo = subprocess.run(
-            [*as_nobody, str(checkout / ".venv" / "bin" / "msb-kernels"), "demo"],
-            cwd=home,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert demo.returncode == 0, f"{demo.stdout[-2000:]}\n{demo.stderr[-3000:]}"
-        assert "user: 1000 | host: sandbox" in demo.stdout and "state survives between cells: 42" in demo.stdout, demo.stdout
-        assert "flavor limits are only partly enforced: cgroups need root here" in demo.stderr, demo.stderr  # honest about it
-        assert "Traceback" not in demo.stderr, demo.stderr[-3000:]
+        yield checkout, env
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.slow
+def test_a_user_without_root_bootstraps_from_their_home_and_runs_the_demo(nobody_checkout):
+    """As `nobody`, from a checkout in /home/<user>: the README's first command's bootstrap, then `msb-kernels demo`."""
+    checkout, env = nobody_checkout
+    demo = subprocess.run(
+        [*AS_NOBODY, str(checkout / ".venv" / "bin" / "msb-kernels"), "demo"],
+        cwd=checkout.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert demo.returncode == 0, f"{demo.stdout[-2000:]}\n{demo.stderr[-3000:]}"
+    assert "user: 1000 | host: sandbox" in demo.stdout and "state survives between cells: 42" in demo.stdout, demo.stdout
+    assert "flavor limits are only partly enforced: cgroups need root here" in demo.stderr, demo.stderr  # honest about it
+    assert "Traceback" not in demo.stderr, demo.stderr[-3000:]
+
+
+@pytest.mark.slow
+async def test_a_user_without_root_serves_a_team_from_a_users_file(nobody_checkout):
+    """The operator without root: `msb-kernels users add` twice, `msb-kernels serve` with the users file, and each
+    person sees only their own kernels."""
+    from tests.msb_kernels.gateway.conftest import HttpServer, KernelSocket, free_port, wait_until
+
+    checkout, env = nobody_checkout
+    program = str(checkout / ".venv" / "bin" / "msb-kernels")
+    users = checkout.parent / "users.json"
+    tokens = {}
+    for name in ("alice", "bob"):
+        added = subprocess.run([*AS_NOBODY, program, "users", "add", name, "--file", str(users)], env=env, capture_output=True, text=True)
+        assert added.returncode == 0, added.stderr
+        tokens[name] = added.stdout.splitlines()[0].rsplit(": ", 1)[1]
+    assert oct(users.stat().st_mode & 0o777) == "0o600" and users.stat().st_uid == 65534
+    port = free_port()
+    log_path = checkout.parent / "serve.log"
+    serve_env = {**env, "MSB_USERS_FILE": str(users), "MSB_RUNTIME_DIR": str(checkout.parent / "rt"), "MSB_POOL_SIZE": "0"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [*AS_NOBODY, program, "serve", "--port", str(port)], env=serve_env, stdout=log, stderr=subprocess.STDOUT, cwd=checkout.parent
+        )
+    server = HttpServer(port, tokens["alice"], process, log_path)
+    try:
+        await wait_until(lambda: _health(server), 60, "the non-root gateway's health")
+        started = await server.request("POST", "/api/kernels", {"name": "msb-python-small"})
+        assert started.code == 201, (started.body, server.log()[-2000:])
+        kernel = started.json["id"]
+        socket = await KernelSocket.open(server, kernel)
+        try:
+            assert (await socket.execute("import os; os.getuid(), 6 * 7")).result == "(1000, 42)"
+        finally:
+            socket.close()
+        assert kernel not in (await server.request("GET", "/api/kernels", token=tokens["bob"])).body.decode()
+        assert (await server.request("DELETE", f"/api/kernels/{kernel}", token=tokens["bob"])).code == 404
+        assert (await server.request("DELETE", f"/api/kernels/{kernel}")).code == 204
+        assert "Traceback" not in server.log(), server.log()[-3000:]
+    finally:
+        server.stop()
+
+
+async def _health(server) -> bool:
+    if not server.running():
+        raise AssertionError(f"msb-kernels serve exited:\n{server.log()[-3000:]}")
+    try:
+        return (await server.request("GET", "/api/msb/health", token=None, timeout=5)).code == 200
+    except (ConnectionError, OSError):
+        return False

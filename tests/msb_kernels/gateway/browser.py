@@ -124,6 +124,14 @@ class LabPage:
         assert buttons, f"no toolbar button for {command}"
         buttons[0].click()
 
+    def running_items(self) -> list[str]:
+        """Open the running-sessions sidebar; the text of each item listed (a kernel shows its display name)."""
+        tab = self.wait(lambda: self.find('.lm-TabBar-tab[data-id="jp-running-sessions"]'), "the running-sessions tab")[0]
+        if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+            tab.click()
+        self.wait(lambda: self.find("#jp-running-sessions .jp-RunningSessions-section"), "the running-sessions panel")
+        return [item.text for item in self.find("#jp-running-sessions .jp-RunningSessions-item")]
+
     def prompt(self, cell: WebElement) -> str:
         return cell.find_element(By.CSS_SELECTOR, ".jp-InputPrompt").text
 

@@ -179,26 +179,43 @@ async def test_a_stop_that_keeps_kernels_wakes_a_hibernated_one_for_the_next_gat
         second.stop()
 
 
-async def test_a_host_holds_more_sessions_than_its_memory_and_a_wake_makes_room(gateway_factory) -> None:
-    """Capacity for one small kernel awake: a second session starts once the first sleeps, and the first's wake puts
-    the second, idle but not yet asleep, to sleep to make room. Both keep their state."""
+async def test_a_host_holds_more_sessions_than_its_memory_and_a_wake_makes_room(gateway_factory, tmp_path) -> None:
+    """Capacity for one small kernel awake: bob's session starts once alice's sleeps, and her wake puts his, idle but
+    not yet asleep, to sleep to make room (another person's kernel, put to sleep by the system). Both keep their
+    state and their owner, and neither person ever sees the other's."""
+    from tests.msb_kernels.gateway.test_people import add_user
+
+    users = tmp_path / "users.json"
+    tokens = {name: add_user(users, name, admin=name == "ops") for name in ("alice", "bob", "ops")}
     after = 4  # long enough that the second kernel is still awake when the first is woken
-    env = {"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": str(after), "MSB_CAPACITY_MEMORY_MIB": "1024", "MSB_POOL_SIZE": "0"}
+    env = {
+        "MSB_BACKEND": "gvisor",
+        "MSB_HIBERNATE_AFTER_SECONDS": str(after),
+        "MSB_CAPACITY_MEMORY_MIB": "1024",
+        "MSB_POOL_SIZE": "0",
+        "MSB_USERS_FILE": str(users),
+        "MSB_TOKEN": None,
+    }
     gateway = await gateway_factory(extra_env=env, runtime_dir=TEST_BASE / "hib-room")
-    first = await gateway.start_kernel()
-    refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"})
+    gateway.token = tokens["ops"]  # stats, as the admin, see both
+    first = (await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, token=tokens["alice"])).json["id"]
+    refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, token=tokens["bob"])
     assert refused.code == 429 and "host capacity reached" in refused.body.decode(), refused.body
-    one = await KernelSocket.open(gateway, first)
+    one = await KernelSocket.open(gateway, first, token=tokens["alice"])
     assert (await one.execute("mine = 'first'")).reply["content"]["status"] == "ok"
     await until_hibernated(gateway, first)
-    second = await gateway.start_kernel()
-    two = await KernelSocket.open(gateway, second)
+    second = (await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, token=tokens["bob"])).json["id"]
+    two = await KernelSocket.open(gateway, second, token=tokens["bob"])
     try:
         assert (await two.execute("mine = 'second'")).reply["content"]["status"] == "ok"
         assert (await one.execute("print(mine)", timeout=60)).stdout == "first\n"  # its wake hibernates the second
         assert (await kernel_entry(gateway, second))["execution_state"] == "hibernated"
         assert (await two.execute("print(mine)", timeout=60)).stdout == "second\n"  # and back: the first sleeps
         assert (await kernel_entry(gateway, first))["execution_state"] == "hibernated"
+        assert {(await kernel_entry(gateway, k))["owner"] for k in (first, second)} == {"alice", "bob"}
+        for who, theirs, other in (("alice", first, second), ("bob", second, first)):
+            seen = {k["id"] for k in (await gateway.request("GET", "/api/kernels", token=tokens[who])).json}
+            assert theirs in seen and other not in seen
     finally:
         one.close()
         two.close()

@@ -2,48 +2,54 @@
 
 JupyterHub 6 from PyPI with configurable-http-proxy from npm (tests/hub.py), DummyAuthenticator with a shared
 password, SimpleLocalProcessSpawner (``--allow-root`` as root), and the gateway as the Hub's managed service. Each
-person's JupyterLab sends the gateway its own server token. Chromium logs in and runs a cell as a person does.
+person's JupyterLab sends the gateway its own server token. Chromium logs in and runs a cell as a person does; bob's
+tries at alice's kernel are refused as if it did not exist, and name neither her nor it.
+
+The tests run in order and share one Hub: alice's kernel, made by the first, is what the others try to reach.
 """
 
 from __future__ import annotations
 
-import secrets
+import json
+import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tornado.httpclient import HTTPClientError
 
+from mcp_bridge import jupyter_ws
 from tests.hub import Hub, UserServer, launch_hub
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, screenshot_on_failure  # noqa: F401 (browser is a fixture)
+from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, sandbox_records, wait_until
 from tests.skips import needs_hub
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), needs_hub]
 
-# Until the gateway checks Hub tokens: it serves under the service prefix (its config file) with one token, which
-# the servers send instead of their own. Only the plumbing is shown with this.
-_TOKEN = secrets.token_hex(16)
-_PLUMBING = f"""
-import os
-_gw = c.JupyterHub.services[0]
-_dir = os.path.join(os.path.dirname(c.JupyterHub.db_url.split("sqlite:///", 1)[1]), "gateway-config")
-os.makedirs(_dir, exist_ok=True)
-open(os.path.join(_dir, "msb_kernels_serve_config.py"), "w").write("c.MsbGatewayApp.base_url = '/services/msb-kernels/'\\n")
-_gw["environment"].update(JUPYTER_CONFIG_DIR=_dir, MSB_TOKEN={_TOKEN!r}, MSB_PORT=_gw["url"].rsplit(":", 1)[1])
-c.Spawner.environment["JUPYTER_GATEWAY_AUTH_TOKEN"] = {_TOKEN!r}
-"""
+CACHE_SECONDS = 2  # the gateway's Hub-token cache (MSB_HUB_AUTH_CACHE_SECONDS): short, so a revocation shows soon
+USERS = ("alice", "bob", "carol", "ada")  # carol is deleted by a test; ada is a Hub admin
 
 
 @pytest.fixture(scope="module")
 async def hub() -> AsyncIterator[Hub]:
-    server = await launch_hub(extra_config=_PLUMBING)
+    server = await launch_hub(users=USERS, admins=("ada",), env={"MSB_HUB_AUTH_CACHE_SECONDS": str(CACHE_SECONDS)})
     yield server
     server.stop()
+    # The Hub stopped its managed gateway cleanly: every sandbox went with it.
+    assert not sandbox_records(server.runtime_dir), sandbox_records(server.runtime_dir)
 
 
 @pytest.fixture(scope="module")
 async def alice_server(hub: Hub) -> UserServer:
     return await hub.start_server("alice")
+
+
+@pytest.fixture(scope="module")
+def shared() -> dict[str, Any]:
+    """What the first test leaves for the others: alice's kernel id."""
+    return {}
 
 
 @pytest.fixture
@@ -53,17 +59,196 @@ def driver(request: pytest.FixtureRequest, browser: Any, tmp_path: Path) -> Any:
     return browser
 
 
-async def test_alice_logs_in_and_runs_a_cell_in_her_lab(hub: Hub, alice_server: UserServer, driver: Any) -> None:
+def alices_kernel(shared: dict[str, Any]) -> str:
+    if "kernel" not in shared:
+        pytest.skip("alice's kernel was not made: the first test of this module did not pass")
+    return shared["kernel"]
+
+
+def assert_names_nothing(response: Response, *secrets: str) -> None:
+    text = response.body.decode(errors="replace") + " ".join(f"{k}: {v}" for k, v in response.headers.items())
+    for secret in secrets:
+        assert secret not in text, f"the answer ({response.code}) names {secret!r}: {text[:500]}"
+
+
+def assert_as_if_absent(response: Response, guessed: Response, kernel: str, guess: str) -> None:
+    """The answer about alice's kernel is the answer about a made-up id: a 404 that echoes only the id asked for
+    (jupyter_server's "Kernel does not exist: <id>"), so it tells bob nothing he did not send."""
+    assert response.code == guessed.code == 404, (response.code, response.body, guessed.code)
+    assert response.body.replace(kernel.encode(), b"<id>") == guessed.body.replace(guess.encode(), b"<id>"), (response.body, guessed.body)
+    assert_names_nothing(response, "alice")
+
+
+async def channels_refusal(hub: Hub, kernel_id: str, token: str | None) -> Response:
+    """The kernel WebSocket's answer: a client's connect must fail, and the plain answer to its upgrade request is
+    what it would have been told."""
+    url = jupyter_ws.channels_url(hub.gateway_url, kernel_id, uuid.uuid4().hex)
+    with pytest.raises(HTTPClientError) as refused:
+        connection = await jupyter_ws.connect(url, token, START_TIMEOUT)
+        connection.close()
+    upgrade = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    response = await hub.gateway("GET", f"api/kernels/{kernel_id}/channels", token=token, headers=upgrade)
+    assert response.code == refused.value.code, (response.code, refused.value.code)
+    return response
+
+
+async def test_alice_logs_in_and_runs_a_cell_in_her_lab(hub: Hub, alice_server: UserServer, driver: Any, shared: dict) -> None:
     hub.login(driver, "alice")
     page = LabPage(driver, alice_server)
     page.open_lab()
     page.new_notebook(PYTHON)
-    cell = page.run("x = 41; x + 1")
-    assert page.wait_for_text(cell, "text/plain", "42").strip() == "42"
-    # The kernel is the gateway's, in a sandbox, and Lab lists it through the gateway.
+    assert page.wait_for_text(page.run("x = 41; x + 1"), "text/plain", "42").strip() == "42"
+    # The kernel is the gateway's, in a sandbox, and alice's token reaches it there.
     kernels = (await alice_server.request("GET", "/api/kernels")).json
     assert len(kernels) == 1, kernels
-    on_gateway = await hub.gateway("GET", f"api/kernels/{kernels[0]['id']}", token=_TOKEN)
+    shared["kernel"] = kernels[0]["id"]
+    on_gateway = await hub.gateway("GET", f"api/kernels/{shared['kernel']}", token=hub.tokens["alice"])
     assert on_gateway.code == 200, (on_gateway.code, on_gateway.body)
     shown = page.wait_for_text(page.run("import os; print('sandbox:', os.environ['MSB_SANDBOX'])"), STDOUT, "sandbox:")
     assert shown.split()[1] in ("namespace", "gvisor", "microsandbox"), shown
+    page.wait(lambda: [item for item in page.running_items() if "(sandbox" in item], "her kernel in Lab's running panel")
+
+
+async def test_bobs_lab_shows_none_of_alices_kernels(hub: Hub, driver: Any, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    bob_server = await hub.start_server("bob")
+    listed = await bob_server.request("GET", "/api/kernels")
+    assert listed.code == 200 and listed.json == [], (listed.code, listed.body)
+    assert_names_nothing(listed, kernel, "alice")
+    sessions = await bob_server.request("GET", "/api/sessions")
+    assert sessions.code == 200 and sessions.json == [], (sessions.code, sessions.body)
+
+    hub.login(driver, "bob")
+    page = LabPage(driver, bob_server)
+    page.open_lab()
+    assert not [item for item in page.running_items() if "(sandbox" in item or kernel in item]
+
+
+async def test_bobs_token_reaches_none_of_alices_kernel_and_hers_still_runs(hub: Hub, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    bob = hub.tokens.get("bob") or await hub.token_for("bob")
+    listed = await hub.gateway("GET", "api/kernels", token=bob)
+    assert listed.code == 200 and kernel not in {k["id"] for k in listed.json}, (listed.code, listed.body)
+    assert_names_nothing(listed, kernel, "alice")
+    guess = str(uuid.uuid4())
+    for method, path in (
+        ("GET", "api/kernels/{}"),
+        ("POST", "api/kernels/{}/interrupt"),
+        ("POST", "api/kernels/{}/restart"),
+        ("DELETE", "api/kernels/{}"),
+    ):
+        response = await hub.gateway(method, path.format(kernel), token=bob)
+        assert_as_if_absent(response, await hub.gateway(method, path.format(guess), token=bob), kernel, guess)
+    socket = await channels_refusal(hub, kernel, bob)
+    assert_as_if_absent(socket, await channels_refusal(hub, guess, bob), kernel, guess)
+
+    # Nothing bob tried touched it: her kernel runs her next cell with her variables.
+    alice = KernelSocket(
+        await jupyter_ws.connect(jupyter_ws.channels_url(hub.gateway_url, kernel, uuid.uuid4().hex), hub.tokens["alice"], 60)
+    )
+    try:
+        assert (await alice.execute("x")).result == "41"
+    finally:
+        alice.close()
+
+
+async def test_bobs_assistant_cannot_reach_alices_kernel_and_hers_shares_it(hub: Hub, shared: dict) -> None:
+    """MCP through the Hub's proxy with each person's Hub token: a session id is a kernel id, so alice's assistant
+    runs in the kernel behind her notebook, and bob's cannot list or touch it."""
+    kernel = alices_kernel(shared)
+    async with hub.mcp(hub.tokens.get("bob") or await hub.token_for("bob")) as bob:
+        listed = await bob.call_tool("get_sessions", {})
+        assert kernel not in json.dumps(listed.structured_content)
+        for tool, arguments in (("execute_code", {"code": "x", "session_id": kernel}), ("interrupt_session", {"session_id": kernel})):
+            refused = await bob.call_tool(tool, arguments)
+            assert refused.is_error and refused.structured_content["error"]["type"] == "SessionNotFound", (tool, refused.content)
+            assert "alice" not in json.dumps(refused.structured_content), tool
+    async with hub.mcp(hub.tokens["alice"]) as alice:
+        ran = await alice.call_tool("execute_code", {"code": "x", "session_id": kernel})
+        assert ran.structured_content["results"][0]["data"]["text/plain"] == "41", ran.content
+
+
+async def test_a_hub_admin_sees_every_persons_kernel(hub: Hub, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    ada = await hub.token_for("ada")
+    listed = await hub.gateway("GET", "api/kernels", token=ada)
+    assert listed.code == 200 and kernel in {k["id"] for k in listed.json}, (listed.code, listed.body)
+    assert (await hub.gateway("GET", f"api/kernels/{kernel}", token=ada)).code == 200
+
+
+async def assert_refused(hub: Hub, token: str | None, kernel: str, *names: str) -> None:
+    for method, path in (("GET", "api/kernels"), ("GET", f"api/kernels/{kernel}"), ("GET", "api/sessions")):
+        response = await hub.gateway(method, path, token=token)
+        assert response.code in (401, 403), (method, path, response.code, response.body)
+        assert_names_nothing(response, kernel, *names)
+    socket = await channels_refusal(hub, kernel, token)
+    assert socket.code in (401, 403, 404), (socket.code, socket.body)
+    assert_names_nothing(socket, kernel, *names)
+
+
+async def test_no_token_a_made_up_one_and_one_without_the_services_scope_are_refused(hub: Hub, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    unscoped = await hub.token_for("alice", scopes=["users:activity!user=alice"])
+    for token in (None, uuid.uuid4().hex, unscoped):
+        await assert_refused(hub, token, kernel, "alice")
+
+
+async def test_a_revoked_token_is_refused_once_the_cache_has_passed(hub: Hub, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    token = await hub.token_for("alice")
+    assert (await hub.gateway("GET", f"api/kernels/{kernel}", token=token)).code == 200
+    await hub.revoke("alice", token)
+    revoked_at = time.monotonic()
+
+    async def refused() -> bool:
+        return (await hub.gateway("GET", "api/kernels", token=token)).code in (401, 403)
+
+    # The cache may keep it for its lifetime; the room past that is for a loaded machine's request.
+    await wait_until(refused, CACHE_SECONDS + 10, "the revoked token to be refused")
+    assert time.monotonic() - revoked_at < CACHE_SECONDS + 10
+    await assert_refused(hub, token, kernel, "alice")
+
+
+async def test_a_deleted_users_token_is_refused(hub: Hub, shared: dict) -> None:
+    kernel = alices_kernel(shared)
+    token = await hub.token_for("carol")
+    assert (await hub.gateway("GET", "api/kernels", token=token)).code == 200
+    await hub.delete_user("carol")
+
+    async def refused() -> bool:
+        return (await hub.gateway("GET", "api/kernels", token=token)).code in (401, 403)
+
+    await wait_until(refused, CACHE_SECONDS + 10, "the deleted user's token to be refused")
+    await assert_refused(hub, token, kernel, "alice", "carol")
+
+
+def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Read as JupyterHub reads it, with no Hub: the gateway gets its MSB_* settings (its MSB_HUB_AUTH_CACHE_SECONDS
+    included) and none of the config's own knobs (the shared password above all); each server gets its own token."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from msb_kernels.gateway.app import JUPYTERLAB_ALLOWED_ENVS
+    from tests.conftest import VENV_BIN
+    from tests.hub import DEPLOY_CONFIG
+
+    for name, value in {"MSB_HUB_STATE_DIR": str(tmp_path), "MSB_HUB_PASSWORD": "pw", "MSB_HUB_AUTH_CACHE_SECONDS": "7"}.items():
+        monkeypatch.setenv(name, value)
+    config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
+    (service,) = config.JupyterHub.services
+    assert service["command"] == [str(VENV_BIN / "msb-kernels"), "serve"] and service["url"] == "http://127.0.0.1:8765"
+    assert service["environment"]["MSB_HUB_AUTH_CACHE_SECONDS"] == "7"
+    assert not [name for name in service["environment"] if name in ("MSB_HUB_PASSWORD", "MSB_HUB_STATE_DIR")]
+    assert "access:services!service=msb-kernels" in config.Spawner.server_token_scopes
+    environment = config.Spawner.environment
+    assert environment["JUPYTER_GATEWAY_URL"] == "http://127.0.0.1:8765/services/msb-kernels/"
+    assert environment["JUPYTER_GATEWAY_ALLOWED_ENVS"] == ",".join(JUPYTERLAB_ALLOWED_ENVS)
+
+    class Spawner:
+        api_token = "the server's own"
+
+    assert environment["JUPYTER_GATEWAY_AUTH_TOKEN"](Spawner()) == "the server's own"

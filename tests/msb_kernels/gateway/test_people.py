@@ -21,7 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tornado.httpclient import HTTPClientError
 
 from tests.conftest import TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, launch_gateway
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, launch_gateway, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -323,3 +323,24 @@ def test_sessions_per_person_keep_a_bounded_label_set():
     samples = {sample.labels["person"]: sample.value for sample in sessions_per_person(allocations).samples}
     assert len(samples) == PEOPLE_LABELS + 1 and samples["busy"] == 5 and sum(samples.values()) == 306
     assert samples["(others)"] == 306 - sum(v for k, v in samples.items() if k != "(others)")
+
+
+async def test_a_pooled_kernel_is_nobodys_until_handed_out_then_only_its_owners(gateway_factory, tmp_path):
+    users_file = tmp_path / "users.json"
+    tokens = {name: add_user(users_file, name) for name in ("alice", "bob")}
+    gateway = await gateway_factory(extra_env={"MSB_USERS_FILE": str(users_file), "MSB_TOKEN": None, "MSB_POOL_SIZE": "python-small=1"})
+    gateway.token = tokens["alice"]
+
+    async def pooled() -> list:
+        stats = await gateway.stats()
+        return gateway.sandboxes() if stats["pool"]["waiting"]["msb-python-small"] == 1 else []
+
+    (waiting,) = await wait_until(pooled, 60, "the pool to hold a started kernel")
+    for who in ("alice", "bob"):  # a waiting kernel is no one's: no person lists it
+        assert (await gateway.request("GET", "/api/kernels", token=tokens[who])).json == []
+        assert (await gateway.request("GET", f"/api/kernels/{waiting.sandbox_id}", token=tokens[who])).code == 404
+    kernel = await gateway.start_kernel()
+    assert kernel == waiting.sandbox_id, "alice did not get the pooled kernel"
+    assert [k["id"] for k in (await gateway.request("GET", "/api/kernels")).json] == [kernel]
+    assert (await gateway.request("GET", "/api/kernels", token=tokens["bob"])).json == []
+    assert (await gateway.request("GET", f"/api/kernels/{kernel}", token=tokens["bob"])).code == 404
