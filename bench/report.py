@@ -397,4 +397,16 @@ def write_results_file(results: dict, path: Path, command: str) -> None:
         "|---|---|---|",
     ]
     lines += [f"| {t['target']} | {t['measured']} | {'met' if t['met'] else 'missed'} |" for t in results.get("targets", [])]
-    path.write_text("\n".join(lines) + "\n")
+    kept = sections_of_other_benches(path)
+    path.write_text("\n".join(lines) + "\n" + (f"\n{kept}" if kept else ""))
+
+
+def sections_of_other_benches(path: Path) -> str:
+    """What follows this file's own table and targets: sections other benches recorded (## headings after
+    "## Targets", such as bench/auth.py's), kept as they are when a full run rewrites the rest."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    targets = text.find("\n## Targets\n")
+    following = text.find("\n## ", targets + 1) if targets >= 0 else -1
+    return text[following + 1 :].rstrip() + "\n" if following >= 0 else ""

@@ -201,3 +201,20 @@ async def test_a_kernel_that_dies_at_its_start_is_started_again_and_counted(tmp_
         await stop_kernel(km, kc)
     with pytest.raises(KernelDied):
         await start_kernel_again_if_it_dies("dies-always", timeout=60, attempts=2)
+
+
+def test_a_full_runs_results_file_keeps_the_sections_other_benches_recorded(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO))
+    from bench import report
+
+    monkeypatch.setattr(report, "table", lambda results: "| figure | new |\n")
+
+    path = tmp_path / "RESULTS.md"
+    other = "## Auth per request (issue 37)\n\nWritten by `bench/auth.py -n 1000`.\n\n| path | p50 |\n|---|---|\n"
+    path.write_text("# Latest benchmark results\n\nold table\n\n## Targets\n\n| old | target |\n\n" + other)
+    report.write_results_file({"figures": {}, "targets": [], "machine": {"cpus": 2}}, path, "bench/run.py")
+    text = path.read_text()
+    assert "old table" not in text and "| old | target |" not in text, text
+    assert text.index("## Targets") < text.index("## Auth per request (issue 37)") and text.endswith(other), text
+    report.write_results_file({"figures": {}, "targets": [], "machine": {"cpus": 2}}, path, "bench/run.py")
+    assert path.read_text() == text  # kept once, not once more per run
