@@ -35,7 +35,10 @@ class PersonalLabs:
         if base is None:
             raise InvalidRequest(
                 "the gateway does not know where JupyterHub's proxy is",
-                ["the operator: set JupyterHub's c.JupyterHub.public_url (the deploy config's MSB_HUB_PUBLIC_URL)", "or reach /mcp through the Hub's proxy"],
+                [
+                    "the operator: set JupyterHub's c.JupyterHub.public_url (the deploy config's MSB_HUB_PUBLIC_URL)",
+                    "or reach /mcp through the Hub's proxy",
+                ],
             )
         url = f"{base.rstrip('/')}/user/{quote(person.name, safe='')}/"
         documents = self.people.get(person.name)

@@ -90,6 +90,8 @@ class HubTokens:
                 ["pip install 'msb-kernels[hub]' (or jupyterhub) into msb-kernels' environment"],
             ) from None
         self.service = service
+        # HubAuth's cache takes 0 for "keep forever"; here 0 means "ask the Hub at every request".
+        self.use_cache = cache_seconds > 0
         self.auth: Any = HubAuth(
             api_url=service.api_url,
             api_token=service.api_token,
@@ -100,7 +102,7 @@ class HubTokens:
     async def person(self, token: str) -> Person | None:
         """The person this token is, if it is a user's token carrying the service's scope; else None."""
         try:
-            model = await self.auth.user_for_token(token, sync=False)
+            model = await self.auth.user_for_token(token, use_cache=self.use_cache, sync=False)
         except Exception as exc:  # HubAuth raises tornado HTTPErrors (500/502) when the Hub fails or is away
             raise HubUnreachable(
                 f"JupyterHub did not answer the token check at {self.service.api_url}: {getattr(exc, 'log_message', None) or exc}",

@@ -33,6 +33,7 @@ async def external() -> AsyncIterator[tuple[Hub, HttpServer]]:
         "JUPYTERHUB_API_TOKEN": service_token,
         "JUPYTERHUB_SERVICE_NAME": SERVICE,
         "MSB_RUNTIME_DIR": str(TEST_BASE / f"x{gateway_port}"),
+        "MSB_HUB_AUTH_CACHE_SECONDS": "0",  # ask the Hub at every request
     }
     env.pop("MSB_TOKEN", None)
     with open(log_path, "wb") as log:  # the operator's start: no prefix, no token of its own, only the Hub's three variables
@@ -71,4 +72,8 @@ async def test_an_operator_started_gateway_serves_each_person_their_own_kernels(
         assert (await gateway.request("GET", "/api/kernels", token=alice)).code == 404
     finally:
         await hub.gateway("DELETE", f"api/kernels/{kernel}", token=alice)
+    # With no cache, a revoked token is refused at its next request.
+    assert (await hub.gateway("GET", "api/kernels", token=bob)).code == 200
+    await hub.revoke("bob", bob)
+    assert (await hub.gateway("GET", "api/kernels", token=bob)).code in (401, 403)
     assert "Traceback" not in gateway.log(), gateway.log()[-3000:]
