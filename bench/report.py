@@ -397,4 +397,11 @@ def write_results_file(results: dict, path: Path, command: str) -> None:
         "|---|---|---|",
     ]
     lines += [f"| {t['target']} | {t['measured']} | {'met' if t['met'] else 'missed'} |" for t in results.get("targets", [])]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n" + sections_after_targets(path))
+
+
+def sections_after_targets(path: Path) -> str:
+    """The sections other benchmarks write after "## Targets" (bench/environments.py's), kept as they were."""
+    text = path.read_text() if path.exists() else ""
+    _, found, rest = text.partition("\n## Targets\n")
+    return "\n## " + rest.split("\n## ", 1)[1] if found and "\n## " in rest else ""
