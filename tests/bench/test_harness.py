@@ -218,3 +218,49 @@ def test_a_full_runs_results_file_keeps_the_sections_other_benches_recorded(tmp_
     assert text.index("## Targets") < text.index("## Auth per request (issue 37)") and text.endswith(other), text
     report.write_results_file({"figures": {}, "targets": [], "machine": {"cpus": 2}}, path, "bench/run.py")
     assert path.read_text() == text  # kept once, not once more per run
+
+
+def test_environments_times_a_second_environment_beside_the_default_and_a_bare_kernel():
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "environments.py"), "-n", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "created environment second in " in run.stdout and "(offline, from " in run.stdout, run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and " ms |" in line]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| cold, environment `second` (msb-second-python-small)",
+        "| cold, default (msb-python-small)",
+        "| pooled, environment `second`, through the gateway",
+        "| pooled, default, through the gateway",
+        "| cold, bare ipykernel (python3), reference",
+    ], rows
+
+
+def test_the_environments_section_is_written_after_targets_and_kept_when_run_rewrites_the_file(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO))
+    from bench import environments, report
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Latest benchmark results\n\nold table\n\n## Targets\n\n| target | measured | met |\n")
+    figure = {"p50_ms": 300.0, "p95_ms": 400.0}
+    results = {
+        "n": 1,
+        "runtime_seconds": 60,
+        "machine": {"cpus": 2, "cpu_model": "cpu", "user": "root", "ipykernel": "7"},
+        "cold": {
+            environments.SECOND: figure,
+            environments.DEFAULT: {**figure, "p50_ms": 60.0},
+            environments.BARE: {**figure, "p50_ms": 200.0},
+        },
+        "pooled": {environments.SECOND: {**figure, "p50_ms": 20.0}, environments.DEFAULT: {**figure, "p50_ms": 10.0}},
+    }
+    environments.write_section(results, "bench/environments.py -n 1", path)
+    environments.write_section(results, "bench/environments.py -n 1", path)  # replaced, not added twice
+    text = path.read_text()
+    assert text.count(environments.SECTION) == 1 and text.index("## Targets") < text.index(environments.SECTION), text
+    assert "| cold, environment `second` (msb-second-python-small) | 300 ms | 400 ms | 5.00x | 1.50x | - |" in text, text
+    assert "| pooled, environment `second`, through the gateway | 20 ms | 400 ms | 2.00x | 0.10x | - |" in text, text
+    monkeypatch.setattr(report, "table", lambda results: "new table")  # the run's own table, not under test here
+    report.write_results_file({"machine": {}, "targets": []}, path, "bench/run.py")
+    rewritten = path.read_text()
+    assert "new table" in rewritten and "old table" not in rewritten and rewritten.endswith(text[text.index(environments.SECTION) :]), (
+        rewritten
+    )
