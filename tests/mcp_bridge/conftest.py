@@ -119,11 +119,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60) -> None:
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
+            said = (
+                log.read_text(errors="replace")[-3000:] if log is not None else (process.stderr.read().decode() if process.stderr else "")
+            )
+            raise AssertionError(f"server exited early: {said}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return
         time.sleep(0.2)
@@ -155,15 +158,19 @@ def gateway_process(token: str, **env: str) -> Iterator[str]:
     port = free_port()
     token_file = Path(os.environ["MSB_RUNTIME_DIR"]).parent / f"gateway-token-{port}"
     token_file.write_text(token)
-    process = subprocess.Popen(
-        [str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), "--token-file", str(token_file)],
-        env=child_env(**env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    # Its log goes to a file: a pipe nobody reads fills at 64 KiB (a busy gateway's audit lines), and the gateway
+    # then blocks on its next log line.
+    log = token_file.with_name(f"gateway-{port}.log")
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [str(VENV_BIN / "msb-kernels"), "serve", "--port", str(port), "--token-file", str(token_file)],
+            env=child_env(**env),
+            stdout=subprocess.DEVNULL,
+            stderr=output,
+            start_new_session=True,
+        )
     try:
-        wait_for_port(port, process, timeout=60)  # a gateway that does not start is a failure, not a skip
+        wait_for_port(port, process, timeout=60, log=log)  # a gateway that does not start is a failure, not a skip
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(process)
