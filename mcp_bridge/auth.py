@@ -36,11 +36,16 @@ def person_of(access: AccessToken | None) -> Person | None:
     return Person(access.subject, "admin" in access.scopes, source if source in ("token", "users-file", "hub") else "token")
 
 
-def person_of_request(request: Any) -> Person | None:
-    """The person of the HTTP request that carried a tool call (None over stdio: the desktop's one user)."""
+def access_of_request(request: Any) -> AccessToken | None:
+    """The access token the HTTP app put in the scope of the request that carried a tool call (None over stdio)."""
     scope = getattr(request, "scope", None)
     user = scope.get("user") if isinstance(scope, dict) else None
-    return person_of(user.access_token) if isinstance(user, AuthenticatedUser) else None
+    return user.access_token if isinstance(user, AuthenticatedUser) else None
+
+
+def person_of_request(request: Any) -> Person | None:
+    """The person of the HTTP request that carried a tool call (None over stdio: the desktop's one user)."""
+    return person_of(access_of_request(request))
 
 
 class PersonVerifier:
@@ -76,12 +81,11 @@ def caller_credentials() -> tuple[str | None, str | None]:
 @contextlib.contextmanager
 def calling_with(request: Any) -> Iterator[None]:
     """Keep the token and origin of ``request`` (the HTTP request of a tool call) for the call's span."""
-    scope = getattr(request, "scope", None)
-    user = scope.get("user") if isinstance(scope, dict) else None
-    token = user.access_token.token if isinstance(user, AuthenticatedUser) else None
+    access = access_of_request(request)
     headers = getattr(request, "headers", None) or {}
     host = headers.get("x-forwarded-host") or headers.get("host")
-    proto = headers.get("x-forwarded-proto") or (scope or {}).get("scheme", "http")
+    proto = headers.get("x-forwarded-proto") or (getattr(request, "scope", None) or {}).get("scheme", "http")
+    token = access.token if access is not None else None
     reset = _credentials.set((token, f"{proto}://{host}" if host else None))
     try:
         yield

@@ -43,7 +43,7 @@ from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import FLAVORS, describe_flavors
 from msb_kernels.identity.people import acting
-from msb_kernels.identity.volumes import has_own_directory
+from msb_kernels.identity.volumes import has_own_directory, own_directory
 from msb_kernels.templates import LANGUAGE_ALIASES, TEMPLATES, get_template
 
 LANGUAGE_CHOICES = ["python", "node", "javascript"]
@@ -397,7 +397,7 @@ async def get_volume_path(
             volume_path=guest,
             available=True,
             description=f"{person.name}'s own directory of the shared volume, mounted at {guest} in each of {person.name}'s "
-            f"sandboxes (host: {host / person.slug}); no other person's kernels see it",
+            f"sandboxes (host: {own_directory(host, person.slug)}); no other person's kernels see it",
         )
     elif host is not None:
         response = VolumePathResponse(

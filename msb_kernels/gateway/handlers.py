@@ -82,13 +82,14 @@ class MsbSessionRootHandler(MsbErrorsMixin, SessionRootHandler):
 
 class MsbKernelActionHandler(MsbErrorsMixin, KernelActionHandler):
     """``POST /api/kernels/{id}/interrupt|restart``: jupyter_server's, but a kernel that does not exist for the caller
-    (gone, or another person's) is a 404, where jupyter_server answers a failed restart with a 500."""
+    (gone, or another person's) is a 404, where jupyter_server answers a failed restart with a 500. The lookup is the
+    kernel manager's own (get_kernel), so the refusal of another person's kernel reaches the audit trail as on every
+    other route."""
 
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str, action: str) -> None:
-        if kernel_id not in self.kernel_manager:
-            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")
+        self.kernel_manager.get_kernel(kernel_id)
         await super().post(kernel_id, action)
 
 
@@ -262,6 +263,9 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
 def executed_code(message: str | bytes, v1: bool) -> str | None:
     """The code of a client's execute_request over the WebSocket (JSON, or the v1 binary framing); None for any
     other message, or one that does not parse (jupyter_server then says why)."""
+    # Most messages are not executions: skip the parse, which jupyter_server makes again right after, in either framing.
+    if (b'"execute_request"' if isinstance(message, bytes) else '"execute_request"') not in message:
+        return None
     try:
         if v1:
             _, parts = deserialize_msg_from_ws_v1(message)
@@ -269,8 +273,6 @@ def executed_code(message: str | bytes, v1: bool) -> str | None:
                 return None
             content = json.loads(parts[3])
         else:
-            if '"execute_request"' not in (message if isinstance(message, str) else message.decode(errors="replace")):
-                return None  # most messages are not executions: skip the parse
             parsed = json.loads(message)
             if parsed.get("header", {}).get("msg_type") != "execute_request":
                 return None

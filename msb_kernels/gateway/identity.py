@@ -48,7 +48,7 @@ class MsbIdentityProvider(IdentityProvider):
     async def get_user(self, handler: web.RequestHandler) -> User | None:  # type: ignore[override]
         cached = getattr(handler, "_jupyter_current_user", None)
         if isinstance(cached, MsbUser):
-            set_acting(cached.person)
+            set_acting(cached.person, client_of(handler))
             return cached
         token = self.get_token(handler)
         try:

@@ -103,8 +103,6 @@ class MsbKernelManager(
         """The kernel's record; None for an id this gateway runs no kernel under (or not yet: a pooled one waiting)."""
         return self.records.get(kernel_id)
 
-    # -- kernel lifecycle -----------------------------------------------------------
-
     # -- ownership: the one check of who may see a kernel ------------------------------
     # jupyter_server's handlers, the WebSocket, the session manager and the MCP bridge all find kernels through
     # ``in`` (jupyter_server's _check_kernel_id answers 404 from it) and list_kernel_ids; so this is where a kernel
@@ -142,6 +140,8 @@ class MsbKernelManager(
         if kernel_id in kernels_of(self):
             audit.record("refusal", "not the caller's kernel", kernel_id)
 
+    # -- kernel lifecycle -----------------------------------------------------------
+
     async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any) -> str:  # type: ignore[override]
         if kernel_id is not None and kernel_id in self:
             return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
@@ -164,8 +164,9 @@ class MsbKernelManager(
             if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
                 self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
         except MsbError as exc:
-            metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
-            audit.record("start", f"refused: {metrics.start_failure_reason(exc)}", None, kernel_name=kernel_name, message=exc.message)
+            why = metrics.start_failure_reason(exc)
+            metrics.KERNEL_START_FAILURES.labels(why).inc()
+            audit.record("start", f"refused: {why}", None, kernel_name=kernel_name, message=exc.message)
             raise
         pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
         kernel_id = pooled or kernel_id or self.new_kernel_id()
@@ -188,8 +189,9 @@ class MsbKernelManager(
             audit.record("start", "ok", started, kernel_name=kernel_name, flavor=flavor.name, pooled=pooled is not None)
             return started
         except BaseException as exc:
-            metrics.KERNEL_START_FAILURES.labels(metrics.start_failure_reason(exc)).inc()
-            audit.record("start", f"failed: {metrics.start_failure_reason(exc)}", kernel_id, kernel_name=kernel_name)
+            why = metrics.start_failure_reason(exc)
+            metrics.KERNEL_START_FAILURES.labels(why).inc()
+            audit.record("start", f"failed: {why}", kernel_id, kernel_name=kernel_name)
             self.records.pop(kernel_id, None)
             record.close()
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.

@@ -21,6 +21,11 @@ def has_own_directory(person: Person | None) -> bool:
     return person is not None and person.source != "token"
 
 
+def own_directory(root: Path, slug: str) -> Path:
+    """A person's directory of the volume at ``root`` (``slug`` is Person.slug: one path component)."""
+    return root / slug
+
+
 def volume_for(root: Path | None, env: dict[str, str]) -> Path | None:
     """The host directory a kernel mounts as its shared volume: its person's own, made on first use with the
     volume's own owner and mode (so the sandbox's user may write there as in the volume itself)."""
@@ -29,7 +34,7 @@ def volume_for(root: Path | None, env: dict[str, str]) -> Path | None:
     slug = env.get(VOLUME_OWNER_ENV)
     if not slug:
         return root
-    own = root / slug
+    own = own_directory(root, slug)
     if own.resolve().parent != root.resolve():  # a slug is one path component (Person.slug); refuse anything else
         raise ValueError(f"{VOLUME_OWNER_ENV}={slug!r} is not one directory name")
     if not own.is_dir():

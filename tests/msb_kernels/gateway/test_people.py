@@ -265,6 +265,7 @@ async def test_the_audit_trail_has_a_line_per_start_execution_call_stop_and_refu
     finally:
         socket.close()
     assert (await team.rest("bob", "GET", f"/api/kernels/{kernel}")).code == 404
+    assert (await team.rest("bob", "POST", f"/api/kernels/{kernel}/interrupt")).code == 404
     await gw.request("GET", "/api/kernels", token="not-a-token")
     async with mcp_as(team, "alice") as alice:
         await alice.call_tool("execute_code", {"code": "1 + 1", "session_id": kernel})
@@ -275,6 +276,8 @@ async def test_the_audit_trail_has_a_line_per_start_execution_call_stop_and_refu
     assert ("start", "alice", "ok") in events, mine
     assert ("execute", "alice", "sent") in events, mine
     assert ("refusal", "bob", "not the caller's kernel") in events, mine
+    refusals = [line for line in mine if line["event"] == "refusal" and line["person"] == "bob"]
+    assert [line["client"].split(":")[0] for line in refusals] == ["rest", "rest"], refusals  # the GET and the interrupt
     assert ("mcp_call", "alice", "ok") in events, mine
     assert ("stop", "alice", "shutdown") in events, mine
     executed = next(line for line in mine if line["event"] == "execute")
