@@ -31,14 +31,15 @@ def isolate(base: Path, max_sessions: int, backend: str = "namespace") -> None:
 def raise_host_limits(sessions: int) -> list[str]:
     """Lift what would stop the capacity run short of sessions idle kernels, where this process may; say what was
     changed, and what is still in the way and how to lift it."""
-    import resource
+    from msb_kernels.limits import raise_open_files
 
     said = []
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = 64 + 8 * sessions  # per sandbox this process holds a pidfd, pipes and, for tcp, host ports
-    if soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(needed, soft)), hard))
-        said.append(f"open files (RLIMIT_NOFILE) raised from {soft} to {min(hard, needed)}")
+    # All the hard limit allows, as the gateway takes: a direct client's kernel holds a pidfd, pipes, a zmq context's
+    # I/O thread and descriptors, and its client's sockets; 8 per kernel ran out at 1,000 (issue 39).
+    soft, raised, hard = raise_open_files()
+    needed = 64 + 16 * sessions
+    if raised != soft:
+        said.append(f"open files (RLIMIT_NOFILE) raised from {soft} to {raised}")
     if hard < needed:
         said.append(f"open files: the hard limit {hard} is below the {needed} the run needs: raise it (ulimit -Hn, or LimitNOFILE=)")
     tasks = 12 * sessions  # a kernel's threads and its sandbox's init

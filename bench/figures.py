@@ -419,6 +419,14 @@ class Bench:
         target = max(self.args.capacity, max(levels))
         growth: dict[str, Any] = {"levels": levels}
         capacity: dict[str, Any] = {"tried": target}
+        # The live managers share one context, sized as the gateway sizes its own: one each would be an I/O thread
+        # each, and one of ZeroMQ's default size stops near 500 kernels (issue 39).
+        import zmq.asyncio
+
+        from msb_kernels.limits import size_zmq_context
+
+        context = zmq.asyncio.Context()
+        size_zmq_context(context, target)
         for key, name in (("msb", MSB), ("bare", BARE)):
             # Bare kernels go up to the cost-growth levels only: 500 of them would take some 25 GiB.
             steps = [0, *levels, *([target] if key == "msb" and target not in levels else [])]
@@ -431,7 +439,7 @@ class Bench:
                 for level in steps:
                     while len(live) < level and failure is None:
                         batch = min(self.args.batch, level - len(live))
-                        outcome = await asyncio.gather(*(start_kernel(name) for _ in range(batch)), return_exceptions=True)
+                        outcome = await asyncio.gather(*(start_kernel(name, context=context) for _ in range(batch)), return_exceptions=True)
                         for item in outcome:
                             if isinstance(item, BaseException):
                                 failure = failure or f"{type(item).__name__}: {item}"
@@ -488,5 +496,6 @@ class Bench:
             finally:
                 for first in range(0, len(live), 50):  # a shutdown opens sockets: 500 at once pass ZMQ's 1023 per context
                     await asyncio.gather(*(stop_kernel(km, kc) for km, kc in live[first : first + 50]))
+        context.destroy(linger=0)
         self.figures["capacity"] = capacity
         self.figures["cost_growth"] = growth

@@ -9,15 +9,18 @@ from pathlib import Path
 from typing import Any
 
 
-async def start_kernel(name: str, timeout: float = 120, extra_arguments: list[str] | None = None) -> tuple[float, Any, Any]:
+async def start_kernel(
+    name: str, timeout: float = 120, extra_arguments: list[str] | None = None, context: Any = None
+) -> tuple[float, Any, Any]:
     """create -> first kernel_info reply; returns (seconds, manager, client), the client ready for iopub too.
-    extra_arguments: added to the kernelspec's command line (jupyter_client's own parameter).
+    extra_arguments: added to the kernelspec's command line (jupyter_client's own parameter). context: a zmq.asyncio
+    context for the manager (jupyter_client's default: one of its own per manager, an I/O thread each).
 
     Timed to the reply itself: jupyter_client's wait_for_ready then waits 0.2 s or more for iopub, for every kernel alike."""
     from jupyter_client.manager import AsyncKernelManager
 
     started = time.perf_counter()
-    km = AsyncKernelManager(kernel_name=name)
+    km = AsyncKernelManager(kernel_name=name, **({"context": context} if context is not None else {}))
     await km.start_kernel(extra_arguments=extra_arguments or [])
     kc = km.client()
     kc.start_channels()
@@ -151,13 +154,19 @@ def rss_bytes(pid: int) -> int:
     return _kib_field(f"/proc/{pid}/status", "VmRSS:")
 
 
-def descendants(root: int) -> set[int]:
+def process_children() -> dict[int, list[int]]:
+    """Every host process's children, from one pass over /proc (a thousand sandboxes' trees need only one)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def descendants(root: int, children: dict[int, list[int]] | None = None) -> set[int]:
+    children = process_children() if children is None else children
     found, todo = {root}, [root]
     while todo:
         for child in children.get(todo.pop(), []):

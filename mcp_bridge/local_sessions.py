@@ -82,16 +82,22 @@ class ManagedConnection(KernelConnection):
         self.km = km
         # A Session of its own: km.client() would reuse the manager's, whose id is the zmq identity
         # of every such client, so kernel replies meant for a notebook's client could come here.
+        import zmq.asyncio
         from jupyter_client.session import Session
 
         own = Session(key=km.session.key, signature_scheme=km.session.signature_scheme, username="msb-mcp")
-        self.kc = km.client(session=own)
+        # The manager's ZeroMQ context, where it is an asyncio one (the gateway's, sized for MSB_MAX_SESSIONS): a
+        # client's own would be one more I/O thread and a few descriptors per session, 500 threads at 500 sessions.
+        shared = {"context": km.context} if isinstance(getattr(km, "context", None), zmq.asyncio.Context) else {}
+        self.kc = km.client(session=own, **shared)
         description = sandbox_of(km)
         self.sandbox = description.sandbox if description else None  # to tell a restart's new sandbox from it
         self.tasks: list[asyncio.Task] = []
 
     async def open(self, timeout: float) -> None:
-        self.kc.start_channels()
+        # Shell and iopub only: the manager interrupts and restarts, is_alive says whether the kernel lives (no
+        # heartbeat thread per session), and no execution here asks for input.
+        self.kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             await wait_until_connected(self.kc, timeout, self.km.is_alive)
         except Exception:
@@ -163,6 +169,7 @@ def standalone_kernel_manager() -> Any:
 
     from msb_kernels.choice import parse_pool_sizes
     from msb_kernels.config import load_settings
+    from msb_kernels.limits import size_zmq_context
     from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 
     runtime = jupyter_runtime_dir()
@@ -173,6 +180,7 @@ def standalone_kernel_manager() -> Any:
     manager = PooledMultiKernelManager(connection_dir=runtime, log=kernel_log)
     settings = load_settings()
     manager.pool = KernelPool(manager, parse_pool_sizes(settings.pool_size), settings.pool_counts_as_sessions)
+    size_zmq_context(manager.context, settings.max_sessions + sum(manager.pool.sizes.values()))  # the clients' too (ManagedConnection)
     return manager
 
 
@@ -285,7 +293,9 @@ class ManagedKernelSessions(KernelSessions):
     async def list(self) -> list[SessionInfo]:
         paths = await self._notebook_paths()
         infos = []
-        for session_id in list(self.kernel_manager.list_kernel_ids()):
+        for number, session_id in enumerate(list(self.kernel_manager.list_kernel_ids())):
+            if number and number % 50 == 0:
+                await asyncio.sleep(0)  # some 0.2 ms a session, none of it awaited: at 1,000 the gateway would wait 200 ms
             with contextlib.suppress(KeyError):
                 infos.append(await self._describe(session_id, paths))
         return infos

@@ -48,6 +48,11 @@ HIBERNATE_SECONDS = Histogram(
     "msb_hibernate_seconds", "Seconds to checkpoint an idle kernel to disk, its image sealed", buckets=START_BUCKETS
 )
 RESTORE_SECONDS = Histogram("msb_restore_seconds", "Seconds to restore a hibernated kernel until it runs again", buckets=START_BUCKETS)
+CULL_PASSES = Histogram(
+    "msb_cull_pass_seconds",
+    "Seconds a culler pass took that culled nothing: its visit of every kernel (it lets requests in every 50 kernels)",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 EGRESS_BYTES = Counter("msb_egress_bytes_total", "Bytes through the egress proxy, by direction: out (to hosts), in", ["direction"])
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,16 @@ def upstream() -> AsyncIterator[object]:
     host.npm_registry = serve_npm_package(host)
     yield host
     host.stop()
+
+
+@contextlib.contextmanager
+def soft_open_files(limit: int) -> Iterator[None]:
+    """This process's soft RLIMIT_NOFILE set to limit for the block (children started in it inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < limit:
+        pytest.skip(f"the hard open-file limit here ({hard}) is below the {limit} this test needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

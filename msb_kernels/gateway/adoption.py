@@ -19,7 +19,7 @@ from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.compat import kernels_of
 from msb_kernels.errors import MsbError
-from msb_kernels.gateway.records import BusyFile, KernelRecord, describe
+from msb_kernels.gateway.records import BusyFile, KernelRecord, describe, last_activity_of
 
 RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
 BUSY_RECORD = "busy.json"  # BusyFile's, beside the adoption record
@@ -55,7 +55,7 @@ class AdoptionMixin:
         if kept is None or kernel is None:
             return
         km, state_dir = kept
-        last = getattr(km, "last_activity", None)
+        last = last_activity_of(km)
         record = {
             **kernel.to_adoption(),
             "last_activity": last.timestamp() if last is not None else None,
@@ -73,7 +73,7 @@ class AdoptionMixin:
             if kept is None:
                 continue
             km, state_dir = kept
-            last = getattr(km, "last_activity", None)
+            last = last_activity_of(km)
             if kernel.recorded_activity != (last.timestamp() if last else None) or not (state_dir / ADOPTION_RECORD).exists():
                 self.record_for_adoption(kernel_id)
 

@@ -59,6 +59,7 @@ from msb_kernels.gateway.manager import MsbKernelManager
 from msb_kernels.gateway.sessions import MsbSessionManager
 from msb_kernels.identity.hub import HubService
 from msb_kernels.identity.tokens import Tokens
+from msb_kernels.limits import open_files_advice, raise_open_files
 
 # The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
 # variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.
@@ -172,6 +173,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
 
     def initialize(self, argv: list[str] | None = None, **kwargs: Any) -> None:
         self.msb_settings = load_settings(self.config)  # a bad MSB_* value fails here, naming the variable
+        open_files = raise_open_files()  # before anything opens: every kernel holds descriptors here (limits.py)
         self.hub_service = HubService.from_environment()
         people = self.hub_service is not None or bool(self.msb_settings.users_file)
         self.runtime_dir_lock = hold_runtime_dir(self.msb_settings.runtime_root())
@@ -190,6 +192,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         for logger in (self.log, logging.getLogger("tornado"), msb_log):
             logger.setLevel(level)
         logging.getLogger("tornado.general").addFilter(_not_the_ping_unit_clash)
+        self.log_limits(open_files)
         if not self.identity_provider.token and not people:
             raise ConfigError(
                 "the token is empty, which would let anyone run code here; "
@@ -214,6 +217,21 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         self.metrics_collector = register(km)  # beside jupyter_server's own, at /metrics behind the token
         if self.msb_settings.metrics_port:
             serve_metrics(self.msb_settings.metrics_host, self.msb_settings.metrics_port)
+
+    def log_limits(self, open_files: tuple[int, int, int]) -> None:
+        """Say what the gateway lifted for MSB_MAX_SESSIONS, and what still stands in its way."""
+        before, after, hard = open_files
+        moved = f"raised from {before} to {after}" if after != before else f"{after}"
+        self.log.info(
+            "limits: open files (RLIMIT_NOFILE) %s (hard %s); ZeroMQ MAX_SOCKETS %d for MSB_MAX_SESSIONS=%d",
+            moved,
+            hard,
+            self.kernel_manager.zmq_max_sockets,
+            self.msb_settings.max_sessions,
+        )
+        advice = open_files_advice(self.msb_settings.max_sessions)
+        if advice:
+            self.log.warning("limits: %s", advice)
 
     def init_httpserver(self) -> None:
         """Adopt the kernels the last gateway left running before the port opens: a client reconnecting to one

@@ -28,7 +28,7 @@ from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
 from msb_kernels.compat import kernels_of, utcnow
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
-from msb_kernels.gateway.records import sandbox_of
+from msb_kernels.gateway.records import last_activity_of, sandbox_of
 from msb_kernels.identity.people import acting_as, may_see
 from msb_kernels.status import iso_utc
 
@@ -118,7 +118,7 @@ class HibernationMixin:
         for kernel_id, record in list(self.records.items()):
             km = kernels_of(self).get(kernel_id)
             sandbox = self._sandbox(kernel_id)
-            last = getattr(km, "last_activity", None)
+            last = last_activity_of(km)
             if km is None or sandbox is None or sandbox.hibernated or last is None:
                 continue
             if getattr(km, "execution_state", None) != "idle" or self._lock(kernel_id).locked():
@@ -169,7 +169,7 @@ class HibernationMixin:
     def _refused(self, kernel_id: str, km: Any, reason: str) -> None:
         record = self.records.get(kernel_id)
         if record is not None:
-            record.hibernation_refused = (getattr(km, "last_activity", None), reason)
+            record.hibernation_refused = (last_activity_of(km), reason)
         self.hibernation_counts["refused"] += 1
         metrics.HIBERNATIONS.labels("refused").inc()
         owner = record.owner if record is not None else None
@@ -180,7 +180,7 @@ class HibernationMixin:
         """A request is on its way: the kernel counts as active from now, so the look does not checkpoint it between the
         request's arrival and the busy status that the kernel sends when it starts on it (the request would be lost)."""
         km = kernels_of(self).get(kernel_id)
-        if km is not None and getattr(km, "last_activity", None) is not None:
+        if km is not None and last_activity_of(km) is not None:
             km.last_activity = utcnow()
 
     async def wake_kernel(self, kernel_id: str) -> None:
@@ -219,7 +219,7 @@ class HibernationMixin:
                 if other not in tried
                 and (km := kernels_of(self).get(other)) is not None
                 and getattr(km, "execution_state", None) == "idle"
-                and getattr(km, "last_activity", None) is not None
+                and last_activity_of(km) is not None
                 and not self.is_hibernated(other)
             ]
             if not idle:

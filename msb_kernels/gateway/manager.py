@@ -42,6 +42,7 @@ from msb_kernels.gateway.records import KernelRecord, backend_of, describe, sand
 from msb_kernels.gateway.stats import StatsMixin
 from msb_kernels.identity.people import acting, may_see, set_acting
 from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, has_own_directory
+from msb_kernels.limits import over_limit, size_zmq_context
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.registry import SandboxRegistry
 from msb_kernels.session_env import requested_env
@@ -92,6 +93,9 @@ class MsbKernelManager(
         # pool and the MCP bridge's sessions through this manager.
         self.sandbox_registry = SandboxRegistry()
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
+        # Every kernel's sockets are in this one context (jupyter_client's shared_context): ZeroMQ's default of 1023
+        # would stop the gateway at about 500 idle kernels. Sized now, before its first socket.
+        self.zmq_max_sockets = size_zmq_context(self.context, self.msb_settings.max_sessions + sum(self.pool.sizes.values()))
         # One record per kernel, from its start (or adoption) to remove_kernel: everything the gateway keeps of it.
         self.records: dict[str, KernelRecord] = {}
         self.stopped: deque[dict] = deque(maxlen=RECENTLY_STOPPED)
@@ -201,6 +205,10 @@ class MsbKernelManager(
             self._record_stop(record, "error", f"start failed: {reason}")
             if isinstance(exc, (MsbError, web.HTTPError)) or not isinstance(exc, Exception):  # ours, jupyter_server's, cancellation
                 raise
+            refusal = over_limit(exc, self.msb_settings.max_sessions, self.zmq_max_sockets)
+            if refusal is not None:  # a limit of this process, not a fault: named, without a traceback
+                self.log.warning("kernel %s did not start: %s", kernel_id, refusal.message)
+                raise refusal from None
             self.log.error("kernel %s did not start: %s", kernel_id, exc, exc_info=exc)
             raise SandboxError(
                 f"the {kernel_name} kernel did not start: {type(exc).__name__}: {exc}", ["run `msb-kernels doctor` to check this host"]

@@ -130,6 +130,17 @@ class KernelRecord:
         self.websockets.clear()
 
 
+def last_activity_of(km: Any) -> Any:
+    """The kernel's last activity (a datetime), or None: jupyter_server sets it once its start returns, and until then
+    reading the trait raises (it allows no None), which a timer or a stats request that comes in between must not."""
+    from traitlets import TraitError
+
+    try:
+        return getattr(km, "last_activity", None)
+    except TraitError:
+        return None
+
+
 def describe(km: Any) -> SandboxDescription | None:
     """The sandbox side of a kernel manager; None before its provisioner exists or for a kernel not in a sandbox."""
     provisioner = getattr(km, "provisioner", None)

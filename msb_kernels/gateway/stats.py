@@ -11,7 +11,7 @@ from jupyter_server.utils import ensure_async
 from msb_kernels.compat import connection_counts_of, kernels_of
 from msb_kernels.flavors import FLAVORS
 from msb_kernels.gateway.host import gateway_process_stats, host_cpus
-from msb_kernels.gateway.records import describe
+from msb_kernels.gateway.records import describe, last_activity_of
 from msb_kernels.identity.people import acting, may_see
 from msb_kernels.status import iso_utc, session_status
 
@@ -56,7 +56,7 @@ class StatsMixin:
             sandbox = described.sandbox if (described := describe(km)) else None
             info = sandbox.info() if sandbox is not None else {}
             keeper = getattr(sandbox, "keeper", None)
-            last = getattr(km, "last_activity", None)
+            last = last_activity_of(km)
             memory_bytes = None
             if sandbox is not None and hasattr(sandbox, "memory_bytes"):
                 try:

@@ -264,3 +264,11 @@ def test_the_environments_section_is_written_after_targets_and_kept_when_run_rew
     assert "new table" in rewritten and "old table" not in rewritten and rewritten.endswith(text[text.index(environments.SECTION) :]), (
         rewritten
     )
+
+
+def test_scale_fills_one_gateway_level_by_level_and_has_the_culler_cull_every_session():
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "scale.py"), "--quick"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "| sessions | 5 | 10 |" in run.stdout and "| `1+1` over /mcp `execute_code`, p50 |" in run.stdout, run.stdout[-3000:]
+    assert "**Cull**: 10 of 10 sessions culled by the culler" in run.stdout, run.stdout[-3000:]
+    assert "Left on the host after the run: {'state_dirs': [], 'cgroups': []}." in run.stdout, run.stdout[-3000:]

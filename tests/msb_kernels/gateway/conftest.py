@@ -235,6 +235,18 @@ async def launch_gateway(
     return gateway
 
 
+@contextlib.asynccontextmanager
+async def mcp_client(server: HttpServer, token: str | None = None) -> AsyncIterator[Any]:
+    """The official MCP client on the gateway's /mcp over streamable HTTP, with its token (or another)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token or server.token}"}, timeout=120) as http:
+        async with Client(streamable_http_client(server.url + "/mcp", http_client=http)) as client:
+            yield client
+
+
 @pytest.fixture
 async def gateway_factory() -> AsyncIterator[Callable]:
     """Start `msb-kernels serve` processes; each is stopped (SIGKILL if it hangs) at the end of the test."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mcp_bridge import jupyter_ws
-from tests.conftest import TEST_BASE, VENV_BIN
+from msb_kernels.limits import files_needed, zmq_max_sockets
+from tests.conftest import TEST_BASE, VENV_BIN, soft_open_files
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, free_port, init_pids, launch_jupyter_server, pid_alive, wait_until
 
 
@@ -98,6 +100,13 @@ async def test_idle_kernels_are_culled_honouring_the_kernelspec_override(gateway
     (entry,) = stats["kernels"]
     assert entry["cull_idle_timeout"] == 3600
 
+    # A pass that culls nothing is timed: its visit of every kernel, the event loop's to share (msb_cull_pass_seconds).
+    async def timed_passes() -> bool:
+        metrics = (await gateway.request("GET", "/metrics")).body.decode()
+        return any(line.startswith("msb_cull_pass_seconds_count ") and float(line.split()[1]) >= 1 for line in metrics.splitlines())
+
+    await wait_until(timed_passes, 15, "a timed culler pass")
+
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 async def test_a_clean_stop_leaves_no_sandbox(gateway_factory, signum: int, tmp_path: Path) -> None:
@@ -179,3 +188,24 @@ def test_bad_settings_stop_the_start_with_a_clear_message(tmp_path: Path) -> Non
         )
         assert result.returncode == 2, (variable, result.stderr)
         assert variable in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+async def test_serve_lifts_its_open_file_limit_and_sizes_zeromq_for_max_sessions(gateway_factory) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with soft_open_files(512):  # systemd's default soft limit is 1024: a gateway must not keep it
+        gateway = await gateway_factory(extra_env={"MSB_MAX_SESSIONS": "1000", "MSB_POOL_SIZE": "0"})
+    limits = next(
+        line for line in Path(f"/proc/{gateway.process.pid}/limits").read_text().splitlines() if line.startswith("Max open files")
+    )
+    assert limits.split()[3:5] == [str(hard), str(hard)], limits
+    log = gateway.log()
+    assert f"open files (RLIMIT_NOFILE) raised from 512 to {hard}" in log, log[-2000:]
+    assert f"ZeroMQ MAX_SOCKETS {zmq_max_sockets(1000)} for MSB_MAX_SESSIONS=1000" in log, log[-2000:]
+    if hard < files_needed(1000):  # the hard limit is the operator's: the log says what to set
+        assert f"LimitNOFILE={files_needed(1000)}" in log, log[-2000:]
+    kernel = await gateway.start_kernel()  # kernels start and answer through the sized context
+    socket = await KernelSocket.open(gateway, kernel)
+    try:
+        assert (await socket.execute("1+1")).result == "2"
+    finally:
+        socket.close()

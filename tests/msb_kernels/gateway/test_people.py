@@ -17,11 +17,10 @@ from pathlib import Path
 import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from tornado.httpclient import HTTPClientError
 
 from tests.conftest import TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, launch_gateway, wait_until
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, launch_gateway, mcp_client, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,10 +68,8 @@ async def team() -> AsyncIterator[Team]:
 
 @contextlib.asynccontextmanager
 async def mcp_as(team: Team, who: str | None, token: str | None = None) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {token or team.tokens[who]}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
-        async with Client(streamable_http_client(team.gateway.url + "/mcp", http_client=http)) as client:
-            yield client
+    async with mcp_client(team.gateway, token or team.tokens[who]) as client:
+        yield client
 
 
 def leaks(text: str, *secrets: str) -> list[str]:
