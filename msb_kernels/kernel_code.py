@@ -290,3 +290,95 @@ if all(hasattr(iostream.IOPubThread, name) for name in ("_setup_pipe_in", "_setu
 del _setup_pipe_in, _setup_pipe_out
 sys.exit(kernelapp.launch_new_instance())
 """
+
+
+# A person's own packages (msb_kernels/identity/volumes.py, "user packages"): `pip install --user` into
+# PYTHONUSERBASE, a directory of the person's own volume that the provisioner names per environment. Run as
+# `python msb_pip.py ARGS` by the %pip magic below, for --user and for what must see the user's site (uninstall,
+# list, freeze, show). It is pip as a Python without a venv runs it: a venv that hides the system's site-packages
+# makes Python leave the user site off sys.path, so pip refuses --user there; these kernels put it on sys.path
+# themselves (PYTHON_USER_PACKAGES), so pip may install there and upgrade and uninstall what is there.
+PYTHON_PIP_RUNNER = r"""
+import os, runpy, site, sys, sysconfig
+
+NO_VOLUME = (
+    "pip install --user: the packages you keep live in your own directory of the gateway's shared volume, and this "
+    "kernel has none: its operator enables it with MSB_SHARED_VOLUME_PATH (see docs/teams.md, \"Your own packages\").\n"
+    "Without --user, `%pip install NAME` installs for this kernel only."
+)
+
+
+def main():
+    base = os.environ.get("PYTHONUSERBASE")
+    if "--user" in sys.argv[1:] and not base:
+        sys.stderr.write(NO_VOLUME + "\n")
+        return 1
+    if base:
+        try:
+            from pip._internal.utils import virtualenv
+        except ImportError:
+            sys.stderr.write("pip is not installed in this kernel's environment\n")
+            return 1
+        # Before pip imports the rest of itself: its modules take these two functions by name.
+        virtualenv.running_under_virtualenv = lambda: False
+        virtualenv.virtualenv_no_global = lambda: False
+        site.ENABLE_USER_SITE = True
+        os.environ.pop("PIP_TARGET", None)  # the kernel's own directory for a plain install; pip refuses it with --user
+        user_site = sysconfig.get_path("purelib", os.name + "_user", vars={"userbase": base})
+        site.USER_BASE, site.USER_SITE = base, user_site
+        if user_site not in sys.path:
+            packages = set(site.getsitepackages())
+            at = next((i for i, entry in enumerate(sys.path) if entry in packages), len(sys.path))
+            sys.path.insert(at, user_site)
+    sys.argv[0] = "pip"
+    runpy.run_module("pip", run_name="__main__", alter_sys=True)
+    return 0
+
+
+sys.exit(main())
+"""
+
+# Python startup: the person's own packages (PYTHONUSERBASE, set where the kernel has its person's volume) go on
+# sys.path where Python puts a user site, after the standard library and before the environment's site-packages, so
+# a package of theirs shadows the environment's. Only now, after the kernel's own imports: no package of theirs can
+# stop their kernels from starting. %pip runs pip through RUNNER where --user or the user site matters.
+PYTHON_USER_PACKAGES = """\
+def _msb_install_user_packages(runner):
+    import importlib, os, shlex, site, sys, sysconfig
+
+    user_site = None
+    base = os.environ.get("PYTHONUSERBASE")
+    if base:
+        # <base>/lib/pythonX.Y/site-packages: one per Python X.Y. Set here, not read from site: a kernel forked from a
+        # server that computed it under another environment would keep the server's.
+        user_site = sysconfig.get_path("purelib", os.name + "_user", vars={{"userbase": base}})
+        site.USER_BASE, site.USER_SITE = base, user_site
+        if user_site not in sys.path:
+            packages = set(site.getsitepackages())
+            at = next((i for i, entry in enumerate(sys.path) if entry in packages), len(sys.path))
+            sys.path.insert(at, user_site)
+            if os.path.isdir(user_site):
+                site.addsitedir(user_site)  # its .pth files, as Python's own user site has them read
+    shell = get_ipython()
+    through_runner = ("uninstall", "list", "freeze", "show")
+    python = shlex.quote(sys.executable)
+
+    def pip(line):
+        words = line.split()
+        if "--user" in words or (words and words[0] in through_runner):
+            shell.system(" ".join([python, shlex.quote(runner), line]))
+        else:
+            shell.system(" ".join([python, "-m", "pip", line]))
+        if user_site is not None:
+            sys.path_importer_cache.pop(user_site, None)  # made by this install: seen as missing until now
+        importlib.invalidate_caches()
+        if words and words[0] in ("install", "uninstall"):
+            print("Note: you may need to restart the kernel to use updated packages.")
+
+    pip.__doc__ = "pip in this kernel's environment; --user keeps a package in your own volume (msb-kernels)."
+    shell.register_magic_function(pip, "line", "pip")
+
+
+_msb_install_user_packages({runner!r})
+del _msb_install_user_packages
+"""

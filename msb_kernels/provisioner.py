@@ -40,7 +40,7 @@ from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, volume_for
+from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, user_base, volume_for
 from msb_kernels.probe import backend_for_start
 from msb_kernels.registry import SandboxRegistry, registry_of
 from msb_kernels.session_env import REQUESTED_NAMES, requested_names
@@ -302,9 +302,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                     if not alias.is_symlink():
                         alias.symlink_to(f"kernel{separator}{info[port_name]}")
         self._write_private(self.io_dir / GUEST_CONNECTION_FILE, json.dumps(info, indent=1))
-        self._write_private(
-            self.io_dir / self.template_spec.startup_file, self.template_spec.startup_code(self.flavor_spec.out_of_memory_message())
-        )
+        startup = self.template_spec.startup_code(self.flavor_spec.out_of_memory_message(), self.backend.guest_io_dir)
+        self._write_private(self.io_dir / self.template_spec.startup_file, startup)
+        for name, code in self.template_spec.helper_files().items():
+            self._write_private(self.io_dir / name, code)
 
     @staticmethod
     def _write_private(path: Path, text: str) -> None:
@@ -319,8 +320,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         argv += self.template_spec.launch_arguments(self._guest_path(self.template_spec.startup_file))
         return argv
 
-    def _guest_env(self, env: dict[str, str], argv0: str) -> dict[str, str]:
-        """A clean environment: the host's variables (tokens, keys) never reach the kernel."""
+    def _guest_env(self, env: dict[str, str], argv0: str, volume: bool = False) -> dict[str, str]:
+        """A clean environment: the host's variables (tokens, keys) never reach the kernel. volume: the kernel mounts its
+        person's volume, where their own packages are kept (PYTHONUSERBASE)."""
         cpus = str(self.flavor_spec.cpus)
         guest = {
             "PATH": f"{os.path.dirname(argv0)}:/usr/local/bin:/usr/bin:/bin",
@@ -340,6 +342,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         guest.update(self.template_spec.kernel_env(self.flavor_spec.memory_mib, self._guest_path(self.template_spec.startup_file)))
         if self.settings.shared_volume:
             guest["MSB_SHARED_VOLUME"] = self.settings.shared_volume_guest_path
+        if volume and self.template_spec.user_packages:
+            guest["PYTHONUSERBASE"] = user_base(self.settings.shared_volume_guest_path, self.environment or DEFAULT_ENVIRONMENT)
         for name in PASSED_THROUGH:
             if name in env:
                 guest[name] = env[name]
@@ -371,7 +375,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
         shared = volume_for(self.settings.shared_volume, kwargs.get("env") or {})  # its person's own directory of it
-        env = self._guest_env(kwargs.get("env") or {}, argv[0])
+        env = self._guest_env(kwargs.get("env") or {}, argv[0], volume=shared is not None)
         registry = self.sandbox_registry
         try:
             egress = await self._open_egress(env) if self.network.proxied else None

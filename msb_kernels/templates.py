@@ -81,8 +81,13 @@ class Template(abc.ABC):
         return argv
 
     @abc.abstractmethod
-    def startup_code(self, out_of_memory_message: str) -> str:
-        """What ``startup_file`` holds. Called by the provisioner before each start."""
+    def startup_code(self, out_of_memory_message: str, guest_dir: str) -> str:
+        """What ``startup_file`` holds; guest_dir: where the guest sees it and ``helper_files``. Called by the provisioner
+        before each start."""
+
+    def helper_files(self) -> dict[str, str]:
+        """Files beside ``startup_file`` that the kernel's own code runs, by name. Called by the provisioner before each start."""
+        return {}
 
     def launch_arguments(self, startup_path: str) -> list[str]:
         """Arguments added to the kernelspec's argv at each start: the startup file, and settings that suit a sandbox.
@@ -126,6 +131,7 @@ class Template(abc.ABC):
         """
 
 
+PIP_RUNNER_FILE = "msb_pip.py"  # pip for a person's own packages (kernel_code.PYTHON_PIP_RUNNER)
 IN_MEMORY_HISTORY = ":memory:"  # sqlite's name for a database in memory, which IPython's HistoryManager accepts
 
 
@@ -143,8 +149,17 @@ class PythonTemplate(Template):
                 return [*argv[:at], "-c", launcher, *argv[at + 2 :]]
         return argv
 
-    def startup_code(self, out_of_memory_message: str) -> str:
-        return kernel_code.PYTHON_MEMORY_HINT.format(message=out_of_memory_message) + "\n\n" + kernel_code.PYTHON_QUICK_FLUSH
+    def startup_code(self, out_of_memory_message: str, guest_dir: str) -> str:
+        return "\n\n".join(
+            [
+                kernel_code.PYTHON_MEMORY_HINT.format(message=out_of_memory_message),
+                kernel_code.PYTHON_QUICK_FLUSH,
+                kernel_code.PYTHON_USER_PACKAGES.format(runner=f"{guest_dir}/{PIP_RUNNER_FILE}"),
+            ]
+        )
+
+    def helper_files(self) -> dict[str, str]:
+        return {PIP_RUNNER_FILE: kernel_code.PYTHON_PIP_RUNNER}
 
     def launch_arguments(self, startup_path: str) -> list[str]:
         # IPython's history database would live in the sandbox's home, which goes with the sandbox (a restart gets a
@@ -199,7 +214,7 @@ class NodeTemplate(Template):
             return "tslab is not installed; run `msb-kernels install` (it installs tslab with npm)"
         return None
 
-    def startup_code(self, out_of_memory_message: str) -> str:
+    def startup_code(self, out_of_memory_message: str, guest_dir: str) -> str:
         return kernel_code.NODE_ROUTER_HANDOVER
 
     def kernel_env(self, memory_mib: int, startup_path: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from msb_kernels.identity.people import Person
 
 VOLUME_OWNER_ENV = "MSB_VOLUME_OWNER"  # a start request's, set by the gateway only; never the kernel's
+USER_PACKAGES_DIR = ".python"  # in a kernel's volume: the packages its person installs with `pip install --user`
 
 
 def has_own_directory(person: Person | None) -> bool:
@@ -44,3 +45,11 @@ def volume_for(root: Path | None, env: dict[str, str]) -> Path | None:
         if os.geteuid() == 0:
             os.chown(own, st.st_uid, st.st_gid)
     return own
+
+
+def user_base(guest_volume: str, environment: str) -> str:
+    """PYTHONUSERBASE of a kernel of environment whose volume the guest sees at guest_volume: where `pip install --user`
+    puts a package, kept with the person's files. One per environment, since a package built against one
+    environment's packages need not work with another's; Python's own layout below it (lib/pythonX.Y/site-packages)
+    keeps each Python X.Y apart, so an environment's new Python never loads wheels built for the old one."""
+    return f"{guest_volume.rstrip('/')}/{USER_PACKAGES_DIR}/{environment}"

@@ -7,6 +7,12 @@ The one definition for the namespace and gVisor wings. No imports at all: the na
 
 SANDBOX_USER = "sandbox"
 SANDBOX_HOME = "/home/sandbox"
+# A plain `%pip install` in a kernel whose environment is read-only: into the sandbox's home, on sys.path from the start
+# so that it imports at once; it lasts as long as the sandbox. (`--user` goes to the person's volume instead:
+# msb_kernels/identity/volumes.py.) No progress bar: pip draws it on the pty that IPython runs it in, and under gVisor
+# a bar of several packages never finished (`%pip install a b c` hung until interrupted).
+USER_PACKAGES = f"{SANDBOX_HOME}/.local/site-packages"
+PIP_ENV = {"PIP_TARGET": USER_PACKAGES, "PYTHONPATH": USER_PACKAGES, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_PROGRESS_BAR": "off"}
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Only what programs need from /etc; passwd, group, hosts and hostname are generated.
 ETC_ENTRIES = (

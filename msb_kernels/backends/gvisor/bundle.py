@@ -15,7 +15,7 @@ from pathlib import Path
 import msb_kernels.backends.gvisor.netstack as netstack
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import SandboxSpec
-from msb_kernels.backends.core.guest import ETC_ENTRIES, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
+from msb_kernels.backends.core.guest import ETC_ENTRIES, PIP_ENV, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.egress.route import relay_source
 from msb_kernels.flavors import Flavor
 from msb_kernels.templates import TEMPLATES
@@ -34,7 +34,6 @@ PROCESS_ROOM_SHARE = 0.8  # of the host memory limit: the process limit bites wh
 RESTORE_TIMEOUT = 120  # seconds for runsc restore to bring a hibernated kernel back, a large one from a slow disk
 HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
 SENTRY_THREADS = 512
-USER_PACKAGES = f"{SANDBOX_HOME}/.local/site-packages"
 KEY_HINT = "keep MSB_HIBERNATE_KEY_FILE as it was when the kernel hibernated; a kernel whose image cannot be read is lost"
 INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), or see https://gvisor.dev/docs/user_guide/install/"
 
@@ -145,7 +144,7 @@ def write_bundle(spec: SandboxSpec, state_dir: Path, cgroup_path: str | None, po
         relays.append({"socket": spec.egress.socket, "bind": spec.egress.listeners, "user": 1000})
     env = dict(spec.env)
     if template.user_packages:
-        env.update(PIP_TARGET=USER_PACKAGES, PYTHONPATH=USER_PACKAGES, PIP_DISABLE_PIP_VERSION_CHECK="1")
+        env.update(PIP_ENV)
     processes = process_limit(spec.flavor, spec.max_processes)
     rlimits = [{"type": "RLIMIT_NPROC", "hard": processes, "soft": processes}, {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
     if template.data_limit_caps_memory:

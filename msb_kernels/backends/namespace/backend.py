@@ -38,6 +38,7 @@ from msb_kernels.backends.core.base import (
     SandboxRecord,
     SandboxSpec,
 )
+from msb_kernels.backends.core.guest import PIP_ENV, USER_PACKAGES
 from msb_kernels.backends.core.ports import HostListeners, host_ports
 from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
@@ -60,7 +61,6 @@ from msb_kernels.templates import TEMPLATES
 log = logging.getLogger("msb_kernels")
 
 LAUNCH_TIMEOUT = 30.0
-USER_PACKAGES = "/home/sandbox/.local/site-packages"
 LAUNCHER = str(Path(__file__).resolve().with_name("init_program.py"))
 
 _PROBE = """
@@ -388,9 +388,8 @@ class NamespaceBackend(SandboxBackend):
 
 
 def _with_user_packages(spec: SandboxSpec) -> dict[str, str]:
-    """The kernel's Python environment is read-only here, so `%pip install` goes to the sandbox's home
-    and is importable at once; it lasts as long as the kernel."""
-    return {**spec.env, "PIP_TARGET": USER_PACKAGES, "PYTHONPATH": USER_PACKAGES, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    """The kernel's Python environment is read-only here, so `%pip install` goes to the sandbox's home (PIP_ENV)."""
+    return {**spec.env, **PIP_ENV}
 
 
 def limits_warning(note: str) -> str:

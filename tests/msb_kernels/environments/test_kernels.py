@@ -19,10 +19,11 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.conftest import TEST_BASE
 from tests.kernel_helpers import execute
 from tests.mcp_bridge.conftest import child_env
 from tests.msb_kernels.environments.conftest import EnvHost
-from tests.msb_kernels.environments.wheels import PROBE_VALUE
+from tests.msb_kernels.environments.wheels import PROBE_VALUE, package_wheel
 from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway, wait_until
 from tests.skips import needs_runsc
 
@@ -137,6 +138,26 @@ def elsewhere(wheels):
     shutil.rmtree(conda, ignore_errors=True)
     shutil.rmtree(home, ignore_errors=True)
     (conda.parent / f"msbt-secret-{token}").unlink(missing_ok=True)
+
+
+async def test_a_user_install_is_kept_per_environment(probe_env, start_kernel, monkeypatch):
+    """`%pip install --user` in a default kernel lands in /shared/.python/default; a kernel of probe, another
+    environment, reads /shared/.python/probe and does not import it (docs/teams.md, "Your own packages")."""
+    volume = TEST_BASE / f"env-user-{uuid.uuid4().hex[:8]}"
+    volume.mkdir()
+    volume.chmod(0o777)  # the sandbox user is not the host user
+    wheel = package_wheel(volume, "msbuserpkg", "1.0", {"msbuserpkg/__init__.py": "VALUE = 'kept'\n"})
+    wheel.chmod(0o644)
+    monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(volume))
+    monkeypatch.setenv("MSB_ENVIRONMENTS_DIR", str(probe_env.directory))
+    _, default = await start_kernel("msb-python-small")
+    installed = await execute(default, f"%pip install --user --no-index /shared/{wheel.name}")
+    assert "Successfully installed msbuserpkg-1.0" in installed.stdout, installed.stdout + installed.stderr
+    assert (await execute(default, "import msbuserpkg; msbuserpkg.__file__")).value.startswith("/shared/.python/default/lib/python3.")
+    _, probe = await start_kernel("msb-probe-python-small")
+    assert (await execute(probe, "import os; os.environ['PYTHONUSERBASE']")).value == "/shared/.python/probe"
+    missing = await execute(probe, "import msbuserpkg")
+    assert missing.error is not None and missing.error["ename"] == "ModuleNotFoundError", missing.messages
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

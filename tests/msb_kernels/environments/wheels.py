@@ -29,17 +29,20 @@ def _write_wheel(path: Path, files: dict[str, bytes], dist_info: str) -> None:
         wheel.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
 
 
-def probe_wheel(directory: Path) -> Path:
-    """msbenvprobe 1.0: one module with a constant, zipped by hand as a pure-Python wheel."""
-    dist_info = f"{PROBE_PACKAGE}-1.0.dist-info"
-    files = {
-        f"{PROBE_PACKAGE}/__init__.py": f"VALUE = {PROBE_VALUE!r}\n".encode(),
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {PROBE_PACKAGE}\nVersion: 1.0\n".encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: msb-kernels-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    path = directory / f"{PROBE_PACKAGE}-1.0-py3-none-any.whl"
+def package_wheel(directory: Path, name: str, version: str, modules: dict[str, str]) -> Path:
+    """A pure-Python wheel of name, zipped by hand: modules maps each file's path in the wheel to its source."""
+    dist_info = f"{name}-{version}.dist-info"
+    files = {path: source.encode() for path, source in modules.items()}
+    files[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: msb-kernels-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
     _write_wheel(path, files, dist_info)
     return path
+
+
+def probe_wheel(directory: Path) -> Path:
+    """msbenvprobe 1.0: one module with a constant."""
+    return package_wheel(directory, PROBE_PACKAGE, "1.0", {f"{PROBE_PACKAGE}/__init__.py": f"VALUE = {PROBE_VALUE!r}\n"})
 
 
 def closure(root: str) -> list[metadata.Distribution]:

@@ -247,6 +247,17 @@ async def mcp_client(server: HttpServer, token: str | None = None) -> AsyncItera
             yield client
 
 
+def add_user(users_file: Path, name: str, admin: bool = False) -> str:
+    """`msb-kernels users add`, as an operator runs it; returns the token it prints once."""
+    out = subprocess.run(
+        [str(VENV_BIN / "msb-kernels"), "users", "add", name, "--file", str(users_file), *(["--admin"] if admin else [])],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.splitlines()[0].rsplit(": ", 1)[1]
+
+
 @pytest.fixture
 async def gateway_factory() -> AsyncIterator[Callable]:
     """Start `msb-kernels serve` processes; each is stopped (SIGKILL if it hangs) at the end of the test."""

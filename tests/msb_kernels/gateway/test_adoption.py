@@ -315,7 +315,7 @@ def test_a_kernel_record_round_trips_through_its_adoption_record_owner_included(
 async def test_an_adopted_kernel_keeps_its_owner(tmp_path):
     """The adoption record carries each kernel's owner; the next gateway restores it into the kernel's record (and
     writes it back from there), so after a crash and an adoption each person still sees only their own kernel."""
-    from tests.msb_kernels.gateway.test_people import add_user
+    from tests.msb_kernels.gateway.conftest import add_user
 
     users = tmp_path / "users.json"
     tokens = {name: add_user(users, name) for name in ("alice", "bob")}

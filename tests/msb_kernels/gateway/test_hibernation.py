@@ -183,7 +183,7 @@ async def test_a_host_holds_more_sessions_than_its_memory_and_a_wake_makes_room(
     """Capacity for one small kernel awake: bob's session starts once alice's sleeps, and her wake puts his, idle but
     not yet asleep, to sleep to make room (another person's kernel, put to sleep by the system). Both keep their
     state and their owner, and neither person ever sees the other's."""
-    from tests.msb_kernels.gateway.test_people import add_user
+    from tests.msb_kernels.gateway.conftest import add_user
 
     users = tmp_path / "users.json"
     tokens = {name: add_user(users, name, admin=name == "ops") for name in ("alice", "bob", "ops")}

@@ -20,20 +20,9 @@ from mcp import Client
 from tornado.httpclient import HTTPClientError
 
 from tests.conftest import TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, launch_gateway, mcp_client, wait_until
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, launch_gateway, mcp_client, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def add_user(users_file: Path, name: str, admin: bool = False) -> str:
-    """`msb-kernels users add`, as an operator runs it; returns the token it prints once."""
-    out = subprocess.run(
-        [str(VENV_BIN / "msb-kernels"), "users", "add", name, "--file", str(users_file), *(["--admin"] if admin else [])],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.splitlines()[0].rsplit(": ", 1)[1]
 
 
 class Team:
