@@ -36,6 +36,7 @@ if str(REPO) not in sys.path:  # run as a script: the harness imports itself as 
 
 from bench.environment import VENV_BIN, isolate, machine, settle  # noqa: E402
 from bench.kernels import execute_rtt, start_kernel, stop_kernel  # noqa: E402
+from bench.report import replace_section  # noqa: E402
 from bench.servers import KernelSocket, Server, free_port  # noqa: E402
 from bench.starts import forked  # noqa: E402
 from bench.stats import summary  # noqa: E402
@@ -151,7 +152,6 @@ def write_section(results: dict, command: str, path: Path = RESULTS_FILE) -> Non
     """Replace (or add) this bench's section of RESULTS.md; bench/run.py keeps it when it rewrites the rest."""
     m = results["machine"]
     section = [
-        SECTION,
         "",
         f"Written by `{command}` ({results['runtime_seconds'] / 60:.1f} minutes, n={results['n']} each) on {m['cpus']} CPUs "
         f"({m['cpu_model']}), {m['user']}, namespace backend, ipykernel {m['ipykernel']}. Forked from a fork server: "
@@ -162,10 +162,7 @@ def write_section(results: dict, command: str, path: Path = RESULTS_FILE) -> Non
         "",
         *table(results),
     ]
-    text = path.read_text() if path.exists() else ""
-    head, found, rest = text.partition(SECTION)
-    after = rest.split("\n## ", 1)[1] if found and "\n## " in rest else ""
-    path.write_text(head.rstrip("\n") + "\n\n" + "\n".join(section) + "\n" + (f"\n## {after}" if after else ""))
+    replace_section(path, SECTION, section)
 
 
 def main(argv: list[str] | None = None) -> None:
