@@ -17,6 +17,12 @@ from tests.skips import needs_runsc
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def own_verdict_cache(tmp_path, monkeypatch):
+    """Passes these probes keep (msb_kernels.probe_verdicts) go to the test's own cache, not the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 def doctor(**env: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
 
