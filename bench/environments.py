@@ -152,6 +152,7 @@ def write_section(results: dict, command: str, path: Path = RESULTS_FILE) -> Non
     """Replace (or add) this bench's section of RESULTS.md; bench/run.py keeps it when it rewrites the rest."""
     m = results["machine"]
     section = [
+        "",
         f"Written by `{command}` ({results['runtime_seconds'] / 60:.1f} minutes, n={results['n']} each) on {m['cpus']} CPUs "
         f"({m['cpu_model']}), {m['user']}, namespace backend, ipykernel {m['ipykernel']}. Forked from a fork server: "
         f"{SECOND} {yes_no(results['cold'][SECOND])}, {DEFAULT} {yes_no(results['cold'][DEFAULT])}. An "

@@ -401,6 +401,15 @@ def write_results_file(results: dict, path: Path, command: str) -> None:
     path.write_text("\n".join(lines) + "\n" + (f"\n{kept}" if kept else ""))
 
 
+def replace_section(path: Path, heading: str, lines: list[str]) -> None:
+    """Replace (or add) one bench's section of RESULTS.md, from its "## " heading to the next; bench/run.py keeps
+    it when it rewrites its own table (sections_of_other_benches)."""
+    text = path.read_text() if path.exists() else ""
+    head, found, rest = text.partition(heading)
+    after = rest.split("\n## ", 1)[1] if found and "\n## " in rest else ""
+    path.write_text(head.rstrip("\n") + "\n\n" + "\n".join([heading, *lines]) + "\n" + (f"\n## {after}" if after else ""))
+
+
 def sections_of_other_benches(path: Path) -> str:
     """What follows this file's own table and targets: sections other benches recorded (## headings after
     "## Targets", such as bench/auth.py's), kept as they are when a full run rewrites the rest."""

@@ -3,6 +3,7 @@ pool's hand-out through the gateway service.
 
     .venv/bin/python bench/swarm.py            # as root: private engines, a two-node swarm (tests/engines.py)
     .venv/bin/python bench/swarm.py -n 20 --rtt 200
+    flock -x /tmp/heavy.lock timeout 1800 .venv/bin/python bench/swarm.py --fit 40   # services per node that fit
 
 The swarm, its images and the stack are made as the tests make them (tests/msb_kernels/backends/cluster/): two
 private dockerds in network namespaces, `msb-kernels image build`, `docker stack deploy`. The kernels are measured
@@ -59,6 +60,49 @@ async def inside(rounds: int, rtts: int) -> dict:
     return {"cold_start": {k: summary(v) for k, v in starts.items()}, "one_plus_one": {k: summary(v) for k, v in round_trips.items()}}
 
 
+async def fit(cap: int) -> dict:
+    """On the overlay: small swarm kernels started one after another and left idle, until a start fails or cap;
+    the services each node runs then, what each node offers, and why the count stopped."""
+    from collections import Counter
+
+    import docker
+
+    from bench.environment import isolate
+    from bench.kernels import start_kernel, stop_kernel
+
+    isolate(Path(tempfile.mkdtemp(prefix="msb-swarm-fit-", dir="/tmp")), max_sessions=cap + 5, backend="swarm")
+    client = docker.from_env()
+    nodes = {node.id: node.attrs["Description"] for node in client.nodes.list()}
+    kernels, stop, seconds = [], f"the cap of {cap} kernels", []
+    try:
+        while len(kernels) < cap:
+            try:
+                elapsed, km, kc = await start_kernel("msb-python-small")
+            except Exception as exc:  # the finding: where and why the swarm stops taking kernels
+                stop = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+                break
+            kernels.append((km, kc))
+            seconds.append(elapsed)
+        running = Counter(
+            nodes[task["NodeID"]]["Hostname"]
+            for service in client.services.list()
+            for task in service.tasks(filters={"desired-state": "running"})
+            if task["Status"]["State"] == "running"
+        )
+    finally:
+        await asyncio.gather(*(stop_kernel(km, kc) for km, kc in kernels), return_exceptions=True)
+    return {
+        "kernels": len(kernels),
+        "stopped_by": stop,
+        "per_node": dict(running),
+        "nodes": {
+            d["Hostname"]: {"cpus": d["Resources"]["NanoCPUs"] / 1e9, "memory_gib": round(d["Resources"]["MemoryBytes"] / 2**30, 1)}
+            for d in nodes.values()
+        },
+        "start_median_s": round(sorted(seconds)[len(seconds) // 2], 2) if seconds else None,
+    }
+
+
 async def pool_hand_out(gateway_url: str, token: str, rounds: int) -> dict:
     import httpx
 
@@ -81,8 +125,9 @@ async def pool_hand_out(gateway_url: str, token: str, rounds: int) -> dict:
     return {"pool_hand_out": summary(hand_outs), "cold_start_through_the_gateway": summary(cold)}
 
 
-def outside(rounds: int, rtts: int) -> dict:
-    """The swarm, the images, the measurements on the overlay, then the stack and its pool."""
+def outside(rounds: int, rtts: int, fit_cap: int = 0) -> dict:
+    """The swarm, the images, the measurements on the overlay, then the stack and its pool (with fit_cap: only how
+    many kernels fit, on the overlay)."""
     from tests.engines import TwoNodeSwarm
     from tests.msb_kernels.backends.cluster.conftest import KERNEL_IMAGE, NETWORK, built_archive
 
@@ -99,12 +144,15 @@ def outside(rounds: int, rtts: int) -> dict:
         try:
             anchor.reload()
             command = ["nsenter", f"--net=/proc/{anchor.attrs['State']['Pid']}/ns/net", sys.executable, __file__, "--inside"]
-            done = subprocess.run([*command, "-n", str(rounds), "--rtt", str(rtts)], capture_output=True, text=True, env=env, cwd=REPO)
+            options = ["--fit", str(fit_cap)] if fit_cap else ["-n", str(rounds), "--rtt", str(rtts)]
+            done = subprocess.run([*command, *options], capture_output=True, text=True, env=env, cwd=REPO)
             if done.returncode != 0:
                 raise SystemExit(f"the measurement on the overlay failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             figures = json.loads(done.stdout.strip().splitlines()[-1])
         finally:
             anchor.remove(force=True)
+        if fit_cap:
+            return figures
         token, port = secrets.token_hex(16), 18765
         subprocess.run(
             ["/usr/bin/docker", "-H", swarm.manager.url, "secret", "create", "msb-token", "-"], input=token, text=True, env=env, check=True
@@ -170,14 +218,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=10, help="measured rounds of starts (and of pool hand-outs)")
     parser.add_argument("--rtt", type=int, default=100, help="`1+1` round trips per kind")
+    parser.add_argument("--fit", type=int, default=0, metavar="CAP", help="only: start small kernels until one fails or CAP")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
-        print(json.dumps(asyncio.run(inside(args.n, args.rtt))))
+        print(json.dumps(asyncio.run(fit(args.fit) if args.fit else inside(args.n, args.rtt))))
         return
     if os.geteuid() != 0:
         raise SystemExit("bench/swarm.py starts private Docker engines: run it as root")
-    figures = outside(args.n, args.rtt)
+    figures = outside(args.n, args.rtt, args.fit)
+    if args.fit:
+        print(json.dumps(figures, indent=1))
+        return
     print(report(figures))
     print(json.dumps(figures, indent=1))
 

@@ -7,8 +7,11 @@ the kernelspec names, before the first real start of that interpreter in this pr
 whose probe fails is never picked in this process; auto falls back to the next and logs why, once.
 
 Results are kept per (backend, interpreter) for the process's life: a gateway pays once, at start
-(its warm pool's first start, or its own warm-up), never per kernel. `msb-kernels doctor` runs the
-same probe on every backend the host allows, and prints what it found.
+(its warm pool's first start, or its own warm-up), never per kernel. A pass is also kept on disk
+(msb_kernels.probe_verdicts), keyed by all that decides it, so a batch of short processes (papermill,
+nbclient) pays it once, not per run. A start that fails in a backend distrusts its pass, here and on
+disk (``distrust``): the next start proves the backend again. `msb-kernels doctor` runs the same probe
+on every backend the host allows, always afresh, prints what it found and keeps or drops the pass.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from msb_kernels import registry
+from msb_kernels import probe_verdicts, registry
 from msb_kernels.backends import SandboxBackend, choose_backend, get_backend
-from msb_kernels.config import MsbSettings
+from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import ConfigError
 from msb_kernels.templates import TEMPLATES
 
@@ -49,11 +52,13 @@ class StartProbe:
     seconds: float
     error: str | None = None
     stderr_tail: list[str] = field(default_factory=list)
+    kept_in: str | None = None  # a pass read from disk (probe_verdicts), not proven in this process
 
     def summary(self) -> str:
         """One line for doctor and the log."""
         if self.ok:
-            return f"a kernel from {self.interpreter} started and answered 1+1 in {self.seconds:.2f} s"
+            kept = f" (kept in {self.kept_in})" if self.kept_in else ""
+            return f"a kernel from {self.interpreter} started and answered 1+1 in {self.seconds:.2f} s{kept}"
         return f"a kernel from {self.interpreter} could not start: {self.error}"
 
 
@@ -67,7 +72,9 @@ def failed_backends(interpreter: str) -> dict[str, str]:
 
 
 async def probe(backend: str, argv: list[str], template: str = "python", settings: MsbSettings | None = None) -> StartProbe:
-    """The probe of backend for the interpreter argv[0], run once per process (concurrent callers share it)."""
+    """The probe of backend for the interpreter argv[0], run once per process (concurrent callers share it).
+
+    Never reads a verdict kept on disk (doctor's answer is its own start); keeps a pass there, drops a failure's."""
     key = (backend, argv[0])
     if key in _results:
         return _results[key]
@@ -80,7 +87,11 @@ async def probe(backend: str, argv: list[str], template: str = "python", setting
         if task.done():
             _running.pop(key, None)
     _results[key] = result
-    if not result.ok:
+    verdict_key = probe_verdicts.key_for(backend, argv, template, settings or load_settings())
+    if result.ok:
+        probe_verdicts.save(verdict_key, result.seconds)
+    else:
+        probe_verdicts.drop(verdict_key)
         tail = " | ".join(result.stderr_tail[-5:])
         log.warning(
             "msb-kernels: the %s backend failed its start probe: %s%s",
@@ -100,8 +111,36 @@ async def backend_for_start(settings: MsbSettings, argv: list[str], template: st
     while True:
         failed = failed_backends(argv[0])
         name, _ = choose_backend("auto", skip=failed)
-        if (await probe(name, argv, template, settings)).ok:
+        if (await _kept(name, argv, template, settings) or await probe(name, argv, template, settings)).ok:
             return get_backend(settings, name)
+
+
+async def _kept(backend: str, argv: list[str], template: str, settings: MsbSettings) -> StartProbe | None:
+    """This process's result, else a pass kept on disk by an earlier process; None: probe."""
+    key = (backend, argv[0])
+    if key in _results:
+        return _results[key]
+    verdict_key = probe_verdicts.key_for(backend, argv, template, settings)
+    verdict = probe_verdicts.load(verdict_key)
+    if verdict is None:
+        return None
+    path = probe_verdicts.path_for(verdict_key)
+    log.info("msb-kernels: the %s backend passed its start probe for %s before (kept in %s): not probed again", backend, argv[0], path)
+    _results[key] = StartProbe(backend, argv[0], True, float(verdict.get("seconds") or 0), kept_in=str(path))
+    return _results[key]
+
+
+def distrust(backend: str, argv: list[str], template: str, settings: MsbSettings) -> None:
+    """A kernel failed to start in backend: forget its pass, here and on disk, so the next start proves it again."""
+    known = _results.pop((backend, argv[0]), None)
+    dropped = probe_verdicts.drop(probe_verdicts.key_for(backend, argv, template, settings))
+    if (known is not None and known.ok) or dropped:
+        log.warning(
+            "msb-kernels: a kernel from %s failed to start in the %s backend, which had passed its start probe; "
+            "the next start probes it again",
+            argv[0],
+            backend,
+        )
 
 
 async def _start_once(backend: str, argv: list[str], template: str, settings: MsbSettings | None) -> StartProbe:
@@ -111,6 +150,7 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
     from msb_kernels.kernelspecs import kernelspec
 
     started = time.monotonic()
+    log.info("msb-kernels: start probe of the %s backend: a small kernel from %s", backend, argv[0])
     choice = KernelChoice(TEMPLATES[template], FLAVORS["small"])
     config = Config({"MsbSettings": {"backend": backend}})
     if settings is not None and settings.runtime_dir:

@@ -38,10 +38,10 @@ from msb_kernels.compat import curve_capable, kernel_supports_curve, send_interr
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
 from msb_kernels.egress.route import EgressRoute
-from msb_kernels.errors import InvalidRequest, SandboxError
+from msb_kernels.errors import ConfigError, InvalidRequest, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, user_base, volume_for
-from msb_kernels.probe import backend_for_start
+from msb_kernels.probe import backend_for_start, distrust
 from msb_kernels.registry import SandboxRegistry, registry_of
 from msb_kernels.session_env import REQUESTED_NAMES, requested_names
 from msb_kernels.templates import Template, get_template
@@ -421,13 +421,17 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 registry.live_sandboxes[self.kernel_id] = self.sandbox
                 self._connect_at(self.sandbox.address)
                 await self._egress_at(self.sandbox.address)
-                await self._until_listening(self.sandbox)
-        except BaseException:
+                running = await self._until_listening(self.sandbox)
+        except BaseException as exc:
+            if isinstance(exc, Exception) and not isinstance(exc, (ConfigError, InvalidRequest, ResourceLimitExceeded)):
+                self._distrust_backend()
             if self.sandbox is not None:  # cancelled while the kernel imported: nobody would ever stop this sandbox
                 await asyncio.shield(self.cleanup(restart=False))
             else:
                 self._forget_failed_start(remove_dir=True)
             raise
+        if not running:  # gone before its kernel listened: jupyter_client reports it dead
+            self._distrust_backend()
         log.info(
             "kernel %s started in a %s sandbox (%s, %d CPU, %d MiB)",
             self.kernel_id,
@@ -437,6 +441,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             self.flavor_spec.memory_mib,
         )
         return self.connection_info
+
+    def _distrust_backend(self) -> None:
+        """This start failed in its backend: whatever start probe passed for it is proven again (msb_kernels.probe)."""
+        if self.kernel_id not in self.sandbox_registry.probe_kernel_ids:  # a probe's own failure is its verdict
+            distrust(self.backend.name, self.parent.kernel_spec.argv, self.template_spec.name, self.settings)
 
     def _connect_at(self, address: str | None) -> None:
         """A kernel reached at its own address (a cluster's task): jupyter_client rewrites the connection file from this."""
@@ -464,8 +473,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         manager = getattr(self.parent, "parent", None)
         return float(getattr(manager, "adopt_grace_seconds", 0) or 0)
 
-    async def _until_listening(self, sandbox: Sandbox) -> None:
-        """Keep the start's turn until the kernel has bound its shell socket: past its imports, the CPU a start costs."""
+    async def _until_listening(self, sandbox: Sandbox) -> bool:
+        """Keep the start's turn until the kernel has bound its shell socket: past its imports, the CPU a start costs.
+        False: the sandbox ended first."""
         port = self.connection_info["shell_port"]
         if self.backend.transport == "ipc":
             shell = self.io_dir / f"kernel-{port}"
@@ -473,8 +483,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         else:
             listening = functools.partial(sandbox.kernel_listening, port)
         deadline = time.monotonic() + LISTEN_WAIT_SECONDS
-        while not listening() and time.monotonic() < deadline and await sandbox.poll() is None:
+        while not listening() and time.monotonic() < deadline:
+            if await sandbox.poll() is not None:
+                return False
             await asyncio.sleep(0.002)  # a forked kernel binds within some 50 ms: a coarser step would add to every start
+        return True
 
     async def cleanup(self, restart: bool = False) -> None:
         if self.sandbox is not None:

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import nbformat
 import pytest
@@ -16,6 +15,12 @@ from tests.conftest import VENV_BIN
 from tests.skips import needs_runsc
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def own_verdict_cache(tmp_path, monkeypatch):
+    """Passes these probes keep (msb_kernels.probe_verdicts) go to the test's own cache, not the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def doctor(**env: str) -> subprocess.CompletedProcess:
@@ -46,25 +51,6 @@ async def test_the_probe_runs_once_per_backend_and_interpreter_and_never_counts_
     finally:
         registry.default().session_kernel_ids.discard("someone-elses-session")
         probe.forget()
-
-
-@pytest.fixture
-def broken_runsc(tmp_path):
-    """runsc as a host can have it broken: it answers --version, but its every sandbox fails to start
-    (here: a platform this build does not have, as a wrong runsc.toml or --platform would give)."""
-    runsc = subprocess.run(["sh", "-c", "command -v runsc"], capture_output=True, text=True).stdout.strip()
-    wrapper = tmp_path / "bin" / "runsc"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        textwrap.dedent(f"""\
-        #!/bin/sh
-        [ "$1" = --version ] && exec {runsc} "$@"
-        exec {runsc} --platform=no-such-platform "$@"
-        """)
-    )
-    wrapper.chmod(0o755)
-    os.chmod(tmp_path, 0o755)
-    return {"PATH": f"{wrapper.parent}:{os.environ['PATH']}", "MSB_BACKEND": "auto"}
 
 
 @needs_runsc

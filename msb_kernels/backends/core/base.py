@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.errors import ConfigError, HibernationRefused, SandboxError
@@ -233,6 +233,12 @@ class SandboxBackend(abc.ABC):
         """Whether this backend can run here; the reason says why not, or what is degraded.
 
         Called by choose_backend (MSB_BACKEND) and `msb-kernels doctor`; must be quick and safe to repeat."""
+
+    @classmethod
+    def start_identity(cls) -> dict[str, Any]:
+        """What besides availability's reason tells this backend's runtime replaced: its binary's file (see
+        msb_kernels.probe_verdicts.file_identity). Part of the key a start probe's verdict is kept under on disk."""
+        return {}
 
     @classmethod
     def doctor_lines(cls, settings: MsbSettings) -> list[str]:

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
@@ -143,6 +144,13 @@ class GVisorBackend(SandboxBackend):
         if cls._availability is None:
             cls._availability = cls._probe()
         return cls._availability
+
+    @classmethod
+    def start_identity(cls) -> dict[str, Any]:
+        # --version is in availability's reason; a wrapper or a rebuilt binary with the same version is not
+        from msb_kernels.probe_verdicts import file_identity
+
+        return {"runsc": file_identity(runsc_path())}
 
     @classmethod
     def _probe(cls) -> Availability:

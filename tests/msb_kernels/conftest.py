@@ -1,0 +1,53 @@
+"""Fixtures shared by the tests of msb_kernels' own modules."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class RunscWrapper:
+    """runsc as a host can have it break: it answers --version as the real one does, but while ``broken`` exists
+    its every sandbox fails to start (a platform this build does not have, as a wrong runsc.toml would give)."""
+
+    bin_dir: Path
+    broken: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": f"{self.bin_dir}:{os.environ['PATH']}", "MSB_BACKEND": "auto"}
+
+    def break_it(self) -> None:
+        self.broken.touch()
+
+
+@pytest.fixture
+def runsc_wrapper(tmp_path) -> RunscWrapper:
+    runsc = shutil.which("runsc") or "/usr/bin/runsc"
+    wrapper = RunscWrapper(tmp_path / "bin", tmp_path / "runsc-broken")
+    wrapper.bin_dir.mkdir()
+    script = wrapper.bin_dir / "runsc"
+    script.write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        [ "$1" = --version ] && exec {runsc} "$@"
+        [ -e {wrapper.broken} ] && exec {runsc} --platform=no-such-platform "$@"
+        exec {runsc} "$@"
+        """)
+    )
+    script.chmod(0o755)
+    os.chmod(tmp_path, 0o755)
+    return wrapper
+
+
+@pytest.fixture
+def broken_runsc(runsc_wrapper) -> dict[str, str]:
+    """The environment of a process whose runsc cannot start a sandbox."""
+    runsc_wrapper.break_it()
+    return runsc_wrapper.env
