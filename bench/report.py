@@ -419,11 +419,3 @@ def sections_of_other_benches(path: Path) -> str:
     targets = text.find("\n## Targets\n")
     following = text.find("\n## ", targets + 1) if targets >= 0 else -1
     return text[following + 1 :].rstrip() + "\n" if following >= 0 else ""
-
-
-def replace_section(path: Path, heading: str, lines: list[str]) -> None:
-    """Replace (or add at the end) one bench's "## heading" section of RESULTS.md, the others kept as they are."""
-    text = path.read_text() if path.exists() else ""
-    head, found, rest = text.partition(heading)
-    after = rest.split("\n## ", 1)[1] if found and "\n## " in rest else ""
-    path.write_text(head.rstrip("\n") + "\n\n" + "\n".join([heading, "", *lines]) + "\n" + (f"\n## {after}" if after else ""))

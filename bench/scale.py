@@ -508,6 +508,7 @@ def ratio_rows(levels: list[dict]) -> list[str]:
 def section_lines(results: dict, command: str) -> list[str]:
     m = results["machine"]
     lines = [
+        "",
         f"Written by `{command}` ({results['runtime_seconds'] / 60:.1f} minutes) on {m['cpus']} CPUs ({m['cpu_model']}), "
         f"{m['memory_mib']} MiB, {m['user']}, namespace backend, small flavor, no pool. Each level keeps the sessions of "
         "the one before; half were started with POST /api/kernels, half with MCP `start_session`, "
