@@ -26,7 +26,7 @@ from tornado.ioloop import PeriodicCallback
 
 from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
-from msb_kernels.compat import kernels_of, utcnow
+from msb_kernels.compat import kernels_of, pending_starts_of, utcnow
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.records import last_activity_of, sandbox_of
 from msb_kernels.identity.people import acting_as, may_see
@@ -111,6 +111,13 @@ class HibernationMixin:
         record = self.records.get(kernel_id)
         return record.hibernation_lock if record is not None else asyncio.Lock()  # no record: a kernel on its way out
 
+    def _at_rest(self, kernel_id: str, km: Any) -> bool:
+        """Idle, or started and never asked anything: jupyter_server says "starting" until the kernel's first status
+        message, which comes with the first request, so a kernel started over REST that no client has reached yet
+        would never sleep (bench/fit.py: none of 23 did in 70 s). One still being started is not at rest."""
+        state = getattr(km, "execution_state", None)
+        return state == "idle" or (state == "starting" and kernel_id not in pending_starts_of(self))
+
     async def hibernate_idle_kernels(self) -> None:
         """The periodic look: each session's kernel idle for MSB_HIBERNATE_AFTER_SECONDS, and not busy, hibernates,
         whether or not a client is connected (it wakes when one sends something)."""
@@ -121,7 +128,7 @@ class HibernationMixin:
             last = last_activity_of(km)
             if km is None or sandbox is None or sandbox.hibernated or last is None:
                 continue
-            if getattr(km, "execution_state", None) != "idle" or self._lock(kernel_id).locked():
+            if not self._at_rest(kernel_id, km) or self._lock(kernel_id).locked():
                 continue
             if now - last.timestamp() < self.hibernate_after or (record.hibernation_refused or (None,))[0] == last:
                 continue
@@ -218,7 +225,7 @@ class HibernationMixin:
                 for other in list(self.records)
                 if other not in tried
                 and (km := kernels_of(self).get(other)) is not None
-                and getattr(km, "execution_state", None) == "idle"
+                and self._at_rest(other, km)
                 and last_activity_of(km) is not None
                 and not self.is_hibernated(other)
             ]

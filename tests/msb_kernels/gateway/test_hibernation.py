@@ -112,6 +112,22 @@ async def test_a_message_on_an_open_websocket_wakes_the_kernel_and_is_answered(g
         await gateway.request("DELETE", f"/api/kernels/{kernel_id}")
 
 
+async def test_a_kernel_no_client_has_reached_yet_hibernates_and_wakes_on_the_first_one(gateway: Gateway) -> None:
+    """Started over REST and never asked anything, jupyter_server calls it "starting" until its first request: it is
+    at rest all the same, and sleeps like an idle one (a host full of such kernels refused starts it had room for)."""
+    kernel_id = await gateway.start_kernel()
+    try:
+        assert (await kernel_entry(gateway, kernel_id))["execution_state"] == "starting"
+        await until_hibernated(gateway, kernel_id)
+        socket = await KernelSocket.open(gateway, kernel_id)
+        try:
+            assert (await socket.execute("1+1", timeout=60)).result == "2", gateway.log()[-3000:]
+        finally:
+            socket.close()
+    finally:
+        await gateway.request("DELETE", f"/api/kernels/{kernel_id}")
+
+
 async def test_a_kernel_that_cannot_hibernate_runs_on_and_the_stats_say_why(gateway: Gateway) -> None:
     kernel_id = await gateway.start_kernel()
     socket = await KernelSocket.open(gateway, kernel_id)
