@@ -57,7 +57,14 @@ def claim(sandbox_id: str) -> int:
     with open(HOST_UIDS_DIR / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         running = _uids_running()
+        claimed = {int(name) for name in os.listdir(HOST_UIDS_DIR) if name.isdigit()}
+        # First a uid nobody has claimed, without reading one claim: reading each live claim made a start at 1,000
+        # sandboxes pay 37 ms here. Only when none is left are claims whose holder is gone (a crash) taken back.
         for uid in range(SANDBOX_UID_BASE + 1, SANDBOX_UID_BASE + MAX_SANDBOXES):
+            if uid not in claimed and uid not in running:
+                _write(uid, sandbox_id, os.getpid())
+                return uid
+        for uid in sorted(claimed):
             holder = _read(uid)
             if uid in running or process_alive(holder.get("pid"), holder.get("start")):
                 continue
