@@ -84,7 +84,7 @@ async def pool_hand_out(gateway_url: str, token: str, rounds: int) -> dict:
 def outside(rounds: int, rtts: int) -> dict:
     """The swarm, the images, the measurements on the overlay, then the stack and its pool."""
     from tests.engines import TwoNodeSwarm
-    from tests.msb_kernels.backends.cluster.conftest import KERNEL_IMAGE, NETWORK, built_archive
+    from tests.swarm import KERNEL_IMAGE, NETWORK, built_archive
 
     kernel_archive, gateway_archive = built_archive("python"), built_archive("gateway")
     swarm = TwoNodeSwarm(Path(tempfile.mkdtemp(prefix="msbb-", dir="/tmp")))
