@@ -55,7 +55,7 @@ from msb_kernels.backends.microsandbox.smoke import smoke_boot
 from msb_kernels.backends.microsandbox.vm import GUEST_IO_DIR, create_kwargs, guest_argv, guest_env, record_from_handle, sandbox_name
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.environments.kernel_images import kernel_image, missing_image_advice
-from msb_kernels.errors import BackendUnavailable, MsbError, SandboxError
+from msb_kernels.errors import BackendUnavailable, InvalidRequest, MsbError, SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_USER, image_for
 from msb_kernels.templates import TEMPLATES
 
@@ -164,12 +164,16 @@ class MicrosandboxSandbox(Sandbox):
             self.backend.release_ports(self.sandbox_id)
 
     def info(self) -> dict:
+        try:
+            image: str | None = kernel_image(self.backend.settings, self.spec.template, self.spec.environment)
+        except InvalidRequest:  # its environment's record went since it started: the stats still answer
+            image = None
         return {
             **super().info(),
             "backend": "microsandbox",
             "vm": self.name,
             "ports": self.ports,
-            "image": kernel_image(self.backend.settings, self.spec.template, self.spec.environment),
+            "image": image,
         }
 
 
