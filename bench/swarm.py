@@ -129,7 +129,7 @@ def outside(rounds: int, rtts: int, fit_cap: int = 0) -> dict:
     """The swarm, the images, the measurements on the overlay, then the stack and its pool (with fit_cap: only how
     many kernels fit, on the overlay)."""
     from tests.engines import TwoNodeSwarm
-    from tests.msb_kernels.backends.cluster.conftest import KERNEL_IMAGE, NETWORK, built_archive
+    from tests.swarm import KERNEL_IMAGE, NETWORK, built_archive
 
     kernel_archive, gateway_archive = built_archive("python"), built_archive("gateway")
     swarm = TwoNodeSwarm(Path(tempfile.mkdtemp(prefix="msbb-", dir="/tmp")))

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from msb_kernels import slow_imports
 from msb_kernels.config import load_settings
@@ -16,6 +17,9 @@ from msb_kernels.environments.cli import add_env_parser
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.cli import add_serve_parser
 from msb_kernels.identity.cli import add_users_parser
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 DEFAULT_NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "hello.ipynb"
 
@@ -198,6 +202,18 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     from msb_kernels.images import builds, image_for
 
     settings = load_settings()
+    if args.env is not None:
+        from msb_kernels.environments.cli import cmd_image_build_env
+
+        if args.template != "python" or args.online:
+            why = "environments hold Python packages: build `python --env NAME`" if args.template != "python" else "drop --online"
+            print(
+                f"msb-kernels: error: --env {args.env}: an environment's image is built offline from this host's interpreter ({why})",
+                file=sys.stderr,
+            )
+            return 2
+        loader = _image_loader(args)
+        return 2 if loader is None else cmd_image_build_env(args, settings, *loader)
     tag = args.tag or (builds.GATEWAY_TAG if args.template == "gateway" else image_for(settings, args.template))
     if args.online and args.template == "gateway":
         print("msb-kernels: error: the gateway image is built offline only (drop --online)", file=sys.stderr)
@@ -205,16 +221,10 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     if args.online:
         result = msb_images.build_online(args.template, tag, base=args.base)
     else:
-        load, loaded_with = msb_images.load_archive, "msb load"
-        if args.engine == "docker":
-            from msb_kernels.backends.cluster.swarm import docker_load
-
-            load, loaded_with = docker_load, "docker load"
-        elif args.engine == "none":
-            if args.save_archive is None:
-                print("msb-kernels: error: --engine none keeps only the archive: name it with --save-archive PATH", file=sys.stderr)
-                return 2
-            load, loaded_with = (lambda archive, tag: None), "nothing (archive only)"
+        loader = _image_loader(args)
+        if loader is None:
+            return 2
+        load, loaded_with = loader
         if args.template == "gateway":
             result = builds.build_gateway(
                 tag, base_archive=args.from_archive, suite=args.suite, mirror=args.mirror, keep_archive=args.save_archive, load=load
@@ -228,6 +238,22 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     if args.template != "gateway" and args.tag and args.tag != image_for(settings, args.template):
         print(f"use it with MSB_{args.template.upper()}_IMAGE={args.tag}")
     return 0
+
+
+def _image_loader(args: argparse.Namespace) -> tuple[Callable[[Path, str], object], str] | None:
+    """--engine's loader and its name; None (after saying why) for --engine none without --save-archive."""
+    from msb_kernels.backends.microsandbox import images as msb_images
+
+    if args.engine == "docker":
+        from msb_kernels.backends.cluster.swarm import docker_load
+
+        return docker_load, "docker load"
+    if args.engine == "none":
+        if args.save_archive is None:
+            print("msb-kernels: error: --engine none keeps only the archive: name it with --save-archive PATH", file=sys.stderr)
+            return None
+        return (lambda archive, tag: None), "nothing (archive only)"
+    return msb_images.load_archive, "msb load"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -306,13 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--online", action="store_true", help="pip/npm install on a base image in a builder microVM (needs a host that boots microVMs)"
     )
-    b.add_argument("--tag", help="image reference (default: MSB_PYTHON_IMAGE / MSB_NODE_IMAGE)")
+    b.add_argument("--tag", help="image reference (default: MSB_PYTHON_IMAGE / MSB_NODE_IMAGE; with --env: msb-kernels/python-NAME:latest)")
+    b.add_argument(
+        "--env",
+        metavar="NAME",
+        help="python: the image of environment NAME (`msb-kernels env list`): the default python image (--from-archive, else "
+        "the engine's, else built first) plus its interpreter; the tag is recorded in its record for Swarm and microVM kernels",
+    )
     b.add_argument("--base", help="--online: the base image (default python:3.12-slim or node:20-slim)")
     b.add_argument(
         "--from-archive",
         metavar="PATH",
         type=Path,
-        help="gateway: start from this python kernel image archive (made with --save-archive) instead of building one",
+        help="gateway, --env: start from this python kernel image archive (made with --save-archive) instead of building one",
     )
     b.add_argument(
         "--engine",

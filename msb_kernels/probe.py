@@ -62,32 +62,35 @@ class StartProbe:
         return f"a kernel from {self.interpreter} could not start: {self.error}"
 
 
-_results: dict[tuple[str, str], StartProbe] = {}
-_running: dict[tuple[str, str], asyncio.Task] = {}
+_results: dict[tuple[str, str, str | None], StartProbe] = {}  # (backend, interpreter, environment)
+_running: dict[tuple[str, str, str | None], asyncio.Task] = {}
 
 
 def failed_backends(interpreter: str) -> dict[str, str]:
     """Backends whose probe failed in this process for this interpreter, with why."""
-    return {name: result.summary() for (name, path), result in _results.items() if path == interpreter and not result.ok}
+    return {name: result.summary() for (name, path, _), result in _results.items() if path == interpreter and not result.ok}
 
 
-async def probe(backend: str, argv: list[str], template: str = "python", settings: MsbSettings | None = None) -> StartProbe:
+async def probe(
+    backend: str, argv: list[str], template: str = "python", settings: MsbSettings | None = None, environment: str | None = None
+) -> StartProbe:
     """The probe of backend for the interpreter argv[0], run once per process (concurrent callers share it).
+    environment: the environment argv[0] is, which a backend that runs images runs in that environment's image.
 
     Never reads a verdict kept on disk (doctor's answer is its own start); keeps a pass there, drops a failure's."""
-    key = (backend, argv[0])
+    key = (backend, argv[0], environment)
     if key in _results:
         return _results[key]
     task = _running.get(key)
     if task is None:
-        task = _running[key] = asyncio.ensure_future(_start_once(backend, argv, template, settings))
+        task = _running[key] = asyncio.ensure_future(_start_once(backend, argv, template, settings, environment))
     try:
         result = await asyncio.shield(task)
     finally:
         if task.done():
             _running.pop(key, None)
     _results[key] = result
-    verdict_key = probe_verdicts.key_for(backend, argv, template, settings or load_settings())
+    verdict_key = probe_verdicts.key_for(backend, argv, template, settings or load_settings(), environment)
     if result.ok:
         probe_verdicts.save(verdict_key, result.seconds)
     else:
@@ -117,7 +120,7 @@ async def backend_for_start(settings: MsbSettings, argv: list[str], template: st
 
 async def _kept(backend: str, argv: list[str], template: str, settings: MsbSettings) -> StartProbe | None:
     """This process's result, else a pass kept on disk by an earlier process; None: probe."""
-    key = (backend, argv[0])
+    key = (backend, argv[0], None)
     if key in _results:
         return _results[key]
     verdict_key = probe_verdicts.key_for(backend, argv, template, settings)
@@ -132,7 +135,7 @@ async def _kept(backend: str, argv: list[str], template: str, settings: MsbSetti
 
 def distrust(backend: str, argv: list[str], template: str, settings: MsbSettings) -> None:
     """A kernel failed to start in backend: forget its pass, here and on disk, so the next start proves it again."""
-    known = _results.pop((backend, argv[0]), None)
+    known = _results.pop((backend, argv[0], None), None)
     dropped = probe_verdicts.drop(probe_verdicts.key_for(backend, argv, template, settings))
     if (known is not None and known.ok) or dropped:
         log.warning(
@@ -143,7 +146,9 @@ def distrust(backend: str, argv: list[str], template: str, settings: MsbSettings
         )
 
 
-async def _start_once(backend: str, argv: list[str], template: str, settings: MsbSettings | None) -> StartProbe:
+async def _start_once(
+    backend: str, argv: list[str], template: str, settings: MsbSettings | None, environment: str | None = None
+) -> StartProbe:
     """One small kernel of template from argv, in backend, through jupyter_client as every client starts one."""
     from msb_kernels.choice import KernelChoice
     from msb_kernels.flavors import FLAVORS
@@ -151,13 +156,15 @@ async def _start_once(backend: str, argv: list[str], template: str, settings: Ms
 
     started = time.monotonic()
     log.info("msb-kernels: start probe of the %s backend: a small kernel from %s", backend, argv[0])
-    choice = KernelChoice(TEMPLATES[template], FLAVORS["small"])
+    choice = KernelChoice(TEMPLATES[template], FLAVORS["small"], environment)
     config = Config({"MsbSettings": {"backend": backend}})
     if settings is not None and settings.runtime_dir:
         config.MsbSettings.runtime_dir = settings.runtime_dir
     kernel_id = str(uuid.uuid4())
     with tempfile.TemporaryDirectory(prefix="msb-probe-") as specs:
-        spec = kernelspec(choice.template, choice.flavor, settings or MsbSettings(config=config))
+        spec = kernelspec(
+            choice.template, choice.flavor, settings or MsbSettings(config=config), environment, argv[0] if environment else None
+        )
         spec["argv"] = list(argv)
         (Path(specs) / choice.kernel_name).mkdir()
         (Path(specs) / choice.kernel_name / "kernel.json").write_text(json.dumps(spec))

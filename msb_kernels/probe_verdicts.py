@@ -90,8 +90,9 @@ def file_identity(path: str | None) -> dict[str, Any] | str:
     return {"path": path, "real": real, "dev": found.st_dev, "ino": found.st_ino, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
 
 
-def key_for(backend: str, argv: list[str], template: str, settings: MsbSettings) -> dict[str, Any]:
-    """Everything that decides whether a kernel of template from argv starts in backend on this host."""
+def key_for(backend: str, argv: list[str], template: str, settings: MsbSettings, environment: str | None = None) -> dict[str, Any]:
+    """Everything that decides whether a kernel of template from argv starts in backend on this host (environment:
+    the one argv[0] is, whose image a backend that runs images starts)."""
     from msb_kernels.backends import backend_classes
 
     cls = backend_classes()[backend]
@@ -105,6 +106,7 @@ def key_for(backend: str, argv: list[str], template: str, settings: MsbSettings)
         "interpreter": file_identity(argv[0] if argv else None),
         "argv": list(argv),
         "template": template,
+        "environment": environment,
         "kernel": os.uname().release,
         "boot": _boot_id(),
         "user": os.geteuid(),

@@ -38,6 +38,7 @@ from msb_kernels.compat import curve_capable, kernel_supports_curve, send_interr
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
 from msb_kernels.egress.route import EgressRoute
+from msb_kernels.environments.kernel_images import kernel_image
 from msb_kernels.errors import ConfigError, InvalidRequest, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, user_base, volume_for
@@ -201,6 +202,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 settings.runtime_root(),
                 self.kernel_id,
             )
+            if self.environment and self.backend.runs_images and not adopting:
+                # Refused before a kernel is started or counted: an environment without an image names the command that
+                # builds it (on a node that lacks it, the engine's refusal says the same).
+                kernel_image(settings, self.template_spec.name, self.environment)
             if self.network.proxied and not self.backend.egress_routes:
                 raise SandboxError(
                     f"the {self.backend.name} backend cannot route a kernel through the egress proxy (MSB_NETWORK_ALLOW, "
@@ -255,7 +260,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             return  # a jupyter_client without transport encryption
         policy = transport_encryption_policy(km)
         wanted = policy in ("auto", "required") or self.backend.transport == "tcp"
-        supported = bool(zmq.has("curve")) and kernel_supports_curve(km) and await self.backend.supports_curve(self.template_spec.name)
+        supported = (
+            bool(zmq.has("curve"))
+            and kernel_supports_curve(km)
+            and await self.backend.supports_curve(self.template_spec.name, self.environment)
+        )
         if wanted and supported:
             if km.curve_publickey is None:  # a restart keeps the keys, as it keeps the session key
                 km.curve_publickey, km.curve_secretkey = zmq.curve_keypair()

@@ -16,6 +16,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from tests import skips
 
+pytest_plugins = ["tests.swarm"]  # swarm_site: one two-node swarm per session, for whichever tests need it
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
-from msb_kernels.config import load_settings
+from msb_kernels.config import MsbSettings, load_settings
 
 
 def _print(lines: list[str]) -> None:
@@ -33,6 +34,25 @@ def cmd_env(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     elif args.env_command == "remove":
         _print(commands.remove(args.name, settings))
+    return 0
+
+
+def cmd_image_build_env(args: argparse.Namespace, settings: MsbSettings, load: Callable[[Path, str], object], loaded_with: str) -> int:
+    """`msb-kernels image build python --env NAME` (msb_kernels.environments.image_build does the work)."""
+    from msb_kernels.environments import commands, image_build
+    from msb_kernels.environments.kernel_images import default_tag
+
+    environment = commands.get(args.env, settings, argument="--env")
+    base = image_build.base_archive_from(args.engine, settings, args.from_archive, args.suite, args.mirror)
+    tag = args.tag or default_tag(settings, environment.name)
+    result = image_build.build(environment, settings, tag, base_archive=base, load=load, keep_archive=args.save_archive)
+    result.loaded_with = loaded_with
+    print(result.report())
+    print(f"recorded in environment {environment.name}: its kernels on Swarm and microVMs run {tag}")
+    if args.engine == "docker":
+        print("every Swarm node that may run its kernels needs it: run this there too, or `docker load -i` an archive of it")
+    elif args.engine == "none":
+        print(f"load it where its kernels run: `docker load -i {args.save_archive}` on each Swarm node, or `msb load` for microVMs")
     return 0
 
 

@@ -15,6 +15,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from msb_kernels.choice import ENVIRONMENT_NAME, RESERVED_ENVIRONMENT_NAMES
 from msb_kernels.config import MsbSettings
 from msb_kernels.environments import building, interpreters, kernelspecs
+from msb_kernels.environments.kernel_images import build_command
 from msb_kernels.environments.record import ADDED, CREATED, Environment
 from msb_kernels.environments.store import EnvironmentStore, list_environments
 from msb_kernels.environments.usage import kernels_using
@@ -93,7 +94,11 @@ def create(
 
 def describe(environment: Environment) -> str:
     packages = ", ".join(environment.main_packages()) or "no packages beyond the kernel's"
-    return f"{environment.name}  Python {environment.python_version}  {environment.origin} {environment.created_at}  {environment.python}  [{packages}]"
+    image = (
+        f"  image {environment.image}" if environment.image else f"  no image for Swarm or microVMs (`{build_command(environment.name)}`)"
+    )
+    line = f"{environment.name}  Python {environment.python_version}  {environment.origin} {environment.created_at}  {environment.python}"
+    return f"{line}  [{packages}]{image}"
 
 
 def list_lines(settings: MsbSettings) -> list[str]:
@@ -127,6 +132,8 @@ def remove(name: str, settings: MsbSettings) -> list[str]:
     if environment.origin == CREATED and Path(environment.python).is_relative_to(store.created_dir(name)):
         building.shutil.rmtree(store.created_dir(name), ignore_errors=True)
         lines.append(f"removed its venv {store.created_dir(name)}")
+    if environment.image:
+        lines.append(f"its image {environment.image} stays where it was loaded: `docker image rm {environment.image}` on each node")
     return [f"removed environment {name}", *lines]
 
 
@@ -164,7 +171,7 @@ def check(names: list[str], settings: MsbSettings) -> tuple[bool, list[str]]:
                 lines.append(f"  {backend}: not tried: {availability.reason}")
                 continue
             try:
-                result = asyncio.run(probe.probe(backend, argv, "python", settings))
+                result = asyncio.run(probe.probe(backend, argv, "python", settings, environment.name))
             except MsbError as exc:
                 lines.append(f"  {backend}: not tried: {exc.message}")
                 continue

@@ -10,6 +10,7 @@ import os
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from msb_kernels.errors import SandboxError
@@ -104,22 +105,27 @@ def append_layer(
         write_archive(archive, tag, config, layers)
 
 
-def python_site(archive: Path) -> tuple[str, set[str]]:
-    """The python3 version ("3.11") in a Docker-save archive of ours, from its standard library's path, and the
-    ``name-version.dist-info`` directories of its /usr/local site (what its kernel already brings): one pass over
-    its layers, which are hundreds of MiB."""
-    version, found = None, {}
+def layer_members(archive: Path) -> Iterator[tarfile.TarInfo]:
+    """Every entry of a Docker-save archive's layers, lower layers first: one pass over their headers (they are
+    hundreds of MiB; their contents are skipped, not read)."""
     with tarfile.open(archive) as outer:
         for member in outer:
             if member.name.endswith("/layer.tar"):
                 with tarfile.open(fileobj=outer.extractfile(member)) as layer:
-                    for inner in layer:
-                        parts = inner.name.removeprefix("./").split("/")
-                        if len(parts) == 4 and parts[:2] == ["usr", "lib"] and parts[2].startswith("python3.") and parts[3] == "os.py":
-                            version = parts[2].removeprefix("python")
-                        elif len(parts) == 6 and parts[:3] == ["usr", "local", "lib"] and parts[4] == "dist-packages":
-                            if parts[5].endswith(".dist-info"):
-                                found.setdefault(parts[3].removeprefix("python"), set()).add(parts[5])
+                    yield from layer
+
+
+def python_site(archive: Path) -> tuple[str, set[str]]:
+    """The python3 version ("3.11") in a Docker-save archive of ours, from its standard library's path, and the
+    ``name-version.dist-info`` directories of its /usr/local site (what its kernel already brings)."""
+    version, found = None, {}
+    for inner in layer_members(archive):
+        parts = inner.name.removeprefix("./").split("/")
+        if len(parts) == 4 and parts[:2] == ["usr", "lib"] and parts[2].startswith("python3.") and parts[3] == "os.py":
+            version = parts[2].removeprefix("python")
+        elif len(parts) == 6 and parts[:3] == ["usr", "local", "lib"] and parts[4] == "dist-packages":
+            if parts[5].endswith(".dist-info"):
+                found.setdefault(parts[3].removeprefix("python"), set()).add(parts[5])
     if version is None:
         raise SandboxError(f"{archive} holds no python3: build it with `msb-kernels image build python --save-archive {archive}`")
     return version, found.get(version, set())

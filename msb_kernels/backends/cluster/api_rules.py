@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from msb_kernels.backends.cluster.swarm import LABEL
+from msb_kernels.choice import ENVIRONMENT_NAME
 from msb_kernels.config import MsbSettings
 
 NAME_PREFIX = "msb-"  # of every service, secret and config the swarm backend makes
@@ -163,10 +164,13 @@ class Policy:
     network: str
     images: tuple[str, ...]
     allow_network: bool = False
+    # Environments' images are this repository with "-NAME" added (`msb-kernels image build python --env NAME`), any tag.
+    environments_of: str | None = None
 
     @classmethod
     def from_settings(cls, settings: MsbSettings) -> Policy:
-        return cls(settings.swarm_network, (settings.python_image, settings.node_image), settings.allow_network)
+        images = (settings.python_image, settings.node_image)
+        return cls(settings.swarm_network, images, settings.allow_network, image_reference(settings.python_image)[0])
 
     def kernel_image(self, ref: str) -> bool:
         """One of the kernel images; with a digest it is the image that tag named when it was pinned (as the Docker CLI
@@ -186,7 +190,8 @@ class Policy:
                     return True
             elif (tag or "latest") == (allowed_tag or "latest"):
                 return True
-        return False
+        prefix = f"{self.environments_of}-"
+        return self.environments_of is not None and name.startswith(prefix) and bool(ENVIRONMENT_NAME.match(name.removeprefix(prefix)))
 
     def check_service(self, spec: dict[str, Any]) -> tuple[list[str], list[str]]:
         """Refuse a service spec that is not a kernel's; returns (secret IDs, network IDs) it names, which the caller

@@ -39,6 +39,7 @@ from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.route import RELAY_LAUNCHER, relay_source
+from msb_kernels.environments.kernel_images import kernel_argv, kernel_image, missing_image_advice
 from msb_kernels.errors import BackendUnavailable, ResourceLimitExceeded, SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, IMAGE_CURVE_LABEL, image_for
 from msb_kernels.templates import TEMPLATES
@@ -171,6 +172,7 @@ class ClusterBackend(SandboxBackend):
     egress_routes = "tcp"
     guest_io_dir = GUEST_FILES_DIR
     interrupt_by_message = True
+    runs_images = True
     runs_on_cluster = True
     _availability: ClassVar[tuple[float, Availability] | None] = None
 
@@ -230,8 +232,8 @@ class ClusterBackend(SandboxBackend):
     def reserve_ports(self, sandbox_id: str) -> list[int]:
         return list(KERNEL_PORTS)
 
-    async def supports_curve(self, template: str) -> bool:
-        image = image_for(self.settings, template)
+    async def supports_curve(self, template: str, environment: str | None = None) -> bool:
+        image = kernel_image(self.settings, template, environment)
         if image not in self._curve:
             labels = await asyncio.to_thread(self.engine.image_labels, image)
             # An image the manager does not hold is taken at its template's word; the nodes that run it have it.
@@ -333,14 +335,14 @@ class ClusterBackend(SandboxBackend):
             LABEL_GRACE: f"{spec.adopt_grace:g}",
             LABEL_HOST: socket.gethostname(),
         }
-        argv = TEMPLATES[spec.template].guest_argv(list(spec.argv))
+        argv = kernel_argv(spec.template, spec.argv, spec.environment)
         if spec.egress is not None:  # the relay beside the kernel, on 127.0.0.1:3128, to the proxy's port on this network
             relay = {"socket": spec.egress.socket, "bind": spec.egress.listeners, "user": None, "source": relay_source()}
             argv = ["python3", "-I", "-S", "-c", RELAY_LAUNCHER, json.dumps(relay), *argv]
         return KernelService(
             name=f"msb-{spec.sandbox_id}-{secrets.token_hex(3)}",
             kernel_id=spec.sandbox_id,
-            image=image_for(self.settings, spec.template),
+            image=kernel_image(self.settings, spec.template, spec.environment),
             argv=argv,
             env=env,
             cpus=spec.flavor.cpus,
@@ -405,12 +407,15 @@ class ClusterBackend(SandboxBackend):
                     limit="cluster_capacity",
                 )
             if state.phase in ("ended", "lost"):
+                advice = missing_image_advice(self.settings, spec.template, spec.environment)
+                no_image = "no such image" in (state.reason or "").lower()
                 raise SandboxError(
                     f"kernel {spec.sandbox_id} could not start on {self.engine.name}"
                     + (f" (node {state.node})" if state.node else "")
                     + f": {state.reason or 'it exited'}"
-                    + (f", exit status {state.exit_code}" if state.exit_code is not None else ""),
-                    [f"load the image {image_for(self.settings, spec.template)} on every node", "run `msb-kernels doctor`"],
+                    + (f": {advice}" if no_image else "")  # in the message: clients such as papermill show nothing else
+                    + (f", exit status {state.exit_code}" if state.exit_code is not None and not no_image else ""),
+                    [advice, "run `msb-kernels doctor`"],
                 )
             await asyncio.sleep(START_POLL_SECONDS)
         raise SandboxError(

@@ -72,6 +72,23 @@ def docker_load(archive: Path, tag: str) -> list[str]:
     return [tag for image in images for tag in image.tags]
 
 
+def docker_save(tag: str, archive: Path) -> bool:
+    """`docker save` of tag from the engine at DOCKER_HOST into archive; False where that engine does not hold it."""
+    import docker
+
+    try:
+        image = docker.from_env(timeout=600).images.get(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"cannot read {tag} from the Docker engine: {exc}", ["set DOCKER_HOST to the node's engine"]) from None
+    print(f"$ docker save {tag} -o {archive}")
+    with open(archive, "wb") as handle:
+        for chunk in image.save(named=True):
+            handle.write(chunk)
+    return True
+
+
 class DockerSwarm(Engine):
     name = "Docker Swarm"
 

@@ -273,6 +273,7 @@ class SandboxBackend(abc.ABC):
     # True where SIGINT cannot reach the kernel (it runs on another machine): the provisioner interrupts it with an
     # interrupt_request on the control channel instead, as jupyter_client does for kernelspecs with interrupt_mode "message".
     interrupt_by_message: ClassVar[bool] = False
+    runs_images: ClassVar[bool] = False  # kernels run an image (an environment's own, built for it), not the host's interpreter
     runs_on_cluster: ClassVar[bool] = False  # kernels run on a cluster's nodes: this host's memory bounds nothing (gateway capacity)
     host_ip: ClassVar[str] = "127.0.0.1"  # tcp: where the host connects to the kernel's published ports
     guest_ip: ClassVar[str] = "0.0.0.0"  # tcp: the address the kernel binds inside the guest
@@ -287,8 +288,8 @@ class SandboxBackend(abc.ABC):
     def release_ports(self, sandbox_id: str) -> None:  # noqa: B027 - a hook: backends without ports have nothing to give back
         """Give back what reserve_ports held; called on every way a kernel ends, harmless twice."""
 
-    async def supports_curve(self, template: str) -> bool:
-        """Whether the kernel this backend runs for template can speak CurveZMQ (for transport encryption)."""
+    async def supports_curve(self, template: str, environment: str | None = None) -> bool:
+        """Whether the kernel this backend runs for template (of environment) can speak CurveZMQ (transport encryption)."""
         return True
 
     def hibernation_unavailable(self) -> str | None:

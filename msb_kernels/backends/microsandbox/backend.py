@@ -54,7 +54,8 @@ from msb_kernels.backends.microsandbox.images import image_supports_curve
 from msb_kernels.backends.microsandbox.smoke import smoke_boot
 from msb_kernels.backends.microsandbox.vm import GUEST_IO_DIR, create_kwargs, guest_argv, guest_env, record_from_handle, sandbox_name
 from msb_kernels.config import MsbSettings, load_settings
-from msb_kernels.errors import BackendUnavailable, MsbError, SandboxError
+from msb_kernels.environments.kernel_images import kernel_image, missing_image_advice
+from msb_kernels.errors import BackendUnavailable, InvalidRequest, MsbError, SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_USER, image_for
 from msb_kernels.templates import TEMPLATES
 
@@ -163,12 +164,16 @@ class MicrosandboxSandbox(Sandbox):
             self.backend.release_ports(self.sandbox_id)
 
     def info(self) -> dict:
+        try:
+            image: str | None = kernel_image(self.backend.settings, self.spec.template, self.spec.environment)
+        except InvalidRequest:  # its environment's record went since it started: the stats still answer
+            image = None
         return {
             **super().info(),
             "backend": "microsandbox",
             "vm": self.name,
             "ports": self.ports,
-            "image": image_for(self.backend.settings, self.spec.template),
+            "image": image,
         }
 
 
@@ -201,6 +206,7 @@ def _run_coroutine(factory: Callable[[], Awaitable[T]], timeout: float = 60) -> 
 class MicrosandboxBackend(SandboxBackend):
     name = "microsandbox"
     auto_order = 10
+    runs_images = True
     transports = ("tcp",)  # a VM has no ipc path to the host
     guest_io_dir = GUEST_IO_DIR
     _availability: Availability | None = None
@@ -267,9 +273,9 @@ class MicrosandboxBackend(SandboxBackend):
     def release_ports(self, sandbox_id: str) -> None:
         self.ports.release(sandbox_id)
 
-    async def supports_curve(self, template: str) -> bool:
-        """True when the template's image says (by label, set at build) its kernel speaks CurveZMQ."""
-        image = image_for(self.settings, template)
+    async def supports_curve(self, template: str, environment: str | None = None) -> bool:
+        """True when the kernel's image says (by label, set at build) its kernel speaks CurveZMQ."""
+        image = kernel_image(self.settings, template, environment)
         if image not in self._curve:
             self._curve[image] = await image_supports_curve(image)
         return self._curve[image]
@@ -332,7 +338,7 @@ class MicrosandboxBackend(SandboxBackend):
             if isinstance(exc, Exception):
                 raise SandboxError(
                     f"cannot start the microVM for kernel {spec.sandbox_id}: {exc}",
-                    [f"build the image: msb-kernels image build {spec.template}", "run `msb-kernels doctor`"],
+                    [missing_image_advice(self.settings, spec.template, spec.environment), "run `msb-kernels doctor`"],
                 ) from exc
             raise
         return MicrosandboxSandbox(spec, self, vm, job, ports, keeper)

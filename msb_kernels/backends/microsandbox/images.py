@@ -69,6 +69,15 @@ def image_present(tag: str) -> bool:
     return normalize(tag) in {normalize(reference) for reference in list_images()}
 
 
+def save_image(tag: str, archive: Path) -> bool:
+    """`msb save` of tag into archive (Docker-save format); False where microsandbox's store does not hold it."""
+    if not image_present(tag):
+        return False
+    print(f"$ msb save {tag} -o {archive}")
+    _msb("save", tag, "-o", str(archive))
+    return True
+
+
 def remove_image(tag: str) -> None:
     _msb("image", "rm", "--force", tag, timeout=120)
 

@@ -11,8 +11,8 @@ from typing import Any
 from msb_kernels.backends.core.base import SANDBOX_LABEL, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
 from msb_kernels.config import MsbSettings
-from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, LOCAL_IMAGE_PREFIX, image_for
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.environments.kernel_images import kernel_argv, kernel_image
+from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, LOCAL_IMAGE_PREFIX
 
 GUEST_IO_DIR = "/run/kernel"
 NAME_PREFIX = "msbk-"
@@ -69,8 +69,9 @@ def labels_for(spec: SandboxSpec, hostname: str | None = None) -> dict[str, str]
 
 
 def guest_argv(spec: SandboxSpec) -> list[str]:
-    """The kernel command in the image: its python3 or tslab, not the host's interpreter paths."""
-    return TEMPLATES[spec.template].guest_argv(list(spec.argv))
+    """The kernel command in the image: its python3 or tslab, not the host's interpreter paths (an environment's
+    image holds its interpreter at the host's path)."""
+    return kernel_argv(spec.template, spec.argv, spec.environment)
 
 
 def guest_env(spec: SandboxSpec) -> dict[str, str]:
@@ -97,8 +98,9 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
         )
     for directory in spec.host_directories:
         volumes[directory.path] = Volume.bind(directory.path, readonly=not directory.writable, uid=GUEST_UID, gid=GUEST_UID)
+    image = kernel_image(settings, spec.template, spec.environment)
     return {
-        "image": image_for(settings, spec.template),
+        "image": image,
         "cpus": spec.flavor.cpus,
         "memory": spec.flavor.memory_mib,
         "hostname": "sandbox",
@@ -108,7 +110,7 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
         "labels": labels_for(spec, hostname),
         "idle_timeout": None,  # off: the VM's idle clock does not see ZMQ traffic; Jupyter culls idle kernels
         "max_duration": None,
-        "pull_policy": pull_policy_for(image_for(settings, spec.template)),
+        "pull_policy": pull_policy_for(image),
         "replace": True,  # a restart reuses the kernel's name
         "detached": True,  # the VM outlives this handle; labels and sweeps find it if we die
     }

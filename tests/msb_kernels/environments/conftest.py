@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import pytest
 
 from tests.conftest import TEST_BASE
 from tests.msb_kernels.environments.wheels import PROBE_PACKAGE, offline_wheels
+from tests.swarm import SwarmSite, built_archive
 
 SUITE_PREFIX = TEST_BASE / "prefix"  # where the suite's kernelspecs are (JUPYTER_PATH)
 
@@ -81,3 +83,41 @@ def probe_env(wheels) -> Iterator[EnvHost]:
     yield host
     host.cli("env", "remove", "probe")
     shutil.rmtree(home, ignore_errors=True)
+
+
+@dataclass
+class SwarmKernels:
+    """probe's image on both nodes of the session's swarm, and where a process of the test reaches its kernels."""
+
+    site: SwarmSite
+    there: list[str]  # the command prefix that runs a program on the kernels' overlay (SwarmSite.on_network)
+    build_output: str
+    build_seconds: float
+
+    def env(self, host: EnvHost) -> dict[str, str]:
+        return {**host.env, "MSB_BACKEND": "swarm", "DOCKER_HOST": self.site.docker_host}
+
+
+@pytest.fixture(scope="session")
+def probe_on_swarm(swarm_site, probe_env) -> Iterator[SwarmKernels]:
+    """`msb-kernels image build python --env probe` from the suite's kernel image archive, as an operator builds it for
+    nodes without a registry (--engine none --save-archive, then `docker load` on each node): once per session."""
+    archive = TEST_BASE / "probe-image.tar"
+    began = time.monotonic()
+    built = probe_env.cli(
+        "image", "build", "python", "--env", "probe", "--engine", "none",
+        "--from-archive", str(built_archive("python")), "--save-archive", str(archive), timeout=600,
+    )  # fmt: skip
+    seconds = time.monotonic() - began
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    try:
+        swarm_site.load_on_every_node(archive)
+        loaded = time.monotonic() - began - seconds
+        print(
+            f"\nprobe's image: built {seconds:.0f} s, {archive.stat().st_size >> 20} MiB, loaded on two nodes {loaded:.0f} s",
+            file=sys.stderr,
+        )
+        with swarm_site.on_network(f"msbt-env-{uuid.uuid4().hex[:8]}") as there:
+            yield SwarmKernels(swarm_site, there, built.stdout, seconds)
+    finally:
+        archive.unlink(missing_ok=True)

@@ -111,6 +111,31 @@ def test_unknown_environments_are_named_with_the_registered_ones(env_host):
     assert listed.returncode == 0 and "no environments" in listed.stdout
 
 
+def test_an_image_build_refuses_another_template_an_unknown_name_and_an_interpreter_a_kernel_would_not_see(env_host, tmp_path):
+    """`msb-kernels image build python --env NAME`'s refusals, before it reads an image: no traceback, nothing recorded."""
+    venv = tmp_path / "venv"  # under /tmp, where a Swarm kernel's container mounts a tmpfs of its own
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p, "ipykernel").is_dir())
+    next((venv / "lib").glob("python3.*")).joinpath("site-packages", "suite.pth").write_text(f"{site}\n")
+    assert env_host.env_cli("add", "intmp", "--python", str(venv / "bin" / "python")).returncode == 0
+    try:
+        before = env_host.store_text()
+        for args, words in (
+            (("node", "--env", "intmp"), "--env intmp: an environment's image is built offline from this host's interpreter"),
+            (("python", "--env", "nope"), "--env 'nope': no such environment (registered: intmp)"),
+            (
+                ("python", "--env", "intmp", "--from-archive", str(tmp_path / "absent.tar")),
+                f"its interpreter needs {venv}/bin/python, under /tmp",
+            ),
+        ):
+            result = env_host.cli("image", "build", *args, "--engine", "none", "--save-archive", str(tmp_path / "out.tar"))
+            assert result.returncode == 2 and words in result.stderr, (args, result.stderr)
+            assert "Traceback" not in result.stderr and result.stderr.startswith("msb-kernels: error: "), result.stderr
+        assert env_host.store_text() == before and not (tmp_path / "out.tar").exists()
+    finally:
+        env_host.cli("env", "remove", "intmp")
+
+
 def test_install_rewrites_every_registered_environments_kernelspecs(env_host):
     """An interpreter that has ipykernel (the suite's own) added, its kernelspec lost, and `msb-kernels install` again."""
     added = env_host.env_cli("add", "again", "--python", sys.executable)

@@ -1,16 +1,21 @@
 """Kernels from an environment the test made offline (msbenvprobe in it, not in the suite's venv), as users start
 them: papermill on its kernelspec, `msb-kernels env check`, a gateway and its warm pool, and an MCP client over the
-gateway's /mcp. Namespace and gVisor (as root, where runsc is installed); the gateway's own venv stays as it was."""
+gateway's /mcp. Namespace and gVisor (as root, where runsc is installed), and Docker Swarm with the environment's
+own image (papermill from the kernels' overlay); the gateway's own venv stays as it was."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
@@ -19,10 +24,11 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from msb_kernels.environments.store import EnvironmentStore
 from tests.conftest import TEST_BASE
 from tests.kernel_helpers import execute
 from tests.mcp_bridge.conftest import child_env
-from tests.msb_kernels.environments.conftest import EnvHost
+from tests.msb_kernels.environments.conftest import EnvHost, SwarmKernels
 from tests.msb_kernels.environments.wheels import PROBE_VALUE, package_wheel
 from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway, wait_until
 from tests.skips import needs_runsc
@@ -42,32 +48,90 @@ BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
 pytestmark = pytest.mark.slow  # some 90 s of papermill runs, gateways and gVisor starts: out of the quick loop
 
 
-def _papermill(kernel: str, backend: str, directory: Path, host: EnvHost) -> dict:
-    """papermill -k KERNEL on a notebook that says what its kernel sees; that kernel's answer."""
+def _run_papermill(kernel: str, backend: str, directory: Path, host: EnvHost, swarm: SwarmKernels | None = None):
+    """papermill -k KERNEL on a notebook that says what its kernel sees (on Swarm: from the kernels' overlay)."""
     notebook = directory / f"{kernel}-{backend}.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PROBE_CELL)]), notebook)
     out = directory / f"{kernel}-{backend}.out.ipynb"
     result = subprocess.run(
-        [str(VENV_BIN / "papermill"), str(notebook), str(out), "-k", kernel, "--cwd", str(directory)],
-        env={**host.env, "MSB_BACKEND": backend},
+        [*(swarm.there if swarm else []), str(VENV_BIN / "papermill"), str(notebook), str(out), "-k", kernel, "--cwd", str(directory)],
+        env=swarm.env(host) if swarm else {**host.env, "MSB_BACKEND": backend},
         capture_output=True,
         text=True,
         timeout=240,
     )
+    return result, out
+
+
+def _papermill(kernel: str, backend: str, directory: Path, host: EnvHost, swarm: SwarmKernels | None = None) -> dict:
+    """That kernel's answer."""
+    result, out = _run_papermill(kernel, backend, directory, host, swarm)
     assert result.returncode == 0, result.stderr[-3000:]
     (cell,) = nbformat.read(out, as_version=4).cells
     return json.loads(cell.outputs[0]["text"])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_papermill_runs_a_notebook_in_the_environment_and_the_default_lacks_its_package(probe_env, backend, tmp_path):
+@pytest.mark.parametrize("backend", [*BACKENDS, "swarm"])
+def test_papermill_runs_a_notebook_in_the_environment_and_the_default_lacks_its_package(probe_env, backend, tmp_path, request):
+    """On Swarm the kernel runs the environment's own image (`msb-kernels image build python --env probe`), which holds
+    its venv and base interpreter at their host paths; the default kernel runs the default image."""
     os.chmod(tmp_path, 0o755)
+    swarm = request.getfixturevalue("probe_on_swarm") if backend == "swarm" else None
     python = str(probe_env.directory / "probe" / "bin" / "python")
-    seen = _papermill("msb-probe-python-small", backend, tmp_path, probe_env)
+    seen = _papermill("msb-probe-python-small", backend, tmp_path, probe_env, swarm)
     assert seen["value"] == PROBE_VALUE and seen["executable"] == python and seen["backend"] == backend, seen
     assert seen["beside"] == ["probe"], seen  # its store and the host's other files beside the venv stay out
-    default = _papermill("msb-python-small", backend, tmp_path, probe_env)
-    assert "No module named 'msbenvprobe'" in default["value"] and default["executable"] == sys.executable, default
+    default = _papermill("msb-python-small", backend, tmp_path, probe_env, swarm)
+    assert "No module named 'msbenvprobe'" in default["value"], default
+    assert default["executable"] == ("/usr/bin/python3" if swarm else sys.executable), default
+
+
+def test_the_image_build_says_what_it_made_and_list_names_the_image(probe_on_swarm, probe_env):
+    output = probe_on_swarm.build_output
+    assert "built msb-kernels/python-probe:latest (python, environment probe, offline)" in output, output
+    assert "recorded in environment probe" in output and "docker load" in output, output
+    assert json.loads(probe_env.store_text() or "{}")["environments"][0]["image"] == "msb-kernels/python-probe:latest"
+    assert "image msb-kernels/python-probe:latest" in probe_env.cli("env", "list").stdout
+
+
+@contextlib.contextmanager
+def _another_name_for_probe(host: EnvHost, probe: EnvHost, name: str, image: str | None) -> Iterator[None]:
+    """probe's interpreter added again under name (its kernelspecs msb-NAME-python-*), its record naming image; removed
+    after, so that no later test lists it."""
+    added = host.env_cli("add", name, "--python", str(probe.directory / "probe" / "bin" / "python"))
+    assert added.returncode == 0, added.stderr
+    try:
+        if image is not None:
+            store = EnvironmentStore(host.directory)
+            store.put(dataclasses.replace(store.get(name), image=image))
+        yield
+    finally:
+        host.cli("env", "remove", name)
+
+
+def test_on_swarm_an_environment_without_an_image_is_refused_naming_the_command(probe_on_swarm, probe_env, env_host, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    with _another_name_for_probe(env_host, probe_env, "bare", None):
+        before = env_host.store_text()
+        began = time.monotonic()
+        result, _ = _run_papermill("msb-bare-python-small", "swarm", tmp_path, env_host, probe_on_swarm)
+        assert result.returncode != 0 and time.monotonic() - began < 30
+        refusal = "InvalidRequest: environment bare has no kernel image, and this backend's kernels run one: build it with "
+        assert refusal + "`msb-kernels image build python --env bare`" in result.stderr, result.stderr[-3000:]
+        assert env_host.store_text() == before
+        assert not probe_on_swarm.site.client().services.list(filters={"label": "msb-kernels=1"}), "a service was left"
+        listed = env_host.cli("env", "list").stdout
+        assert "no image for Swarm or microVMs (`msb-kernels image build python --env bare`)" in listed, listed
+
+
+def test_on_swarm_nodes_without_the_environments_image_refuse_it_naming_the_command(probe_on_swarm, probe_env, env_host, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    with _another_name_for_probe(env_host, probe_env, "ghost", "msb-kernels/python-ghost:latest"):  # loaded on no node
+        result, _ = _run_papermill("msb-ghost-python-small", "swarm", tmp_path, env_host, probe_on_swarm)
+    assert result.returncode != 0
+    assert "msb-kernels/python-ghost:latest" in result.stderr, result.stderr[-3000:]
+    assert "`msb-kernels image build python --env ghost`" in result.stderr, result.stderr[-3000:]
+    assert not probe_on_swarm.site.client().services.list(filters={"label": "msb-kernels=1"}), "a service was left"
 
 
 def test_create_said_what_it_installed_and_how_long_it_took(probe_env):

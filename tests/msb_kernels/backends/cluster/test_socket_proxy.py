@@ -132,6 +132,17 @@ def test_kernel_images_are_the_configured_ones_however_docker_spells_them():
         assert not POLICY.kernel_image(ref), ref
 
 
+def test_environments_images_are_the_python_images_repository_with_their_name():
+    """`msb-kernels image build python --env data` tags msb-kernels/python-data:latest: the proxy admits it, any
+    environment's name (any tag), and nothing else that merely starts like it."""
+    policy = Policy.from_settings(load_settings())
+    for ref in ("msb-kernels/python-data:latest", "docker.io/msb-kernels/python-data-science", "msb-kernels/python-probe:2"):
+        assert policy.kernel_image(ref), ref
+    for ref in ("msb-kernels/python-:latest", "msb-kernels/python-Data", "msb-kernels/python-a/b", "evil/msb-kernels/python-data"):
+        assert not policy.kernel_image(ref), ref
+    assert not POLICY.kernel_image("msb-kernels/python-data:latest")  # a policy that names no environments' repository
+
+
 def test_a_kernel_shaped_service_passes_and_each_escape_names_its_rule():
     spec = kernel_spec()
     assert POLICY.check_service(spec) == (["a" * 25], [])

@@ -22,13 +22,13 @@ import pytest
 
 from tests.conftest import REPO, TEST_BASE, VENV_BIN
 from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
-from tests.msb_kernels.backends.cluster.conftest import KERNEL_IMAGE, NETWORK, SwarmSite
 
 # JupyterLab's own browser test of interrupt and restart, run again below against the gateway service (this module's `lab`).
 from tests.msb_kernels.gateway import test_jupyterlab_browser as lab_tests
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, page  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import HttpServer, KernelSocket, free_port, launch_jupyter_server, wait_until
 from tests.skips import needs_runsc
+from tests.swarm import KERNEL_IMAGE, NETWORK, SwarmSite
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -40,16 +40,11 @@ INNER_SUITES = ["tests/msb_kernels/backends/test_contract.py", "tests/msb_kernel
 
 def test_the_contract_and_the_container_escapes_hold_on_the_swarms_network(swarm_site: SwarmSite) -> None:
     """pytest, run where a gateway runs: in the network namespace of a container on the kernels' overlay."""
-    anchor = swarm_site.client().containers.run(KERNEL_IMAGE, ["sleep", "infinity"], network=NETWORK, detach=True, name="msbt-anchor")
-    try:
-        anchor.reload()
-        pid = anchor.attrs["State"]["Pid"]
-        command = ["nsenter", f"--net=/proc/{pid}/ns/net", str(VENV_BIN / "python"), "-m", "pytest", *INNER_SUITES]
+    with swarm_site.on_network("msbt-anchor") as there:
+        command = [*there, str(VENV_BIN / "python"), "-m", "pytest", *INNER_SUITES]
         command += ["-k", "swarm or not contract", "-p", "no:cacheprovider", "-q", "-rs", "--timeout=300"]
         env = swarm_site.env(MSBT_ON_SWARM="1", MSBT_SWARM_WORKER=swarm_site.swarm.worker_addr)
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=840)
-    finally:
-        anchor.remove(force=True)
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     print(f"\non the swarm's network: {summary}")
     assert result.returncode == 0, f"the suites on the swarm's network failed:\n{result.stdout[-12000:]}\n{result.stderr[-3000:]}"

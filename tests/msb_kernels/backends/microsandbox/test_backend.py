@@ -9,6 +9,7 @@ doctor's reason where microVMs cannot boot.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -195,6 +196,27 @@ def test_template_picks_image_and_guest_command(tmp_path, monkeypatch):
     assert guest_argv(python) == ["python3", "-m", "ipykernel_launcher", "-f", "/run/kernel/connection.json"]
     env = guest_env(python)
     assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin" and "/host/venv" not in env["PATH"] and env["MSB_FLAVOR"] == "small"
+
+
+def test_an_environments_kernel_runs_its_own_image_or_is_refused_naming_the_command(tmp_path, monkeypatch):
+    """microVMs cannot boot here: what a start would ask for. An environment's kernel runs the image its record names,
+    with its interpreter at its host path (the image holds it there); one without an image is refused."""
+    from msb_kernels.environments.record import Environment
+    from msb_kernels.environments.store import EnvironmentStore
+    from msb_kernels.errors import InvalidRequest
+
+    monkeypatch.setenv("MSB_ENVIRONMENTS_DIR", str(tmp_path / "environments"))
+    store = EnvironmentStore(tmp_path / "environments")
+    store.put(Environment("data", "/opt/data/bin/python", "added", "", "3.11.7", image="msb-kernels/python-data:latest"))
+    store.put(Environment("bare", "/opt/bare/bin/python", "added", "", "3.11.7"))
+    data = dataclasses.replace(spec(tmp_path), environment="data", argv=["/opt/data/bin/python", "-m", "ipykernel_launcher"])
+    kwargs = create_kwargs(data, MsbSettings(), [])
+    assert kwargs["image"] == "msb-kernels/python-data:latest" and kwargs["pull_policy"] == microsandbox.PullPolicy.NEVER
+    assert guest_argv(data) == ["/opt/data/bin/python", "-m", "ipykernel_launcher"]
+    with pytest.raises(InvalidRequest) as refused:
+        create_kwargs(dataclasses.replace(data, environment="bare"), MsbSettings(), [])
+    assert "environment bare has no kernel image" in refused.value.message
+    assert "`msb-kernels image build python --env bare`" in refused.value.message
 
 
 def test_ports_come_from_the_range_and_show_in_stats(monkeypatch):

@@ -1,4 +1,5 @@
-"""A real two-node Docker Swarm for the swarm backend (tests/engines.py), with the images `msb-kernels image build` makes.
+"""A real two-node Docker Swarm (tests/engines.py), with the images `msb-kernels image build` makes: the session's one
+swarm (a plugin of tests/conftest.py), for the swarm backend's tests and the environments' kernels on it.
 
 The kernel image and the gateway image are built by the CLI, as an operator builds them, and loaded with `docker load`
 on the nodes that need them (both nodes: the kernel image; the manager: the gateway). Building them costs about a
@@ -88,6 +89,22 @@ class SwarmSite:
 
     def env(self, **more: str) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": self.docker_host, **more}
+
+    @contextlib.contextmanager
+    def on_network(self, name: str) -> Iterator[list[str]]:
+        """Where a process of ours reaches kernels, as the gateway's container does: the network namespace of a container
+        on the kernels' overlay. Yields the command prefix that runs a program there (its files stay this host's)."""
+        anchor = self.client().containers.run(KERNEL_IMAGE, ["sleep", "infinity"], network=NETWORK, detach=True, name=name)
+        try:
+            anchor.reload()
+            yield ["nsenter", f"--net=/proc/{anchor.attrs['State']['Pid']}/ns/net"]
+        finally:
+            anchor.remove(force=True)
+
+    def load_on_every_node(self, archive: Path) -> None:
+        """`docker load` on both nodes at once, as an operator gives each node an image without a registry."""
+        with ThreadPoolExecutor(2) as loads:
+            list(loads.map(lambda engine: engine.load(archive), [self.swarm.manager, self.swarm.worker]))
 
     def docker(self, *args: str, **env: str) -> subprocess.CompletedProcess:
         """The docker CLI that ships with the engine (Debian's 20.10), as an operator runs it against the manager."""
