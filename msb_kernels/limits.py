@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import resource
+from pathlib import Path
 from typing import Any
 
 from msb_kernels.errors import ResourceLimitExceeded
@@ -75,14 +76,77 @@ def open_files_advice(max_sessions: int) -> str | None:
     )
 
 
-def over_limit(exc: BaseException, max_sessions: int, max_sockets: int | None) -> ResourceLimitExceeded | None:
-    """The refusal for a start that failed because this process ran out of descriptors or ZeroMQ sockets (EMFILE,
-    as ZeroMQ also says when a context passes MAX_SOCKETS); None for any other failure."""
+def _raised(exc: BaseException, number: int) -> bool:
+    """Whether exc, or an exception it was raised from or during, carries errno number."""
     seen: BaseException | None = exc
-    while seen is not None and getattr(seen, "errno", None) != errno.EMFILE:
+    while seen is not None and getattr(seen, "errno", None) != number:
         seen = seen.__cause__ or seen.__context__
-    if seen is None:
+    return seen is not None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
         return None
+    return int(text) if text.isdigit() else None
+
+
+def own_pids_cgroup() -> tuple[int | None, int | None]:
+    """(pids.current, pids.max) of this process's cgroup, where the pids controller bounds it (systemd's TasksMax=);
+    (None, None) where nothing does."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "pids" or (controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists()):
+            group = Path("/sys/fs/cgroup/pids" if controllers == "pids" else "/sys/fs/cgroup") / path.lstrip("/")
+            limit = _read_int(group / "pids.max")
+            if limit is not None:
+                return _read_int(group / "pids.current"), limit
+    return None, None
+
+
+def host_tasks() -> tuple[int | None, int | None]:
+    """(tasks on the host now, the lower of kernel.pid_max and kernel.threads-max)."""
+    try:
+        total = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    except (OSError, ValueError, IndexError):
+        total = None
+    limits = [v for v in (_read_int(Path("/proc/sys/kernel/pid_max")), _read_int(Path("/proc/sys/kernel/threads-max"))) if v]
+    return total, min(limits) if limits else None
+
+
+def over_task_limit(exc: BaseException) -> ResourceLimitExceeded | None:
+    """The refusal for a start that failed because no process could be made for its sandbox (EAGAIN from fork): the
+    host's tasks (kernel.pid_max, kernel.threads-max) or this process's cgroup (systemd's TasksMax=), each with what it
+    holds now. A gVisor kernel is some 150 host tasks under ptrace, a namespace one a handful."""
+    if not _raised(exc, errno.EAGAIN):
+        return None
+    in_group, group_max = own_pids_cgroup()
+    tasks, tasks_max = host_tasks()
+    held = [f"the host runs {tasks} tasks of kernel.pid_max / kernel.threads-max = {tasks_max}"] if tasks_max else []
+    if group_max:
+        held.append(f"this service's cgroup holds {in_group} of its pids.max = {group_max} (systemd's TasksMax=)")
+    return ResourceLimitExceeded(
+        "no process could be made for the kernel's sandbox (fork: Resource temporarily unavailable): " + "; ".join(held),
+        [
+            "stop a session you no longer need (DELETE /api/kernels/<id>)",
+            "or raise the limit that is full: sysctl -w kernel.pid_max=4194304 (and kernel.threads-max), "
+            "or TasksMax=infinity in the gateway's systemd unit",
+        ],
+        limit="host_tasks",
+    )
+
+
+def over_limit(exc: BaseException, max_sessions: int, max_sockets: int | None) -> ResourceLimitExceeded | None:
+    """The refusal for a start that failed on a limit of this process or host, not a fault: descriptors or ZeroMQ
+    sockets (EMFILE, as ZeroMQ also says when a context passes MAX_SOCKETS), or tasks (EAGAIN from fork); None for
+    any other failure."""
+    if not _raised(exc, errno.EMFILE):
+        return over_task_limit(exc)
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return ResourceLimitExceeded(
         f"this msb-kernels process has run out of open files or ZeroMQ sockets (RLIMIT_NOFILE={soft}, ZeroMQ "

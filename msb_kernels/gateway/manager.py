@@ -31,7 +31,7 @@ from msb_kernels import audit, metrics
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.compat import MappingKernelManagerHooks, kernels_of, pending_starts_of, serve_starts_through, shutdown_all_now
 from msb_kernels.config import load_settings
-from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
+from msb_kernels.errors import InvalidRequest, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
 from msb_kernels.gateway.adoption import AdoptionMixin
 from msb_kernels.gateway.capacity import CapacityMixin
@@ -203,12 +203,13 @@ class MsbKernelManager(
             await self.pool.release(kernel_id)
             reason = exc.message if isinstance(exc, MsbError) else (exc.log_message if isinstance(exc, web.HTTPError) else str(exc))
             self._record_stop(record, "error", f"start failed: {reason}")
+            if isinstance(exc, Exception) and not isinstance(exc, (ResourceLimitExceeded, web.HTTPError)):
+                refusal = over_limit(exc, self.msb_settings.max_sessions, self.zmq_max_sockets)
+                if refusal is not None:  # a limit of this process or host, not a fault: named, without a traceback
+                    self.log.warning("kernel %s did not start: %s", kernel_id, refusal.message)
+                    raise refusal from None
             if isinstance(exc, (MsbError, web.HTTPError)) or not isinstance(exc, Exception):  # ours, jupyter_server's, cancellation
                 raise
-            refusal = over_limit(exc, self.msb_settings.max_sessions, self.zmq_max_sockets)
-            if refusal is not None:  # a limit of this process, not a fault: named, without a traceback
-                self.log.warning("kernel %s did not start: %s", kernel_id, refusal.message)
-                raise refusal from None
             self.log.error("kernel %s did not start: %s", kernel_id, exc, exc_info=exc)
             raise SandboxError(
                 f"the {kernel_name} kernel did not start: {type(exc).__name__}: {exc}", ["run `msb-kernels doctor` to check this host"]

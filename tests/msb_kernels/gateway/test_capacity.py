@@ -4,6 +4,12 @@ keeps answering. The thousand-session run is bench/scale.py's."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+
 from tests.msb_kernels.gateway.conftest import KernelSocket, mcp_client
 
 SMALL_MIB = 1024  # the small flavor, as the capacity check counts it
@@ -50,3 +56,62 @@ async def test_a_start_past_the_capacity_is_refused_and_every_session_keeps_its_
         assert kept.structured_content["results"][0]["data"]["text/plain"] == "'mcp'", kept.content[0].text
     assert len(gateway.sandboxes()) == CAPACITY, "a refused start left a sandbox"
     assert "Traceback" not in gateway.log(), gateway.log()[-3000:]
+
+
+PIDS = Path("/sys/fs/cgroup/pids")  # cgroup v1's pids hierarchy, where this host has one
+
+
+def process_tree(pid: int) -> list[int]:
+    found = [pid]
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        found += process_tree(int(child))
+    return found
+
+
+def pids_group_of(pid: int) -> str | None:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.split(":", 2)[1] == "pids":
+            return line.split(":", 2)[2]
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not (PIDS / "cgroup.procs").exists(), reason="needs root and cgroup v1's pids hierarchy")
+async def test_a_start_past_the_task_limit_is_refused_naming_it_and_the_sessions_keep_their_state(gateway_factory) -> None:
+    """systemd's TasksMax= (a pids cgroup) or kernel.pid_max full: fork fails with EAGAIN. The start is refused with
+    the limit and what raises it (a 429, not a 500 with the exception's name), and the kernel that runs keeps its
+    state; with room again, starts work."""
+    gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "0"})
+    kept = await gateway.start_kernel()
+    socket = await KernelSocket.open(gateway, kept)
+    group = PIDS / f"msb-test-tasks-{os.getpid()}"
+    group.mkdir()
+    try:
+        assert (await socket.execute("kept = 41 + 1; kept")).result == "42"
+        # The gateway and its helpers (fork server, keeper), as a systemd unit's cgroup holds them; not the sandboxes,
+        # which have pids groups of their own.
+        for pid in process_tree(gateway.process.pid):
+            if pids_group_of(pid) == "/":
+                (group / "cgroup.procs").write_text(str(pid))
+        (group / "pids.max").write_text((group / "pids.current").read_text().strip())
+
+        refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"})
+        assert refused.code == 429 and refused.json["limit"] == "host_tasks", refused.body
+        assert "pids.max" in refused.json["message"] and "kernel.pid_max" in refused.json["message"], refused.json
+        assert any("TasksMax=infinity" in advice for advice in refused.json["suggestions"]), refused.json
+
+        (group / "pids.max").write_text("max")
+        assert (await socket.execute("kept")).result == "42"
+        listed = await gateway.request("GET", "/api/kernels")
+        assert [k["id"] for k in listed.json] == [kept], listed.body
+        again = await gateway.start_kernel()
+        assert again != kept
+    finally:
+        socket.close()
+        (group / "pids.max").write_text("max")
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                (PIDS / "cgroup.procs").write_text(pid)
+        group.rmdir()
+    # The operator's log says it in the gateway's words (jupyter_client logs the failed start's exception as well).
+    assert "did not start: no process could be made for the kernel's sandbox" in gateway.log(), gateway.log()[-3000:]
