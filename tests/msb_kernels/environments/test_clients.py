@@ -16,6 +16,7 @@ from tests.mcp_bridge.test_inspector import Inspector, gateway_inspector, inspec
 from tests.msb_kernels.environments.wheels import PROBE_VALUE
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, page  # noqa: F401 (browser and page are fixtures)
 from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, launch_gateway, launch_jupyter_server
+from tests.skips import needs_runsc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PROBE = "Python 3 (probe, sandbox, small)"
@@ -59,10 +60,19 @@ def test_the_default_kernel_in_lab_cannot_import_the_environments_package(page: 
 
 
 @pytest.fixture(scope="module")
-def inspector(gateway, tmp_path_factory) -> Inspector:
+async def gvisor_gateway(probe_env) -> AsyncIterator[Gateway]:
+    server = await launch_gateway(extra_env={"MSB_ENVIRONMENTS_DIR": str(probe_env.directory), "MSB_BACKEND": "gvisor"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module", params=["namespace", pytest.param("gvisor", marks=needs_runsc)])
+def inspector(request, tmp_path_factory) -> Inspector:
+    """The Inspector on a gateway of each backend that runs environments by path (Swarm's image: test_kernels.py)."""
     if inspector_missing():
         pytest.skip(inspector_missing())
-    return gateway_inspector(gateway, tmp_path_factory.mktemp("inspector"))
+    gateway = request.getfixturevalue("gateway" if request.param == "namespace" else "gvisor_gateway")
+    return gateway_inspector(gateway, tmp_path_factory.mktemp(f"inspector-{request.param}"))
 
 
 async def test_the_inspector_lists_starts_and_imports_from_an_environment(inspector: Inspector) -> None:
