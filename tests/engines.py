@@ -661,6 +661,25 @@ class TwoNodeSwarm:
             _run("ip", "-n", self._switch_ns, "link", "set", "to-worker", "down")
         self.worker.kill()
 
+    def revive_worker(self) -> None:
+        """The killed worker back: its switch port up and its dockerd started on the same data root, which keeps the
+        node's swarm state and images, so it rejoins as itself; returns once the manager lists 2 ready nodes again.
+        The session shares one swarm (tests/swarm.py): a test that kills the worker revives it for the modules after."""
+        _run("ip", "-n", self._switch_ns, "link", "set", "to-worker", "up")
+        # What a reboot clears (/run): the dead containerd's socket and state would stop the new one from starting.
+        shutil.rmtree(self.worker.dir / "exec", ignore_errors=True)
+        (self.worker.dir / "docker.pid").unlink(missing_ok=True)
+        self.worker.start()
+        mgr = self.manager.client()
+
+        def two_ready() -> bool:
+            nodes = mgr.nodes.list()
+            return len(nodes) == 2 and all(n.attrs["Status"]["State"] == "ready" for n in nodes)
+
+        if not _wait(two_ready, _NODE_WAIT_S, 0.2):
+            states = [(n.attrs["Description"]["Hostname"], n.attrs["Status"]) for n in mgr.nodes.list()]
+            raise EngineUnavailable(f"the worker did not rejoin within {_NODE_WAIT_S:.0f} s: {states}\n{self.worker.log_tail()}")
+
     def stop(self) -> None:
         """Both engines and everything the harness made; idempotent and safe after a partial start. The engines are
         killed, not stopped: a graceful stop waits out each task's stop grace period and keeps nothing of use."""

@@ -5,7 +5,7 @@ contract every backend keeps, and the escapes that apply inside a container: on_
 on that network: pytest inside the network namespace of a container attached to it, as the gateway's own
 container is. The rest is the product as the README deploys it: deploy/swarm/stack.yml with `docker stack deploy`,
 the gateway as a service behind its API proxy, JupyterLab in Chromium and the MCP Inspector against it, its
-kill -9, and a node's loss (last: the worker stays dead).
+kill -9, and a node's loss (last; the worker is revived after it for the session's later modules).
 """
 
 from __future__ import annotations
@@ -186,6 +186,15 @@ async def stack(swarm_site: SwarmSite) -> AsyncIterator[ServiceGateway]:
     gateway.log_path.write_text(gateway.log())
     swarm_site.docker("service", "rm", UPSTREAM)
     swarm_site.docker("stack", "rm", "msb")
+    # The kernels the stack's gateway kept (it adopts them across a restart), and those of the node that died: the
+    # session's later modules share the swarm and count its kernel services. Once the gateway's task is gone, so that
+    # its pool starts none after.
+    client = swarm_site.client()
+    gone = time.monotonic() + 60
+    while time.monotonic() < gone and client.containers.list(filters={"label": "com.docker.stack.namespace=msb"}):
+        time.sleep(0.5)
+    for service in client.services.list(filters={"label": "msb-kernels=1"}):
+        service.remove()
 
 
 async def test_kernels_spread_over_both_nodes_and_one_no_node_fits_is_refused_fast(stack: ServiceGateway) -> None:
@@ -408,8 +417,16 @@ async def test_a_node_whose_default_runtime_is_runsc_runs_its_kernels_in_gvisor(
 
 
 async def test_a_kernel_whose_node_dies_is_reported_dead_with_the_reason(stack: ServiceGateway) -> None:
-    """Last in this module: the worker stays dead. Its kernel is said to be dead because its node went down,
-    within seconds, never left hanging; the manager's kernel lives on."""
+    """Last in this module. The worker's kernel is said to be dead because its node went down, within seconds, never
+    left hanging; the manager's kernel lives on. The worker is revived after: the session shares the swarm, and the
+    environments' tests load their image on both nodes (a dead worker refused it: CI, the first time)."""
+    try:
+        await _a_node_dies(stack)
+    finally:
+        stack.site.swarm.revive_worker()
+
+
+async def _a_node_dies(stack: ServiceGateway) -> None:
     # Placement spreads, but the pool's kernel counts too: start until each node holds one of ours.
     kernels = [await stack.start_kernel() for _ in range(2)]
     while len(kernels) < 5 and len({_node_of(stack, k) for k in kernels}) < 2:
