@@ -607,14 +607,7 @@ class TwoNodeSwarm:
             listen_addr=f"{self.worker_addr}:2377",
             advertise_addr=self.worker_addr,
         )
-
-        def two_ready() -> bool:
-            nodes = mgr.nodes.list()
-            return len(nodes) == 2 and all(n.attrs["Status"]["State"] == "ready" for n in nodes)
-
-        if not _wait(two_ready, _NODE_WAIT_S, 0.1):
-            states = [(n.attrs["Description"]["Hostname"], n.attrs["Status"]) for n in mgr.nodes.list()]
-            raise EngineUnavailable(f"the swarm has not 2 ready nodes after {_NODE_WAIT_S:.0f} s: {states}\n{self.worker.log_tail()}")
+        self._wait_two_ready("the swarm has not 2 ready nodes")
         self.timings["swarm_form_s"] = time.monotonic() - formed
         self.timings["start_s"] = time.monotonic() - began
 
@@ -670,15 +663,18 @@ class TwoNodeSwarm:
         shutil.rmtree(self.worker.dir / "exec", ignore_errors=True)
         (self.worker.dir / "docker.pid").unlink(missing_ok=True)
         self.worker.start()
+        self._wait_two_ready("the worker did not rejoin")
+
+    def _wait_two_ready(self, failure: str) -> None:
         mgr = self.manager.client()
 
         def two_ready() -> bool:
             nodes = mgr.nodes.list()
             return len(nodes) == 2 and all(n.attrs["Status"]["State"] == "ready" for n in nodes)
 
-        if not _wait(two_ready, _NODE_WAIT_S, 0.2):
+        if not _wait(two_ready, _NODE_WAIT_S, 0.1):
             states = [(n.attrs["Description"]["Hostname"], n.attrs["Status"]) for n in mgr.nodes.list()]
-            raise EngineUnavailable(f"the worker did not rejoin within {_NODE_WAIT_S:.0f} s: {states}\n{self.worker.log_tail()}")
+            raise EngineUnavailable(f"{failure} after {_NODE_WAIT_S:.0f} s: {states}\n{self.worker.log_tail()}")
 
     def stop(self) -> None:
         """Both engines and everything the harness made; idempotent and safe after a partial start. The engines are
