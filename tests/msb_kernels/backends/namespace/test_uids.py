@@ -13,13 +13,17 @@ from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.namespace import uids
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a host uid per sandbox is how msb-kernels runs as root")
-BASE = uids.SANDBOX_UID_BASE
+# Far above the uids the suite's own live sandboxes are handed (the lowest free from SANDBOX_UID_BASE + 1): CI once
+# ran this beside a session's kernel running as SANDBOX_UID_BASE + 2, which this file's claims took for a taken uid.
+BASE = uids.SANDBOX_UID_BASE + 900_000
 
 
 @pytest.fixture
 def claims(tmp_path, monkeypatch):
-    """A claims directory of this test's own, so the host's live sandboxes are not disturbed."""
+    """A claims directory and a uid range of this test's own, so the host's live sandboxes neither disturb it nor are disturbed."""
+    assert not {uid for uid in uids._uids_running() if BASE <= uid < BASE + 10}, "a host process runs in the test's uid range"
     monkeypatch.setattr(uids, "HOST_UIDS_DIR", tmp_path / "uids")
+    monkeypatch.setattr(uids, "SANDBOX_UID_BASE", BASE)
     uids.HOST_UIDS_DIR.mkdir(mode=0o700)
     return uids.HOST_UIDS_DIR
 
