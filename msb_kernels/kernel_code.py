@@ -292,14 +292,35 @@ sys.exit(kernelapp.launch_new_instance())
 """
 
 
+# The one placement of the user site, for the kernel's startup and for pip: <base>/lib/pythonX.Y/site-packages (one
+# per Python X.Y) after the standard library and before the environment's site-packages. Computed here, not read from
+# site: a kernel forked from a server that computed it under another environment would keep the server's.
+PYTHON_USER_SITE = r"""
+def _msb_user_site():
+    import os, site, sys, sysconfig
+
+    base = os.environ.get("PYTHONUSERBASE")
+    if not base:
+        return None
+    user_site = sysconfig.get_path("purelib", os.name + "_user", vars={"userbase": base})
+    site.USER_BASE, site.USER_SITE = base, user_site
+    if user_site not in sys.path:
+        packages = set(site.getsitepackages())
+        at = next((i for i, entry in enumerate(sys.path) if entry in packages), len(sys.path))
+        sys.path.insert(at, user_site)
+    return user_site
+"""
+
 # A person's own packages (msb_kernels/identity/volumes.py, "user packages"): `pip install --user` into
 # PYTHONUSERBASE, a directory of the person's own volume that the provisioner names per environment. Run as
 # `python msb_pip.py ARGS` by the %pip magic below, for --user and for what must see the user's site (uninstall,
 # list, freeze, show). It is pip as a Python without a venv runs it: a venv that hides the system's site-packages
 # makes Python leave the user site off sys.path, so pip refuses --user there; these kernels put it on sys.path
 # themselves (PYTHON_USER_PACKAGES), so pip may install there and upgrade and uninstall what is there.
-PYTHON_PIP_RUNNER = r"""
-import os, runpy, site, sys, sysconfig
+PYTHON_PIP_RUNNER = (
+    PYTHON_USER_SITE
+    + r"""
+import os, runpy, site, sys
 
 NO_VOLUME = (
     "pip install --user: the packages you keep live in your own directory of the gateway's shared volume, and this "
@@ -324,12 +345,7 @@ def main():
         virtualenv.virtualenv_no_global = lambda: False
         site.ENABLE_USER_SITE = True
         os.environ.pop("PIP_TARGET", None)  # the kernel's own directory for a plain install; pip refuses it with --user
-        user_site = sysconfig.get_path("purelib", os.name + "_user", vars={"userbase": base})
-        site.USER_BASE, site.USER_SITE = base, user_site
-        if user_site not in sys.path:
-            packages = set(site.getsitepackages())
-            at = next((i for i, entry in enumerate(sys.path) if entry in packages), len(sys.path))
-            sys.path.insert(at, user_site)
+        _msb_user_site()
     sys.argv[0] = "pip"
     runpy.run_module("pip", run_name="__main__", alter_sys=True)
     return 0
@@ -337,28 +353,21 @@ def main():
 
 sys.exit(main())
 """
+)
 
 # Python startup: the person's own packages (PYTHONUSERBASE, set where the kernel has its person's volume) go on
 # sys.path where Python puts a user site, after the standard library and before the environment's site-packages, so
 # a package of theirs shadows the environment's. Only now, after the kernel's own imports: no package of theirs can
 # stop their kernels from starting. %pip runs pip through RUNNER where --user or the user site matters.
-PYTHON_USER_PACKAGES = """\
+PYTHON_USER_PACKAGES = (
+    PYTHON_USER_SITE.replace("{", "{{").replace("}", "}}")
+    + """
 def _msb_install_user_packages(runner):
-    import importlib, os, shlex, site, sys, sysconfig
+    import importlib, os, shlex, site, sys
 
-    user_site = None
-    base = os.environ.get("PYTHONUSERBASE")
-    if base:
-        # <base>/lib/pythonX.Y/site-packages: one per Python X.Y. Set here, not read from site: a kernel forked from a
-        # server that computed it under another environment would keep the server's.
-        user_site = sysconfig.get_path("purelib", os.name + "_user", vars={{"userbase": base}})
-        site.USER_BASE, site.USER_SITE = base, user_site
-        if user_site not in sys.path:
-            packages = set(site.getsitepackages())
-            at = next((i for i, entry in enumerate(sys.path) if entry in packages), len(sys.path))
-            sys.path.insert(at, user_site)
-            if os.path.isdir(user_site):
-                site.addsitedir(user_site)  # its .pth files, as Python's own user site has them read
+    user_site = _msb_user_site()
+    if user_site is not None and os.path.isdir(user_site):
+        site.addsitedir(user_site)  # its .pth files, as Python's own user site has them read
     shell = get_ipython()
     through_runner = ("uninstall", "list", "freeze", "show")
     python = shlex.quote(sys.executable)
@@ -380,5 +389,6 @@ def _msb_install_user_packages(runner):
 
 
 _msb_install_user_packages({runner!r})
-del _msb_install_user_packages
+del _msb_install_user_packages, _msb_user_site
 """
+)
