@@ -29,6 +29,7 @@ from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
 from msb_kernels.session_env import start_request_env
 from msb_kernels.status import epoch_seconds, session_status
+from msb_kernels.turns import in_turns
 
 
 def sandbox_of(km: Any) -> SandboxDescription | None:
@@ -293,9 +294,7 @@ class ManagedKernelSessions(KernelSessions):
     async def list(self) -> list[SessionInfo]:
         paths = await self._notebook_paths()
         infos = []
-        for number, session_id in enumerate(list(self.kernel_manager.list_kernel_ids())):
-            if number and number % 50 == 0:
-                await asyncio.sleep(0)  # some 0.2 ms a session, none of it awaited: at 1,000 the gateway would wait 200 ms
+        async for session_id in in_turns(list(self.kernel_manager.list_kernel_ids())):
             with contextlib.suppress(KeyError):
                 infos.append(await self._describe(session_id, paths))
         return infos

@@ -3,15 +3,11 @@ and the reason a culled or dead kernel stopped kept for the stats."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from msb_kernels import metrics
 from msb_kernels.compat import kernels_of, start_culler
-
-# Kernels a culler pass looks at before it lets the gateway's other requests in: a kernel that is not idle costs the
-# pass no await, so jupyter_server's pass over a thousand of them held the event loop from start to end.
-CULL_CHUNK = 50
+from msb_kernels.turns import in_turns
 
 
 class CullingMixin:
@@ -28,13 +24,11 @@ class CullingMixin:
             super().initialize_culler()
 
     async def cull_kernels(self) -> None:
-        """jupyter_server's pass over every kernel (cull_kernel_if_idle each, in turn), yielding every CULL_CHUNK
-        kernels; a pass that culled nothing is timed (msb_cull_pass_seconds)."""
+        """jupyter_server's pass over every kernel (cull_kernel_if_idle each, in turn), taking turns with
+        the gateway's other requests (turns.in_turns); a pass that culled nothing is timed (msb_cull_pass_seconds)."""
         began = time.monotonic()
         kernel_ids = list(kernels_of(self))
-        for number, kernel_id in enumerate(kernel_ids):
-            if number and number % CULL_CHUNK == 0:
-                await asyncio.sleep(0)
+        async for kernel_id in in_turns(kernel_ids):
             try:
                 await self.cull_kernel_if_idle(kernel_id)
             except Exception as exc:  # one kernel's failure must not stop the pass over the others
