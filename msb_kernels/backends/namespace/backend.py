@@ -354,7 +354,9 @@ class NamespaceBackend(SandboxBackend):
     def _launched(report: dict, exit_status: Path) -> PidfdProcess:
         """Init's process from the launcher's report, taken before the launcher (init's parent) may exit."""
         if "error" in report:
-            raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
+            # From the OSError the launcher or the fork server met, so limits.over_limit sees its errno (EAGAIN).
+            cause = OSError(report["errno"], os.strerror(report["errno"])) if isinstance(report.get("errno"), int) else None
+            raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"]) from cause
         return PidfdProcess(int(report["pid"]), exit_status)
 
     # -- removal and orphans ---------------------------------------------------

@@ -74,6 +74,7 @@ REQUIRED = "ipykernel.kernelapp"
 # How long after a launcher takes a connection the server forks the next: a fork of this process takes a CPU for some
 # 5 ms, which a start under way would otherwise wait for on a small host. A connection that comes sooner gets one at once.
 REFILL_DELAY_SECONDS = 0.3
+FORK_RETRY_SECONDS = 0.1  # after a fork failed: soon, but not a busy loop while the host has no process to spare
 RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
@@ -208,7 +209,12 @@ def serve(listener: socket.socket) -> None:
     while True:
         if waiting is None and time.monotonic() >= refill_at:
             waiting = _fork_launcher(listener, taken_by_launcher)
-            if waiting is not None:
+            if isinstance(waiting, OSError):
+                # No process can be made (a full pids cgroup or pid_max: EAGAIN). The starts waiting for a launcher are
+                # told so now, not after the host's report timeout; forks are tried again later, not in a busy loop.
+                _refuse_waiting(listener, waiting)
+                refill_at, waiting = time.monotonic() + FORK_RETRY_SECONDS, None
+            elif waiting is not None:
                 poller.register(waiting, select.POLLIN)  # readable once it has exited
                 poller.modify(listener.fileno(), 0)
         timeout = 1000 if waiting is not None else max(0, (refill_at - time.monotonic()) * 1000)
@@ -233,13 +239,14 @@ def serve(listener: socket.socket) -> None:
                 break
 
 
-def _fork_launcher(listener: socket.socket, taken: int) -> int | None:
-    """Fork a launcher that waits for the next connection; its pidfd, or None when no fork could be made."""
+def _fork_launcher(listener: socket.socket, taken: int) -> int | OSError | None:
+    """Fork a launcher that waits for the next connection: its pidfd; the fork's error when none could be made; None
+    when it ended at once."""
     server = os.getpid()
     try:
         child = os.fork()
-    except OSError:
-        return None
+    except OSError as exc:
+        return exc
     if child == 0:
         try:
             _wait_for_connection(listener, taken, server)
@@ -249,6 +256,25 @@ def _fork_launcher(listener: socket.socket, taken: int) -> int | None:
         return os.pidfd_open(child)
     except OSError:
         return None  # reaped already: it could not start
+
+
+def _refuse_waiting(listener: socket.socket, failure: OSError) -> None:
+    """Answer each connection waiting on listener, as its launcher would have, with the fork's failure (and its errno,
+    which the host turns into a refusal that names the limit)."""
+    report = {"error": f"no launcher could be forked for the sandbox: {failure.strerror or failure}", "errno": failure.errno}
+    while select.select([listener], [], [], 0)[0]:
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(5)
+            if keeper.peer_uid(connection) != os.geteuid():
+                continue
+            try:
+                _, fds = keeper.receive_request(connection)
+                for fd in fds:
+                    os.close(fd)
+                connection.sendall(json.dumps(report).encode() + b"\n")
+            except (OSError, ValueError, EOFError):
+                continue  # that start gave up: nothing to tell it
 
 
 def _wait_for_connection(listener: socket.socket, taken: int, server: int) -> None:

@@ -688,7 +688,8 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
             status += _helper_log_tail(plan["network"])
         return {"pid": init} if status == "ok" else {"error": status or "sandbox init exited during setup"}
     except Exception as exc:
-        return {"error": f"sandbox launch failed: {exc}"}
+        # The errno lets the host tell a full host (EAGAIN: no process could be made) from a fault.
+        return {"error": f"sandbox launch failed: {exc}", **({"errno": exc.errno} if isinstance(exc, OSError) and exc.errno else {})}
 
 
 def main() -> None:

@@ -4,8 +4,10 @@ keeps answering. The thousand-session run is bench/scale.py's."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,12 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pids_group_of(pid: int) -> str | None:
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         if line.split(":", 2)[1] == "pids":
@@ -95,8 +103,19 @@ async def test_a_start_past_the_task_limit_is_refused_naming_it_and_the_sessions
                 (group / "cgroup.procs").write_text(str(pid))
         (group / "pids.max").write_text((group / "pids.current").read_text().strip())
 
+        began = time.monotonic()
         refused = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"})
+        took = time.monotonic() - began
         assert refused.code == 429 and refused.json["limit"] == "host_tasks", refused.body
+        # At once: the fork server answers the start itself (it waited out a 30 s report timeout before).
+        assert took < 5, f"the refusal took {took:.1f} s"
+        # And it does not spin on forks that fail while the limit stays full (it spent a whole CPU before).
+        servers = [pid for pid in process_tree(gateway.process.pid) if "forkserver_program" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert servers, "the gateway has no fork server"
+        before = [cpu_seconds(pid) for pid in servers]
+        await asyncio.sleep(2)
+        spent = [cpu_seconds(pid) - then for pid, then in zip(servers, before, strict=True)]
+        assert max(spent) < 0.5, f"fork servers used {spent} s of CPU in 2 s"
         assert "pids.max" in refused.json["message"] and "kernel.pid_max" in refused.json["message"], refused.json
         assert any("TasksMax=infinity" in advice for advice in refused.json["suggestions"]), refused.json
 
