@@ -361,9 +361,9 @@ sys.exit(main())
 # stop their kernels from starting. %pip runs pip through RUNNER where --user or the user site matters.
 PYTHON_USER_PACKAGES = (
     PYTHON_USER_SITE.replace("{", "{{").replace("}", "}}")
-    + """
+    + r"""
 def _msb_install_user_packages(runner):
-    import importlib, os, shlex, site, sys
+    import importlib, os, re, shlex, site, sys
 
     user_site = _msb_user_site()
     if user_site is not None and os.path.isdir(user_site):
@@ -386,6 +386,22 @@ def _msb_install_user_packages(runner):
 
     pip.__doc__ = "pip in this kernel's environment; --user keeps a package in your own volume (msb-kernels)."
     shell.register_magic_function(pip, "line", "pip")
+
+    # `!pip install --user NAME` (or pip3, python -m pip) as a line of its own, with nothing of the shell's in it, is
+    # %pip's: the environment's own pip would refuse --user in its venv, and would not see the user site for the rest.
+    shell_pip = re.compile(r"(\s*)!\s*(?:pip3?|python3?\s+-m\s+pip)\s+([^;&|<>`$(){{}}\\\n]*?)\s*")
+
+    def shell_pip_as_magic(lines):
+        routed = []
+        for line in lines:
+            found = shell_pip.fullmatch(line.rstrip("\n"))
+            words = found.group(2).split() if found else []
+            if words and ("--user" in words or words[0] in through_runner):
+                line = found.group(1) + "%pip " + found.group(2) + ("\n" if line.endswith("\n") else "")
+            routed.append(line)
+        return routed
+
+    shell.input_transformers_cleanup.append(shell_pip_as_magic)
 
 
 _msb_install_user_packages({runner!r})

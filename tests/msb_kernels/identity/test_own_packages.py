@@ -1,4 +1,4 @@
-"""A person's own packages: `%pip install --user` in a kernel of theirs lands in their own volume, imports in their next
+"""A person's own packages: `%pip install --user` (or `!pip install --user`) in a kernel of theirs lands in their own volume, imports in their next
 session, and never in another person's kernel. Real gateway with a users file and a shared volume (alice and bob), real
 sandboxed kernels on namespace and gVisor, wheels made by the test (no registry)."""
 
@@ -129,8 +129,18 @@ async def test_a_user_install_is_kept_for_the_persons_next_session_and_for_nobod
         assert (await bob.execute("import os; sorted(os.listdir('/shared'))")).result == "[]"
         listed = await bob.execute("%pip list --user")
         assert PROBE_PACKAGE not in streams(listed), streams(listed)
+        # The shell's way, as many notebooks write it: the same as %pip, not the venv's pip refusing --user.
+        await people.put_wheels(bob)
+        probe = next(name for name in people.wheels if name.startswith(PROBE_PACKAGE))
+        installed = await bob.execute(f"!pip install --user --no-index /tmp/{probe}", timeout=180)
+        assert "Successfully installed" in streams(installed) and installed.error is None, streams(installed)
+        now = await where(bob, PROBE_PACKAGE)
+        assert now.get("value") == PROBE_VALUE and now["file"].startswith("/shared/.python/default/"), now
+        listed = await bob.execute("!python3 -m pip list --user")
+        assert PROBE_PACKAGE in streams(listed), streams(listed)
     finally:
         await people.end("bob", kernel, bob)
+    assert glob.glob(str(people.shared / "bob" / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE))
 
 
 async def test_packages_of_another_python_are_not_loaded(people):
