@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from msb_kernels.backends.cluster.engine import Engine, KernelService, ServiceRecord, TaskState
+from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ
 from msb_kernels.errors import SandboxError
 
 log = logging.getLogger("msb_kernels")
@@ -253,7 +254,10 @@ class DockerSwarm(Engine):
             resources["Limits"]["Pids"] = service.max_processes  # API 1.41 (Docker 20.10); docker-py has no argument for it
             # ipykernel rewrites its connection file at start, and secrets are read-only: the kernel's user copies them
             # (umask 077) into a tmpfs of its own first. (Docker 20.10 drops a tmpfs mode with the sticky bit: 0o777 it is.)
-            command = ["/bin/sh", "-c", f'umask 077 && cp {SECRETS_DIR}/* {service.files_dir}/ && exec "$@"', "kernel", *service.argv]
+            # Its oom_score_adj is raised by the kernel's own shell: Swarm's task spec has no OomScoreAdj before API 1.46
+            # (Docker 27), and raising one's own needs no capability.
+            setup = f"echo {SANDBOX_OOM_SCORE_ADJ} > /proc/self/oom_score_adj && umask 077 && cp {SECRETS_DIR}/* {service.files_dir}/"
+            command = ["/bin/sh", "-c", f'{setup} && exec "$@"', "kernel", *service.argv]
             scratch = [Mount(service.files_dir, None, type="tmpfs", tmpfs_size=FILES_TMPFS_BYTES, tmpfs_mode=0o777)]
             scratch += [
                 Mount(target, None, type="tmpfs", tmpfs_size=service.scratch_bytes, tmpfs_mode=0o777) for target in (service.home, "/tmp")

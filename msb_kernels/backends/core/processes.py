@@ -12,6 +12,12 @@ import select
 import signal
 from pathlib import Path
 
+# Every sandbox process's oom_score_adj on the host: when the host runs out of memory (flavors overcommitted, see
+# docs/operations.md), the kernel's OOM killer ends a sandbox's process before the gateway, which holds every session,
+# or the host's own services. Raising it needs no privilege; a sandboxed process may lower its own back to 0, as any
+# process may, but not below (that takes CAP_SYS_RESOURCE): none can make itself immune.
+SANDBOX_OOM_SCORE_ADJ = 500
+
 
 def process_start_time(pid: int) -> int | None:
     """The kernel's start tick for pid: with the pid, it names one process for good."""

@@ -43,7 +43,7 @@ from msb_kernels.backends.core import adoption, cgroups
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.ports import HostListeners, host_ports
-from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
+from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
@@ -273,7 +273,8 @@ class GVisorBackend(SandboxBackend):
         ]
         if self.transport == "tcp":
             runsc = netstack.in_sandbox_netns(spec.sandbox_id, runsc)
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", *runsc]
+        # choom: the sandbox's and gofer's host processes inherit the score (util-linux, as setpriv and nsenter are).
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", "choom", "-n", str(SANDBOX_OOM_SCORE_ADJ), "--", *runsc]
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:

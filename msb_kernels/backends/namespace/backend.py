@@ -40,7 +40,7 @@ from msb_kernels.backends.core.base import (
 )
 from msb_kernels.backends.core.guest import PIP_ENV, USER_PACKAGES
 from msb_kernels.backends.core.ports import HostListeners, host_ports
-from msb_kernels.backends.core.processes import PidfdProcess, process_start_time
+from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
@@ -204,6 +204,7 @@ class NamespaceBackend(SandboxBackend):
         plan = {
             "sandbox_id": spec.sandbox_id,
             "rootful": self.rootful,
+            "oom_score_adj": SANDBOX_OOM_SCORE_ADJ,
             "uid": uid,
             "gid": gid,
             "home_uid": uid if self.rootful else 0,

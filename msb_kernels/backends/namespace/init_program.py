@@ -622,6 +622,12 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
         # what the operator's umask leaves of them: with umask 077 a 0700 /home kept the kernel out of its home.
         # This process is the sandbox's alone (a script, or a fork of the fork server); the kernel sets its own.
         os.umask(0o022)
+        if plan.get("oom_score_adj") is not None:  # before any fork: the network helper, init and the kernel inherit it
+            try:
+                with open("/proc/self/oom_score_adj", "w") as score:
+                    score.write(str(plan["oom_score_adj"]))
+            except OSError:
+                pass  # a host whose /proc refuses it: the sandbox still starts, as any process would
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
         if plan.get("scratch_ready_fd") is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ
 from tests.conftest import REPO, TEST_BASE, VENV_BIN
 from tests.mcp_bridge.test_inspector import FETCH_PRELOAD, Inspector, inspector_env, inspector_missing
 
@@ -303,10 +304,20 @@ async def test_the_mcp_inspector_runs_code_on_the_swarm_through_the_gateway_serv
     await inspector.call("stop_session", session_id=first["session_id"])
 
 
+async def result_in_a_new_kernel(stack: ServiceGateway, code: str) -> str:
+    """code's result in a kernel of its own, deleted after."""
+    kernel = await stack.start_kernel()
+    socket = await KernelSocket.open(stack, kernel)
+    try:
+        return (await socket.execute(code)).result
+    finally:
+        socket.close()
+        await stack.request("DELETE", f"/api/kernels/{kernel}")
+
+
 async def test_a_kernel_cannot_call_its_gateway(stack: ServiceGateway) -> None:
     """The gateway's container is on the kernels' overlay (it reaches them there): its server closes any connection
     from that network unread, so the token is not all that stands between a kernel and the gateway's API."""
-    kernel = await stack.start_kernel()
     code = """
 import socket
 try:
@@ -317,14 +328,25 @@ except OSError as exc:
     answer = type(exc).__name__
 answer
 """
-    socket = await KernelSocket.open(stack, kernel)
-    try:
-        answer = (await socket.execute(code)).result
-    finally:
-        socket.close()
-        await stack.request("DELETE", f"/api/kernels/{kernel}")
+    answer = await result_in_a_new_kernel(stack, code)
     assert answer in ("b''", "'ConnectionResetError'"), answer
     assert "refused a connection from" in stack.log()
+
+
+async def test_a_kernel_is_its_nodes_first_choice_for_the_oom_killer_and_cannot_make_itself_immune(stack: ServiceGateway) -> None:
+    """As on the other backends (tests/msb_kernels/backends/core/test_processes.py): a node out of memory ends a kernel
+    before its dockerd or the gateway's task."""
+    code = """
+def immune():
+    try:
+        with open("/proc/self/oom_score_adj", "w") as score:
+            score.write("-1000")
+    except OSError as exc:
+        return type(exc).__name__
+(open("/proc/self/oom_score_adj").read().strip(), immune())
+"""
+    answer = await result_in_a_new_kernel(stack, code)
+    assert answer == f"('{SANDBOX_OOM_SCORE_ADJ}', 'PermissionError')", answer
 
 
 async def test_kernels_reach_their_allow_list_through_the_gateway_and_nothing_else(stack: ServiceGateway) -> None:
