@@ -58,6 +58,7 @@ from msb_kernels.gateway.kernelspecs import MsbKernelSpecManager
 from msb_kernels.gateway.manager import MsbKernelManager
 from msb_kernels.gateway.sessions import MsbSessionManager
 from msb_kernels.identity.hub import HubService
+from msb_kernels.identity.people import acting_as, set_acting
 from msb_kernels.identity.tokens import Tokens
 from msb_kernels.limits import open_files_advice, raise_open_files
 
@@ -289,7 +290,8 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
 
     def running_server_info(self, kernel_count: bool = True) -> str:
         """What SIGUSR1 logs: this server, not jupyter_server's notebook directory."""
-        count = f", {len(self.kernel_manager.list_kernel_ids())} kernels" if kernel_count else ""
+        with acting_as(None):  # SIGUSR1's handler runs in whatever context it interrupted, perhaps a person's request
+            count = f", {len(self.kernel_manager.list_kernel_ids())} kernels" if kernel_count else ""
         return f"msb-kernels {__version__} serving sandboxed kernels at {self.display_url}{count}"
 
     def backend_line(self) -> str:
@@ -375,6 +377,10 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         self.log.info("msb-kernels: kernels start in the %s backend (it passed its start probe)", backend.name)
 
     async def before_cleanup(self) -> None:  # compat.ServerAppHooks: before jupyter_server's _cleanup
+        # The stop is the system's. A stop signal schedules _cleanup in the context it interrupted (tornado's
+        # add_callback_from_signal), which may be a person's request: then their kernels alone were listed and
+        # stopped, and the others' sandboxes were left behind for the next start's sweep.
+        set_acting(None)
         if getattr(self, "mcp_lifespan", None) is not None:
             await self.mcp_lifespan.shutdown()
 

@@ -366,3 +366,23 @@ async def test_the_culler_culls_every_persons_idle_kernel(gateway_factory, tmp_p
     await wait_until(all_culled, 60, "both people's idle kernels to be culled")
     culled = [line for line in audit_lines(gateway) if line["event"] == "stop" and line["outcome"] == "culled"]
     assert {line["owner"] for line in culled} == {"alice", "bob"} and {line["person"] for line in culled} == {"system"}, culled
+
+
+async def test_a_stop_amid_a_persons_request_stops_every_persons_kernel(gateway_factory, tmp_path):
+    """A stop signal schedules the cleanup in the context it interrupted (tornado's add_callback_from_signal). With
+    bob's kernel flooding his WebSocket, that is nearly always his; the stop is the system's all the same: alice's
+    kernel and sandbox go too (they were left for the next start's sweep, a gVisor one's network namespaces with them)."""
+    users_file = tmp_path / "users.json"
+    tokens = {name: add_user(users_file, name) for name in ("alice", "bob")}
+    gateway = await gateway_factory(extra_env={"MSB_USERS_FILE": str(users_file), "MSB_TOKEN": None, "MSB_POOL_SIZE": "0"})
+    for who in ("alice", "bob"):
+        started = await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, token=tokens[who])
+        assert started.code == 201, started.body
+    flood = await KernelSocket.open(gateway, started.json["id"], token=tokens["bob"])
+    flood.send("execute_request", {"code": "while True: print('x' * 200, flush=True)", "silent": False})
+    for _ in range(200):  # under way
+        await flood.receive(30)
+    assert len(gateway.sandboxes()) == 2
+    gateway.stop()
+    assert "Shutting down 2 kernels" in gateway.log(), gateway.log()[-3000:]
+    assert gateway.sandboxes() == [], gateway.sandboxes()
