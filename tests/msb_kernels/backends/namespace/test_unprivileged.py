@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ
 from msb_kernels.backends.namespace import network
 from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
 from msb_kernels.flavors import FLAVORS
@@ -45,6 +46,7 @@ SCRIPT = textwrap.dedent("""
     status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
     print(json.dumps({"uid": os.getuid(), "host": socket.gethostname(), "root": sorted(os.listdir("/")),
         "nnp": status["NoNewPrivs"].strip(), "cpus": len(os.sched_getaffinity(0)),
+        "oom_score_adj": int(open("/proc/self/oom_score_adj").read()),
         "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
         "data": resource.getrlimit(resource.RLIMIT_DATA)[0], "ifaces": [n for _, n in socket.if_nameindex()],
         "tmp_mib": os.statvfs("/tmp").f_blocks * os.statvfs("/tmp").f_frsize >> 20, "pty": os.ttyname(os.openpty()[1]),
@@ -163,6 +165,7 @@ def test_unprivileged_user_gets_a_sandbox_with_rlimit_fallback(unprivileged_pyth
     assert seen["tmp_mib"] == FLAVORS["small"].memory_scratch_mib
     assert "/tmp and /home/sandbox are RAM (tmpfs), not disk" in log
     assert seen["pty"] == "/dev/pts/0"
+    assert seen["oom_score_adj"] == SANDBOX_OOM_SCORE_ADJ, "the host's OOM killer picks a sandbox first, root or not"
 
 
 def test_unprivileged_user_gets_the_tcp_transport(unprivileged_python, nobody_home):
