@@ -273,8 +273,10 @@ class GVisorBackend(SandboxBackend):
         ]
         if self.transport == "tcp":
             runsc = netstack.in_sandbox_netns(spec.sandbox_id, runsc)
-        # choom: the sandbox's and gofer's host processes inherit the score (util-linux, as setpriv and nsenter are).
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", "choom", "-n", str(SANDBOX_OOM_SCORE_ADJ), "--", *runsc]
+        # choom: the sandbox's and gofer's host processes inherit the score. util-linux has had it since 2.33 (2018); an
+        # older one lacks only the bias, not the sandbox.
+        choom = ["choom", "-n", str(SANDBOX_OOM_SCORE_ADJ), "--"] if shutil.which("choom") else []
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", *choom, *runsc]
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
