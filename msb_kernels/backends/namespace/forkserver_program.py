@@ -263,7 +263,10 @@ def _refuse_waiting(listener: socket.socket, failure: OSError) -> None:
     which the host turns into a refusal that names the limit)."""
     report = {"error": f"no launcher could be forked for the sandbox: {failure.strerror or failure}", "errno": failure.errno}
     while select.select([listener], [], [], 0)[0]:
-        connection, _ = listener.accept()
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return  # gone meanwhile, or no descriptor left for it: its start meets its own timeout
         with connection:
             connection.settimeout(5)
             if keeper.peer_uid(connection) != os.geteuid():
