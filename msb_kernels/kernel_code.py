@@ -392,6 +392,8 @@ def _msb_install_user_packages(runner):
     shell_pip = re.compile(r"(\s*)!\s*(?:pip3?|python3?\s+-m\s+pip)\s+([^;&|<>`$(){{}}\\\n]*?)\s*")
 
     def shell_pip_as_magic(lines):
+        if lines and lines[0].lstrip().startswith("%%"):
+            return lines  # a cell magic's body is its own language (%%bash, %%writefile), not IPython's
         routed = []
         for line in lines:
             found = shell_pip.fullmatch(line.rstrip("\n"))

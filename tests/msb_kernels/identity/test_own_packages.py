@@ -138,6 +138,9 @@ async def test_a_user_install_is_kept_for_the_persons_next_session_and_for_nobod
         assert now.get("value") == PROBE_VALUE and now["file"].startswith("/shared/.python/default/"), now
         listed = await bob.execute("!python3 -m pip list --user")
         assert PROBE_PACKAGE in streams(listed), streams(listed)
+        # In a cell magic's body the line is that language's, left as written.
+        assert (await bob.execute("%%writefile /tmp/cell.txt\n!pip list --user\n")).error is None
+        assert (await bob.execute("open('/tmp/cell.txt').read()")).result == repr("!pip list --user\n")
     finally:
         await people.end("bob", kernel, bob)
     assert glob.glob(str(people.shared / "bob" / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE))
