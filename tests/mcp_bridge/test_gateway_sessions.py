@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from tests.mcp_bridge.conftest import (
     result_error,
 )
 from tests.mcp_bridge.test_transports import TOKEN, JupyterWebsocket
+from tests.msb_kernels.gateway.conftest import wait_until
 from tests.skips import needs_cgroups
 
 
@@ -157,15 +159,14 @@ async def test_limit_refusals_through_the_gateway_are_resource_limit_exceeded_wi
             assert (await gateway_stats(url, TOKEN))["active_sessions"] == 2
 
 
-async def wait_for_a_new_sandbox(session_id: str, killed_pid: int) -> None:
-    """Until the restart's start has made the session's new sandbox (a call then waits for the kernel's readiness)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        records = [r for r in get_backend(load_settings()).list_sandboxes() if r.sandbox_id == session_id and r.running]
-        if any(r.details.get("init_pid") != killed_pid for r in records):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"kernel {session_id} got no new sandbox after its restart")
+def running_init_pids(session_id: str) -> list[int]:
+    """Host pids of the inits of the session's running sandboxes, from the backend's records."""
+    return [r.details["init_pid"] for r in get_backend(load_settings()).list_sandboxes() if r.sandbox_id == session_id and r.running]
+
+
+def new_init_pids(session_id: str, killed: int) -> set[int]:
+    """Those of the session's running sandboxes since the one whose init was killed: a restart's."""
+    return set(running_init_pids(session_id)) - {killed}
 
 
 async def wait_for_stop_record(url: str, session_id: str) -> dict:
@@ -185,8 +186,8 @@ async def test_a_kernel_killed_behind_the_gateway_is_reported_as_dead_with_its_s
             for how, assistant in assistants.items():
                 first = await assistant.call_tool("execute_code", {"code": "x_before = 1"})
                 session_id = first.structured_content["session_id"]
-                (record,) = [r for r in get_backend(load_settings()).list_sandboxes() if r.sandbox_id == session_id and r.running]
-                os.kill(record.details["init_pid"], signal.SIGKILL)
+                (init_pid,) = running_init_pids(session_id)
+                os.kill(init_pid, signal.SIGKILL)
                 stopped = await wait_for_stop_record(url, session_id)
                 assert stopped["status"] == "restarted" and "killed by signal SIGKILL" in stopped["reason"], stopped
                 assert "state is lost" in stopped["reason"], stopped
@@ -200,7 +201,8 @@ async def test_a_kernel_killed_behind_the_gateway_is_reported_as_dead_with_its_s
                 assert any("run the code that set up its state again" in s for s in error["suggestions"]), (how, error)
                 # The restart's start can lag the "restarted" record (the old sandbox's cleanup comes first; seconds
                 # on a loaded host), and a call in that window is refused as dead: a known limit, in the closing note.
-                await wait_for_a_new_sandbox(session_id, record.details["init_pid"])
+                # Once the restart has made the new sandbox, a call waits for the kernel's readiness.
+                await wait_until(functools.partial(new_init_pids, session_id, init_pid), 60, f"a new sandbox for {session_id}")
                 fresh = await assistant.call_tool(
                     "execute_code", {"code": "print('fresh kernel', 'x_before' in globals())", "session_id": session_id}
                 )

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from msb_kernels.backends import backend_classes
 from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ
 from tests.conftest import host_pids
 from tests.kernel_helpers import execute
+from tests.skips import needs_runsc
 
 PROTECT = """
 try:
@@ -25,13 +25,10 @@ def oom_score_adj(pid: int) -> int:
     return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
 
 
-@pytest.mark.parametrize("backend", ["namespace", "gvisor"])
+@pytest.mark.parametrize("backend", ["namespace", pytest.param("gvisor", marks=needs_runsc)])
 async def test_every_sandbox_process_is_the_oom_killers_first_choice_and_cannot_make_itself_immune(
     backend, start_kernel, monkeypatch
 ) -> None:
-    availability = backend_classes()[backend].availability()
-    if not availability.ok:
-        pytest.skip(f"{backend} backend cannot run on this host: {availability.reason}")
     monkeypatch.setenv("MSB_BACKEND", backend)
     ours = oom_score_adj(os.getpid())
     km, kc = await start_kernel()
