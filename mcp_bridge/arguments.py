@@ -14,10 +14,9 @@ from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions, SessionInfo
 from msb_kernels.choice import DEFAULT_ENVIRONMENT, KernelChoice
 from msb_kernels.config import MsbSettings
-from msb_kernels.egress.grant import ARGUMENTS_ENV, NETWORK_ALLOW_ENV, SECRETS_ENV
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.session_env import check_env
+from msb_kernels.start_request import WHOLE_VOLUME, StartRequest, check_env
 from msb_kernels.templates import TEMPLATES, Template, get_template
 
 
@@ -95,7 +94,7 @@ async def requested_environment(sessions: KernelSessions, environment: str | Non
 @dataclass(frozen=True)
 class NewSession:
     """What a new session asks for beyond its language and flavor: its kernel's variables, a network allow-list
-    narrower than the server's, and secrets (msb_kernels.egress); a start request carries them in its env."""
+    narrower than the server's, and secrets (msb_kernels.egress); its StartRequest carries them."""
 
     env: dict[str, str] = field(default_factory=dict)
     network_allow: str | list[str] | None = None
@@ -104,21 +103,28 @@ class NewSession:
     def __bool__(self) -> bool:
         return bool(self.env) or self.network_allow is not None or bool(self.secrets)
 
-    def start_env(self) -> dict[str, str]:
-        """The start request's env; InvalidRequest names a variable the deny list refuses."""
-        env = check_env(self.env, "env")
+    def start_request(self) -> StartRequest:
+        """The session's StartRequest; InvalidRequest names a variable the deny list refuses. Its volume is the whole
+        one, as for any local start; a gateway sets the caller's own in its place."""
+        env = check_env(self.env, "env")  # KERNEL_* too: a session sets those through its own arguments
+        rules = None
         if self.network_allow is not None:
             rules = self.network_allow if isinstance(self.network_allow, str) else ",".join(self.network_allow)
-            env[NETWORK_ALLOW_ENV] = rules.strip() or "none"
+            rules = rules.strip() or "none"
+        secrets = None
         if self.secrets:
             declared = {name: value.model_dump() if hasattr(value, "model_dump") else value for name, value in self.secrets.items()}
             clash = sorted(set(declared) & set(env))
             if clash:
                 raise InvalidRequest(f"{', '.join(clash)} is both in env and in secrets; a secret's placeholder is its variable")
-            env[SECRETS_ENV] = json.dumps(declared)
-        if self.network_allow is not None or self.secrets:
-            env[ARGUMENTS_ENV] = "network_allow,secrets"  # the gateway's refusals name these arguments, not its variables
-        return env
+            secrets = json.dumps(declared)
+        return StartRequest(
+            env=env,
+            network_allow=rules,
+            secrets=secrets,
+            argument_names=("network_allow", "secrets"),  # the gateway's refusals name these arguments, not its variables
+            volume=WHOLE_VOLUME,
+        )
 
 
 async def resolve_session(
@@ -178,5 +184,5 @@ async def resolve_session(
     reason = choice.template.unavailable_reason() if sessions.local_kernels else None
     if reason:
         raise InvalidRequest(f"{choice.template.name} sessions are not available here: {reason}")
-    new_id = await sessions.create(choice, new.start_env() if new else None)
+    new_id = await sessions.create(choice, (new or NewSession()).start_request())
     return await sessions.info(new_id), True

@@ -29,11 +29,16 @@ def access_token(person: Person, token: str) -> AccessToken:
     )
 
 
+# Where a person a token verifier made can come from: never the system, which no token is.
+TOKEN_SOURCES = ("token", "users-file", "hub", "local")
+
+
 def person_of(access: AccessToken | None) -> Person | None:
+    """The person an access token of ours stands for; None (nobody) for anything else."""
     if access is None or access.client_id != CLIENT_ID or not access.subject:
         return None
-    source = (access.claims or {}).get("iss", "token")
-    return Person(access.subject, "admin" in access.scopes, source if source in ("token", "users-file", "hub") else "token")
+    source = (access.claims or {}).get("iss")
+    return Person(access.subject, "admin" in access.scopes, source) if source in TOKEN_SOURCES else None
 
 
 def access_of_request(request: Any) -> AccessToken | None:
@@ -69,24 +74,21 @@ def single_token(token: str, person: Person) -> PersonVerifier:
     return PersonVerifier(person_for)
 
 
-# The bearer token and the origin (scheme://host) of the request that carried the tool call now running: under
-# JupyterHub, the notebook tools reach the caller's own server with it (mcp_bridge.notebooks.hub).
-_credentials: ContextVar[tuple[str | None, str | None]] = ContextVar("msb_mcp_credentials", default=(None, None))
+# The bearer token of the request that carried the tool call now running: under JupyterHub, the notebook tools reach
+# the caller's own server with it (mcp_bridge.notebooks.hub). Nothing else of the request is kept: where the tools
+# connect comes from configuration, never from a header the caller sends.
+_credentials: ContextVar[str | None] = ContextVar("msb_mcp_credentials", default=None)
 
 
-def caller_credentials() -> tuple[str | None, str | None]:
+def caller_token() -> str | None:
     return _credentials.get()
 
 
 @contextlib.contextmanager
 def calling_with(request: Any) -> Iterator[None]:
-    """Keep the token and origin of ``request`` (the HTTP request of a tool call) for the call's span."""
+    """Keep the token of ``request`` (the HTTP request of a tool call) for the call's span."""
     access = access_of_request(request)
-    headers = getattr(request, "headers", None) or {}
-    host = headers.get("x-forwarded-host") or headers.get("host")
-    proto = headers.get("x-forwarded-proto") or (getattr(request, "scope", None) or {}).get("scheme", "http")
-    token = access.token if access is not None else None
-    reset = _credentials.set((token, f"{proto}://{host}" if host else None))
+    reset = _credentials.set(access.token if access is not None else None)
     try:
         yield
     finally:

@@ -26,6 +26,7 @@ from mcp_bridge.sessions import KernelSessions
 from msb_kernels import slow_imports
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import MsbError
+from msb_kernels.identity.people import local_person
 
 log = logging.getLogger("mcp_bridge")
 
@@ -117,7 +118,9 @@ async def serve(args: argparse.Namespace) -> int:
             print(f"msb-mcp: serving MCP over HTTP at http://{host}:{port}/", file=sys.stderr, flush=True)
             await server.serve()
         else:
-            mcp_server = build_server(sessions, settings, options)
+            # Over stdio the one caller is the desktop's user, who owns this process's kernels (or, --gateway, sends
+            # the gateway's token, which says who they are there).
+            mcp_server = build_server(sessions, settings, options, local_caller=local_person())
             bridge = bridge_of(mcp_server)
             if settings.session_timeout_seconds and not args.gateway:
                 culler = asyncio.create_task(cull_idle(sessions, bridge, settings.session_timeout_seconds))

@@ -23,6 +23,7 @@ from mcp_bridge.sessions import (
 )
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import InvalidRequest, ResourceLimitExceeded, SandboxError, error_from_body
+from msb_kernels.start_request import StartRequest
 from msb_kernels.status import epoch_seconds, session_status
 
 
@@ -172,8 +173,9 @@ class GatewayKernelSessions(KernelSessions):
             raise SandboxError(f"the gateway answered HTTP {response.status_code}: {self._message(response)}")
         return response.json()
 
-    async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
+    async def create(self, choice: KernelChoice, request: StartRequest) -> str:
         name = choice.kernel_name
+        env = request.wire_env()  # the gateway sets the owner and the volume itself, from this client's token
         response = await self._request("POST", "/api/kernels", json={"name": name, **({"env": env} if env else {})})
         if response.status_code >= 400:
             with contextlib.suppress(ValueError):

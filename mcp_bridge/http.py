@@ -31,7 +31,7 @@ from mcp_bridge.sessions import KernelSessions
 from mcp_bridge.supervisor import bridge_of
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError, MsbError
-from msb_kernels.identity.people import Person
+from msb_kernels.identity.people import local_person
 
 
 class McpHttpApp:
@@ -49,7 +49,7 @@ class McpHttpApp:
         personal_labs: PersonalLabs | None = None,
     ):
         self.sessions = sessions
-        self.server = build_server(sessions, settings, options, personal_labs=personal_labs)
+        self.server = build_server(sessions, settings, options, personal_labs=personal_labs, local_caller=None)  # every call is HTTP
         self.bridge = bridge_of(self.server)
         self.verifier = verifier
         self.resource_metadata_path = resource_metadata_path  # where the host serves RFC 9728 metadata, from its root
@@ -227,4 +227,4 @@ def asgi_app(
     """
     if not token:
         raise ConfigError("the MCP HTTP endpoint needs a token; set one (it is checked as `Authorization: Bearer <token>`)")
-    return McpHttpApp(sessions, single_token(token, Person("owner", admin=True)), allowed_hosts, allowed_origins, settings, options)
+    return McpHttpApp(sessions, single_token(token, local_person()), allowed_hosts, allowed_origins, settings, options)

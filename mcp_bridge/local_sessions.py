@@ -27,7 +27,7 @@ from msb_kernels import registry
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
-from msb_kernels.session_env import start_request_env
+from msb_kernels.start_request import StartRequest
 from msb_kernels.status import epoch_seconds, session_status
 from msb_kernels.turns import in_turns
 
@@ -226,13 +226,12 @@ class ManagedKernelSessions(KernelSessions):
             raise not_found(str(session_id))
         return self.kernel_manager.get_kernel(session_id)
 
-    async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
+    async def create(self, choice: KernelChoice, request: StartRequest) -> str:
         from jupyter_client.kernelspec import NoSuchKernel
 
         name = choice.kernel_name
         try:
-            asked = {"env": start_request_env(env)} if env else {}
-            session_id = await self.kernel_manager.start_kernel(kernel_name=name, **asked)
+            session_id = await self.kernel_manager.start_kernel(kernel_name=name, start_request=request)
         except NoSuchKernel:
             raise SandboxError(f"the kernelspec {name} is not installed", suggestions=["run `msb-kernels install`"]) from None
         except MsbError:

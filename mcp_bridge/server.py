@@ -32,7 +32,7 @@ from msb_kernels import audit
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
 from msb_kernels.flavors import describe_flavors
-from msb_kernels.identity.people import acting_as
+from msb_kernels.identity.people import Person, acting_as
 from msb_kernels.metrics import MCP_CALLS
 
 log = logging.getLogger("mcp_bridge")
@@ -49,14 +49,21 @@ Run Python or JavaScript (Node.js) in sandboxed, stateful Jupyter kernels.
 
 
 class BridgeServer(MCPServer):
-    """MCPServer whose argument and internal errors come back as error results (see rendering.error_result)."""
+    """MCPServer whose argument and internal errors come back as error results (see rendering.error_result).
+
+    ``local_caller``: who a call that came with no HTTP request is (over stdio or an in-process client: the one user
+    of a server that serves only them); None where every call comes over HTTP (the gateway's /mcp), so that a call
+    without its request acts for nobody, who sees no kernel and may start none."""
+
+    local_caller: Person | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
         # The tool runs as the person whose token carried this call: the gateway's kernel manager then shows and
-        # touches only their kernels (msb_kernels.identity.people.may_see). Over stdio there is no request: the system.
+        # touches only their kernels (msb_kernels.identity.people.may_see).
         request_context = getattr(context, "_request_context", None)
         request = getattr(request_context, "request", None)
-        with acting_as(person_of_request(request), client_name(request_context, request)), calling_with(request):
+        caller = person_of_request(request) if request is not None else self.local_caller
+        with acting_as(caller, client_name(request_context, request)), calling_with(request):
             result = await self._call_tool(name, arguments, context)
             error = (getattr(result, "structured_content", None) or {}).get("error") if getattr(result, "is_error", False) else None
             outcome = (error or {}).get("type", "error") if error is not None else "ok"
@@ -142,13 +149,17 @@ def build_server(
     *,
     name: str = "msb-kernels",
     personal_labs: PersonalLabs | None = None,
+    local_caller: Person | None,
 ) -> MCPServer:
     """The MCP server over ``sessions``. ``server.bridge`` holds the state (supervisor.bridge_of; for shutdown).
-    ``personal_labs``: under JupyterHub, the notebook tools use each caller's own server (mcp_bridge.notebooks.hub)."""
+    ``personal_labs``: under JupyterHub, the notebook tools use each caller's own server (mcp_bridge.notebooks.hub).
+    ``local_caller``: who calls without an HTTP request (BridgeServer), said by every caller of this function: the
+    desktop's user (msb_kernels.identity.people.local_person) for a stdio server, None for one served over HTTP."""
     settings = settings or load_settings()
     options = options or BridgeOptions.from_settings(settings)
     with root_logging_left_alone():
         server = BridgeServer(name, instructions=INSTRUCTIONS, version="0.1.0")
+    server.local_caller = local_caller
     server.bridge = Bridge(sessions, settings, options)  # type: ignore[attr-defined]
     server.bridge.personal_labs = personal_labs  # type: ignore[attr-defined]
     if settings.lab_url:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SessionNotFound
+from msb_kernels.start_request import StartRequest
 from msb_kernels.status import iso_utc
 
 log = logging.getLogger("mcp_bridge")
@@ -170,8 +171,8 @@ class KernelSessions(abc.ABC):
         return session_id
 
     @abc.abstractmethod
-    async def create(self, choice: KernelChoice, env: dict[str, str] | None = None) -> str:
-        """Start a kernel (env: what the session asked for, as a start request carries it); return its id once it answers."""
+    async def create(self, choice: KernelChoice, request: StartRequest) -> str:
+        """Start a kernel of choice for request (what the session asked for); return its id once it answers."""
 
     async def check(self, session_id: str) -> None:
         """SessionNotFound unless the session exists for this caller (a person sees their own kernels only)."""

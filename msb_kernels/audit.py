@@ -27,14 +27,15 @@ def code_fields(code: str | None) -> dict[str, Any]:
 
 
 def record(event: str, outcome: str, kernel: str | None = None, *, person: str | None = None, **details: Any) -> None:
-    """Write one line. ``person`` defaults to the caller (``system`` for work no request started)."""
+    """Write one line. ``person`` defaults to the caller: ``system`` for the gateway's own work, ``nobody`` where no
+    one acts (which the kernel manager refuses)."""
     if not log.isEnabledFor(logging.INFO):
         return
     caller = acting()
     line = {
         "ts": round(time.time(), 3),
         "event": event,
-        "person": person if person is not None else (caller.name if caller is not None else "system"),
+        "person": person if person is not None else (caller.name if caller is not None else "nobody"),
         "kernel": kernel,
         "client": acting_client(),
         "outcome": outcome,

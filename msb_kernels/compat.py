@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 from tornado.ioloop import IOLoop, PeriodicCallback
 
+from msb_kernels.start_request import START_REQUEST
+
 if TYPE_CHECKING:
     from datetime import datetime
 
@@ -34,6 +36,9 @@ def __getattr__(name: str) -> Any:
     KERNEL_ACTION_REGEX: its pattern for a kernel action (``_kernel_action_regex``: restart|interrupt, group
     ``action``): our action route (a 404 for a kernel that is not the caller's) matches exactly its actions.
 
+    SESSION_ID_REGEX: its pattern for a session id (services/sessions/handlers.py's private ``_session_id_regex``,
+    group ``session_id``): the gateway's own route for a session matches exactly the ids jupyter_server's did.
+
     utcnow: jupyter_server's clock (the private ``jupyter_server._tz.utcnow``, timezone-aware UTC), which its
     last_activity values and the culler's comparisons use: ours must be of the same kind."""
     if name == "KERNEL_ID_REGEX":
@@ -44,6 +49,10 @@ def __getattr__(name: str) -> Any:
         from jupyter_server.services.kernels.handlers import _kernel_action_regex
 
         return _kernel_action_regex
+    if name == "SESSION_ID_REGEX":
+        from jupyter_server.services.sessions.handlers import _session_id_regex
+
+        return _session_id_regex
     if name == "utcnow":
         from jupyter_server._tz import utcnow
 
@@ -54,6 +63,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     KERNEL_ID_REGEX: str
     KERNEL_ACTION_REGEX: str
+    SESSION_ID_REGEX: str
 
     def utcnow() -> datetime: ...
 
@@ -111,6 +121,22 @@ def open_activity_stream(kernel: Any) -> Any:
     move), so a watch of ours that replaces its start_watching_activity is stopped by its own code."""
     kernel._activity_stream = kernel.connect_iopub()
     return kernel._activity_stream
+
+
+def use_start_request(km: Any, request: Any) -> None:
+    """Make ``request`` what every later start of this kernel uses: jupyter_client keeps a start's keyword arguments
+    for its restarts in KernelManager._launch_args, and the provisioner keeps the request of the start under way. The
+    pool hands a waiting kernel to a request this way; the gateway's record then holds the same request."""
+    km._launch_args = {**(km._launch_args or {}), START_REQUEST: request}
+    km._launch_args.pop("env", None)
+    provisioner = getattr(km, "provisioner", None)
+    if provisioner is not None and hasattr(provisioner, "start_request"):
+        provisioner.start_request = request
+
+
+def launch_arguments_of(km: Any) -> dict[str, Any]:
+    """The keyword arguments jupyter_client keeps for a kernel's restarts (KernelManager._launch_args), itself."""
+    return km._launch_args or {}
 
 
 def serve_starts_through(manager: Any, cls: type[AsyncMultiKernelManager]) -> None:

@@ -170,6 +170,13 @@ class MsbSettings(Configurable):
     hub_auth_cache_seconds = Int(
         30, help="Under JupyterHub: seconds a Hub token's check is remembered (a revoked token is refused after at most this)."
     ).tag(config=True)
+    hub_proxy_url = Unicode(
+        None,
+        allow_none=True,
+        help="Under JupyterHub: where the gateway reaches each person's JupyterLab through the Hub's proxy "
+        "(<url>/user/<name>/), for the notebook tools. Unset = JupyterHub's public_url (its JUPYTERHUB_PUBLIC_URL); "
+        "never a request's own Host or X-Forwarded-Host.",
+    ).tag(config=True)
     max_sessions_per_user = Int(
         None, allow_none=True, help="Most kernels one person runs at once (admins too); unset = only MSB_MAX_SESSIONS."
     ).tag(config=True)
@@ -347,6 +354,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "capacity_memory_mib": checks.at_least(1),
     "users_file": checks.check_users_file,
     "hub_auth_cache_seconds": lambda v: "is negative" if v < 0 else None,
+    "hub_proxy_url": lambda v: None if v is None or v.startswith(("http://", "https://")) else "is not an http:// or https:// URL",
     "max_sessions_per_user": checks.at_least(1),
     "user_memory_mib": checks.at_least(1),
     "capacity_cpus": checks.at_least(1),
@@ -400,6 +408,7 @@ _ACCEPTED: dict[str, str] = {
     "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for no CPU limit",
     "users_file": "create it with `msb-kernels users add NAME --file PATH` (mode 0600), or leave it unset for the single token",
     "hub_auth_cache_seconds": "use a whole number of seconds >= 0 (0 asks the Hub at every request)",
+    "hub_proxy_url": "use the URL this host reaches JupyterHub's proxy at, e.g. http://127.0.0.1:8000",
     "max_sessions_per_user": "use a whole number >= 1, or leave it unset for no per-person limit",
     "user_memory_mib": "use a whole number of MiB >= 1, or leave it unset for no per-person share",
     "cull_interval_seconds": "use a whole number of seconds >= 1",

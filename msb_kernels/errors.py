@@ -64,6 +64,13 @@ class SandboxError(MsbError):
     error_type = "SystemError"
 
 
+class NobodyActing(MsbError):
+    """Work that reached the kernel manager with nobody acting for it (no person, not the system): refused, since a
+    path that forgets to say who it acts for must fail, not act as an admin. A defect, never a client's mistake."""
+
+    error_type = "SystemError"
+
+
 class HibernationRefused(MsbError):
     """A kernel was not hibernated and runs on as it was; the message says why (the gateway logs and counts it)."""
 

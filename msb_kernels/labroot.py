@@ -9,7 +9,6 @@ path inside every sandbox, that path is the kernel's working directory too.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import HostDirectory
@@ -32,9 +31,10 @@ def lab_directories(settings: MsbSettings) -> list[HostDirectory]:
     return [HostDirectory(str(root), settings.lab_root_writable)]
 
 
-def working_dir(settings: MsbSettings, env: Mapping[str, str]) -> str | None:
-    """The notebook's directory as the kernel's working directory, when the sandbox shows it; else None (its home)."""
-    root, requested = settings.lab_root, env.get("KERNEL_WORKING_DIR")
+def working_dir(settings: MsbSettings, requested: str | None) -> str | None:
+    """The notebook's directory (a StartRequest's working_dir) as the kernel's working directory, when the sandbox
+    shows it; else None (its home)."""
+    root = settings.lab_root
     if root is None or not requested:
         return None
     path = os.path.realpath(requested)

@@ -3,6 +3,9 @@
 A new session then gets a kernel that already answered kernel_info, instead of
 waiting for a sandbox and an interpreter to start. A pooled kernel has never run
 user code; it belongs to no session until it is taken, and is never handed out twice.
+It is started by the system for the system's StartRequest (the whole shared volume, no
+variables of a session's), and handed only to a request whose sandbox would be the same;
+from then on the request it was handed to is the one its restarts use.
 
 The pool plugs into jupyter_client's AsyncMultiKernelManager (and so into
 jupyter_server's kernel manager): ``start_from_pool`` registers a pooled kernel
@@ -24,21 +27,18 @@ from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 
 from msb_kernels import labroot
 from msb_kernels.choice import KernelChoice
-from msb_kernels.compat import jupyter_client_shutdown_all, jupyter_client_start_kernel, kernels_of
+from msb_kernels.compat import jupyter_client_shutdown_all, jupyter_client_start_kernel, kernels_of, use_start_request
 from msb_kernels.config import load_settings
 from msb_kernels.flavors import Flavor
+from msb_kernels.identity.people import SYSTEM, acting_as
+from msb_kernels.identity.volumes import WHOLE_VOLUME
 from msb_kernels.registry import SandboxRegistry, registry_of
-from msb_kernels.session_env import REQUESTED_NAMES, requested_names
+from msb_kernels.start_request import START_REQUEST, StartRequest
 
 log = logging.getLogger("msb_kernels")
 
-# Start-time variables that change what the sandbox is: a pooled kernel serves a request only if it matches them.
-# (The template and the kernelspec's flavor are in the kernelspec name the pool is keyed by.)
-SANDBOX_ENV = ("KERNEL_FLAVOR",)
-# Start-time variables that describe the request, not the sandbox, so a kernel started before the request
-# serves it as well. JupyterLab's gateway client sends them with every start: the notebook's path, its start
-# timeout, its user, and a working directory on its own host, which no sandbox has.
-REQUEST_ONLY_ENV = ("JPY_SESSION_NAME", "KERNEL_LAUNCH_TIMEOUT", "KERNEL_USERNAME", "KERNEL_WORKING_DIR")
+# What the pool's kernels are started for: the system's, with the whole shared volume and nothing of a session's.
+POOL_REQUEST = StartRequest(volume=WHOLE_VOLUME)
 READY_TIMEOUT = 120.0
 RETRY_SECONDS = 10.0
 
@@ -51,6 +51,15 @@ async def run_silently(client: Any, code: str) -> None:
         reply = await client.get_shell_msg(timeout=remaining)
         if reply["parent_header"].get("msg_id") == msg_id:
             return
+
+
+def request_of(kwargs: dict[str, Any]) -> StartRequest:
+    """The StartRequest a start's keyword arguments carry; for a local start without one, what the provisioner makes of
+    its env (StartRequest.for_local_start)."""
+    request = kwargs.get(START_REQUEST)
+    if isinstance(request, StartRequest):
+        return request
+    return StartRequest.for_local_start(kwargs["env"] if kwargs.get("env") is not None else os.environ)
 
 
 class KernelPool:
@@ -86,12 +95,16 @@ class KernelPool:
                 task.add_done_callback(self._tasks.discard)
 
     async def _start_one(self, kernel_name: str) -> None:
+        with acting_as(SYSTEM):  # whoever's start asked for a refill, the pool's kernels are the system's
+            await self._start_for_system(kernel_name)
+
+    async def _start_for_system(self, kernel_name: str) -> None:
         km = None
         try:
             km, _, kernel_id = self.manager.pre_start_kernel(kernel_name, {})
             if not self.counts_as_sessions:
                 self.registry.pooled_kernel_ids.add(kernel_id)
-            await km.start_kernel(kernel_id=kernel_id, env=os.environ.copy())
+            await km.start_kernel(kernel_id=kernel_id, **{START_REQUEST: POOL_REQUEST})
             client = km.client()
             client.start_channels()
             try:
@@ -130,22 +143,24 @@ class KernelPool:
     # -- taking -------------------------------------------------------------------
 
     def can_serve(self, kernel_name: str, kwargs: dict[str, Any]) -> bool:
-        """Whether a waiting kernel fits this start request: the same sandbox, and no variable the kernel must see.
+        """Whether a waiting kernel fits this start: a sandbox of the same shape as the pool's (StartRequest.sandbox_shape:
+        no variable a fresh kernel would get, no narrower network, no other volume), of the same flavor.
 
-        Any other variable the request adds reaches a fresh kernel's environment (or, as KERNEL_NETWORK_ALLOW and
-        KERNEL_SECRETS do, its sandbox's way out), so such a request starts its own.
+        The notebook's path and the client's own name describe the request, not the sandbox, so a kernel started
+        before it serves it as well; so does a working directory on the client's own host, which no sandbox shows.
         """
+        request = request_of(kwargs)
         if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
             return False
-        env = kwargs.get("env") or {}
         settings = load_settings(getattr(self.manager, "config", None))
-        if labroot.working_dir(settings, env) is not None:
+        if labroot.working_dir(settings, request.working_dir) is not None:
             return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
-        asked = requested_names(env)  # a session's own variables, even where the host has the same value
-        added = {k for k, v in env.items() if (os.environ.get(k) != v or k in asked) and k not in (*REQUEST_ONLY_ENV, REQUESTED_NAMES)}
-        flavor = (env.get("KERNEL_FLAVOR") or "").strip().lower()
         choice = KernelChoice.from_kernel_name(kernel_name)
-        return added <= set(SANDBOX_ENV) and (not flavor or (choice is not None and choice.flavor.name == flavor))
+        flavor = (request.flavor or "").strip().lower()
+        if flavor and (choice is None or choice.flavor.name != flavor):
+            return False
+        volume = settings.shared_volume is not None
+        return request.sandbox_shape(volume) == POOL_REQUEST.sandbox_shape(volume)
 
     def take(self, kernel_name: str, kwargs: dict[str, Any]) -> AsyncKernelManager | None:
         """A ready kernel for this start request, or None when the request must start its own."""
@@ -226,8 +241,7 @@ async def start_from_pool(
         km = pool.reserved.pop(kwargs.get("kernel_id"), None) or pool.take(name, kwargs)
     if km is None:
         return await start(manager, kernel_name=kernel_name, **kwargs)
-    if kwargs.get("env"):
-        km.update_env(env=dict(kwargs["env"]))  # a restart then starts the kernel this request asked for
+    use_start_request(km, request_of(kwargs))  # the requester's from now on: a restart starts the kernel it asked for
     kernels_of(manager)[km.kernel_id] = km
     return km.kernel_id
 

@@ -34,6 +34,7 @@ from msb_kernels import probe_verdicts, registry
 from msb_kernels.backends import SandboxBackend, choose_backend, get_backend
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import ConfigError
+from msb_kernels.start_request import START_REQUEST, StartRequest
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -174,7 +175,7 @@ async def _start_once(
         error: str | None = None
         tail: list[str] = []
         try:
-            await km.start_kernel(kernel_id=kernel_id)
+            await km.start_kernel(kernel_id=kernel_id, **{START_REQUEST: StartRequest()})  # nothing of anyone's
             client = km.client()
             client.start_channels()
             await client.wait_for_ready(timeout=PROBE_TIMEOUT_SECONDS)

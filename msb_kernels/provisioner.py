@@ -7,7 +7,10 @@ A kernelspec selects it with::
                                         "config": {"flavor": "small", "template": "python"}}}
 
 so JupyterLab, jupyter console, nbclient and papermill run sandboxed kernels with no
-change of their own. A start request may pick the flavor with ``KERNEL_FLAVOR`` in its env.
+change of their own. What one start asks for (its flavor, the session's own variables, its network, its owner's
+volume, its working directory) is its StartRequest (msb_kernels.start_request): the ``start_request`` argument that
+jupyter_client keeps for every later start of the kernel, or for a local start, the KERNEL_* variables its caller
+passed. The start's ``env`` (jupyter_client's, which defaults to this process's environment) is never read.
 """
 
 from __future__ import annotations
@@ -36,23 +39,20 @@ from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.choice import DEFAULT_ENVIRONMENT
 from msb_kernels.compat import curve_capable, kernel_supports_curve, send_interrupt_request, transport_encryption_policy
 from msb_kernels.config import MsbSettings, load_settings
-from msb_kernels.egress.grant import START_ONLY_ENV, KernelNetwork, network_for
+from msb_kernels.egress.grant import KernelNetwork, network_for
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.environments.kernel_images import kernel_image
 from msb_kernels.errors import ConfigError, InvalidRequest, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, user_base, volume_for
+from msb_kernels.identity.volumes import user_base, volume_for
 from msb_kernels.probe import backend_for_start, distrust
 from msb_kernels.registry import SandboxRegistry, registry_of
-from msb_kernels.session_env import REQUESTED_NAMES, requested_names
+from msb_kernels.start_request import START_REQUEST, StartRequest
 from msb_kernels.templates import Template, get_template
 
 log = logging.getLogger("msb_kernels")
 
 GUEST_CONNECTION_FILE = "connection.json"
-# Host variables a kernel may see; everything else from the host environment stays out.
-PASSED_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "JPY_SESSION_NAME", "TERM")
-NEVER_PASSED = ("JPY_PARENT_PID", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", VOLUME_OWNER_ENV)
 
 _swept_runtime_dirs: set[str] = set()
 # How long a start holds its turn at most while the kernel imports; past it the next start goes anyway.
@@ -95,6 +95,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     sandbox: Sandbox | None = None
     last_exit_reason: str | None = None
     network: KernelNetwork | None = None  # its way out, chosen by pre_launch (msb_kernels.egress.grant)
+    start_request: StartRequest | None = None  # what this start asks for, set by pre_launch from the start's arguments
     egress: Any = None  # its egress.attach.KernelRoute, while the proxy listens for it
     # Chosen by pre_launch, from the kernelspec's config and the start request's KERNEL_FLAVOR.
     template_spec: Template | None = None
@@ -163,13 +164,23 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         self.settings: MsbSettings = load_settings(getattr(km, "config", None))
         registry = self.sandbox_registry
         adopting = registry.adoptions.get(self.kernel_id)
-        start_env = kwargs.get("env") or {}
+        request = kwargs.pop(START_REQUEST, None)
+        given_env = kwargs.pop("env", None)  # jupyter_client's, or this process's environment: never the kernel's
+        if request is None:  # a local jupyter_client start: its caller is the host's own user
+            request = StartRequest.for_local_start(os.environ if given_env is None else given_env)
+        if not isinstance(request, StartRequest):
+            raise InvalidRequest(f"{START_REQUEST} must be a StartRequest, not {type(request).__name__}")
+        self.start_request = request
         if adopting:
-            self.flavor_spec, self.template = get_flavor(adopting["flavor"]), adopting["template"]
-        else:
-            self.flavor_spec = get_flavor(
-                start_env.get("KERNEL_FLAVOR") or self.flavor or self.settings.default_flavor,
-                argument="KERNEL_FLAVOR" if start_env.get("KERNEL_FLAVOR") else "flavor",
+            self.template = adopting["template"]
+        self.flavor_spec = get_flavor(
+            request.flavor or self.flavor or self.settings.default_flavor,
+            argument="KERNEL_FLAVOR" if request.flavor else "flavor",
+        )
+        if request.environment is not None and request.environment != (self.environment or DEFAULT_ENVIRONMENT):
+            raise InvalidRequest(
+                f"the start asks for environment {request.environment}, but its kernelspec runs {self.environment or DEFAULT_ENVIRONMENT}",
+                ["start the kernelspec of that environment (msb-<environment>-python-<flavor>)"],
             )
         self.template_spec = get_template(self.template, argument="template")
         reason = self.template_spec.unavailable_reason()
@@ -198,7 +209,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 settings.allow_network,
                 settings.network_allow,
                 settings.network_secrets_file,
-                start_env,
+                request,
                 settings.runtime_root(),
                 self.kernel_id,
             )
@@ -231,14 +242,16 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 else:
                     self._use_reserved_ports(km)
                 await self._set_up_encryption(km)
-                km.write_connection_file(jupyter_session=start_env.get("JPY_SESSION_NAME", ""))
+                km.write_connection_file(jupyter_session=request.notebook_path or "")
                 self.connection_info = km.get_connection_info()
                 self._write_guest_files()
             cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
         except BaseException:
             self._forget_failed_start(remove_dir=not adopting)
             raise
-        return await super().pre_launch(cmd=cmd, **kwargs)
+        launch = await super().pre_launch(cmd=cmd, **kwargs)
+        launch.pop("env", None)  # the base class's: this process's environment, which no sandbox is given
+        return launch
 
     def _use_reserved_ports(self, km: Any) -> None:
         """tcp: connect to the backend's host ports (published at the same numbers in the guest)."""
@@ -329,9 +342,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         argv += self.template_spec.launch_arguments(self._guest_path(self.template_spec.startup_file))
         return argv
 
-    def _guest_env(self, env: dict[str, str], argv0: str, volume: bool = False) -> dict[str, str]:
-        """A clean environment: the host's variables (tokens, keys) never reach the kernel. volume: the kernel mounts its
-        person's volume, where their own packages are kept (PYTHONUSERBASE)."""
+    def _guest_env(self, argv0: str, volume: bool = False) -> dict[str, str]:
+        """What the sandbox needs, and the session's own variables from its start request: nothing of this process's
+        environment (its tokens and keys) is read. volume: the kernel mounts a shared volume, where its person's own
+        packages are kept (PYTHONUSERBASE)."""
         cpus = str(self.flavor_spec.cpus)
         guest = {
             "PATH": f"{os.path.dirname(argv0)}:/usr/local/bin:/usr/bin:/bin",
@@ -353,16 +367,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             guest["MSB_SHARED_VOLUME"] = self.settings.shared_volume_guest_path
         if volume and self.template_spec.user_packages:
             guest["PYTHONUSERBASE"] = user_base(self.settings.shared_volume_guest_path, self.environment or DEFAULT_ENVIRONMENT)
-        for name in PASSED_THROUGH:
-            if name in env:
-                guest[name] = env[name]
-        # Variables this kernel was started with (kernelspec env, KERNEL_* and a session's own from a start request):
-        requested = requested_names(env)
-        for name, value in env.items():
-            if name in NEVER_PASSED or name in START_ONLY_ENV or name == REQUESTED_NAMES:
-                continue
-            if name in (self.kernel_spec.env or {}) or name.startswith("KERNEL_") or name in requested or os.environ.get(name) != value:
-                guest[name] = value
+        guest.update(self.kernel_spec.env or {})  # the operator's kernelspec
+        guest.update(self.start_request.kernel_variables())  # checked against the deny list when the request was made
         return guest
 
     async def _open_egress(self, env: dict[str, str]) -> EgressRoute:
@@ -383,8 +389,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
-        shared = volume_for(self.settings.shared_volume, kwargs.get("env") or {})  # its person's own directory of it
-        env = self._guest_env(kwargs.get("env") or {}, argv[0], volume=shared is not None)
+        request = self.start_request
+        shared = volume_for(self.settings.shared_volume, request.volume)  # its person's own directory of it, or none
+        env = self._guest_env(argv[0], volume=shared is not None)
         registry = self.sandbox_registry
         try:
             egress = await self._open_egress(env) if self.network.proxied else None
@@ -402,7 +409,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
             shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
             host_directories=labroot.lab_directories(self.settings),
-            working_dir=labroot.working_dir(self.settings, kwargs.get("env") or {}),
+            working_dir=labroot.working_dir(self.settings, request.working_dir),
             max_processes=self.settings.max_processes,
             allow_network=self.network.public,
             egress=egress,

@@ -13,7 +13,8 @@ API::
         .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
         .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
         .mcp(token) -> MCP SDK client                    the gateway's /mcp through the proxy, as token's person
-        .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin
+        .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin (kept in .issued)
+        .secrets() -> dict                               every token this Hub run issued that the harness can find, by origin
         .revoke(user, token)  .delete_user(user)
         .start_server(user) -> UserServer                POST .../server, then wait until it is ready
         .login(driver, user)                             /hub/login in Chromium, as that user (cookies cleared first)
@@ -43,6 +44,8 @@ SERVICE = "msb-kernels"
 PASSWORD = "msb-tests-shared-password"  # DummyAuthenticator's one password, for every user
 SERVER_TIMEOUT = 120.0  # a single-user server's start: JupyterLab and its extensions, on a loaded 2-core machine
 ADMIN_SERVICE = "msb-tests"
+# What the Hub puts in its processes' environments that lets one act as someone: servers', services' and the proxy's.
+HUB_SECRETS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTER_GATEWAY_AUTH_TOKEN", "CONFIGPROXY_AUTH_TOKEN", "MSB_TOKEN")
 
 
 class UserServer(HttpServer):
@@ -66,6 +69,7 @@ class Hub(HttpServer):
         self.runtime_dir = runtime_dir  # the gateway's MSB_RUNTIME_DIR
         self.gateway_port = gateway_port
         self.tokens: dict[str, str] = {}  # user -> a token of theirs the harness made (admin-made, all their scopes)
+        self.issued: set[str] = set()  # every token token_for made
 
     @property
     def gateway_url(self) -> str:
@@ -78,15 +82,17 @@ class Hub(HttpServer):
         return await self.request(method, f"/services/{SERVICE}/{path.lstrip('/')}", body, token=token, **kwargs)
 
     @contextlib.asynccontextmanager
-    async def mcp(self, token: str | None) -> AsyncIterator[Any]:
-        """An MCP SDK client on the gateway's /mcp through the Hub's proxy, sending ``token`` as its person's."""
+    async def mcp(self, token: str | None, direct: bool = False, headers: dict | None = None) -> AsyncIterator[Any]:
+        """An MCP SDK client on the gateway's /mcp through the Hub's proxy (direct: at the gateway's own port, as a
+        process on this host reaches it), sending ``token`` as its person's, and ``headers`` beside it."""
         import httpx2
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with httpx2.AsyncClient(headers=headers, timeout=SERVER_TIMEOUT) as http:
-            async with Client(streamable_http_client(f"{self.gateway_url}/mcp", http_client=http)) as client:
+        sent = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
+        base = f"http://127.0.0.1:{self.gateway_port}/services/{SERVICE}" if direct else self.gateway_url
+        async with httpx2.AsyncClient(headers=sent, timeout=SERVER_TIMEOUT) as http:
+            async with Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client:
                 yield client
 
     async def token_for(self, user: str, scopes: list[str] | None = None, note: str = "msb-tests") -> str:
@@ -94,7 +100,22 @@ class Hub(HttpServer):
         body: dict[str, Any] = {"note": note, **({"scopes": scopes} if scopes is not None else {})}
         response = await self.api("POST", f"users/{quote(user)}/tokens", body)
         assert response.code == 201, (response.code, response.body)
+        self.issued.add(response.json["token"])
         return response.json["token"]
+
+    def secrets(self) -> dict[str, str]:
+        """Every token of this run the harness can find, each with where it came from: those it made, its admin
+        service's, and those the Hub gave its processes (each server's and the gateway's own API token, the proxy's
+        auth token), read from their environments now."""
+        found = {self.token: "the admin service's token", **{token: "a user's API token" for token in self.issued}}
+        for pid in descendants(self.process.pid) | {self.process.pid}:
+            with contextlib.suppress(OSError):
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+                for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    name, _, value = entry.decode(errors="replace").partition("=")
+                    if name in HUB_SECRETS and len(value) >= 16:
+                        found.setdefault(value, f"{name} of {b' '.join(command).decode(errors='replace')}")
+        return found
 
     async def revoke(self, user: str, token: str) -> None:
         """Delete the token through the Hub's API: its id is found by asking the Hub who holds it."""
@@ -111,7 +132,8 @@ class Hub(HttpServer):
 
     async def start_server(self, user: str) -> UserServer:
         response = await self.api("POST", f"users/{quote(user)}/server", timeout=SERVER_TIMEOUT)
-        assert response.code in (201, 202), (response.code, response.body)
+        running = response.code == 400 and b"already running" in response.body  # an earlier test of the module started it
+        assert response.code in (201, 202) or running, (response.code, response.body)
 
         async def ready() -> bool:
             if not self.running():

@@ -13,9 +13,12 @@
 #
 #   MSB_HUB_IP              address the Hub's proxy listens on                 JupyterHub's ("": every interface)
 #   MSB_HUB_PORT            the Hub's public port (the proxy's)                8000
-#   MSB_HUB_PUBLIC_URL      where people reach the Hub (https://hub.example):  unset; the gateway's notebook tools then
-#                           the Hub's public_url, and the gateway's own        take it from each request
-#                           setting of that name, which it passes on
+#   MSB_HUB_PUBLIC_URL      where people reach the Hub (https://hub.example):  unset
+#                           the Hub's public_url, which JupyterHub tells the
+#                           gateway (its notebook tools reach people's servers
+#                           there)
+#   MSB_HUB_PROXY_URL       a gateway setting: where it reaches the Hub's      http://<MSB_HUB_IP or 127.0.0.1>:<port>
+#                           proxy, for the notebook tools                      where MSB_HUB_PUBLIC_URL is unset
 #   MSB_HUB_API_PORT        the Hub's own port, for the proxy and services     8081
 #   MSB_HUB_PROXY_API_PORT  configurable-http-proxy's REST API port            8001
 #   MSB_HUB_GATEWAY_PORT    the port msb-kernels serve listens on (loopback)   8765
@@ -90,6 +93,11 @@ gateway_env = {
     for name, value in os.environ.items()
     if name in passed or (name.startswith("MSB_") and name.removeprefix("MSB_HUB_") not in KNOBS)
 }
+if not os.environ.get("MSB_HUB_PUBLIC_URL"):
+    # Where the gateway reaches each person's server for the notebook tools: the proxy, on this host. (With a
+    # public_url, JupyterHub tells the gateway that one itself.) Never a request's own Host header.
+    proxy_host = knob("IP") if knob("IP") not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    gateway_env.setdefault("MSB_HUB_PROXY_URL", f"http://{proxy_host}:{c.JupyterHub.port}")
 c.JupyterHub.services = [
     {
         "name": SERVICE,
@@ -131,8 +139,11 @@ if knob("SPAWNER") == "simple":
     c.SimpleLocalProcessSpawner.home_dir_template = str(state_dir / "home" / "{username}")
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]  # the server of this venv, whatever PATH says
 c.Spawner.default_url = "/lab"
+# A notebook's kernel start is given the notebook's path alone, never the server's environment, which holds its Hub
+# token and which jupyter_server's gateway client logs at INFO with every start (msb_kernels/jupyterlab.py).
+c.Spawner.args = ["--ServerApp.session_manager_class=msb_kernels.jupyterlab.GatewaySessions"]
 if knob("ALLOW_ROOT") not in ("", "0", "false"):
-    c.Spawner.args = ["--allow-root"]
+    c.Spawner.args.append("--allow-root")
 # A server's own token (JUPYTERHUB_API_TOKEN) gets JupyterHub's defaults for a server (the `server` role's: post
 # activity, be reached) plus the gateway's scope, which it holds only where its user does. Lab sends this token to
 # the gateway, so the gateway sees the person, not a shared secret.

@@ -19,28 +19,29 @@ from msb_kernels.identity.people import Person
 
 
 class PersonalLabs:
-    """One NotebookDocuments per person, over their own server; ``public_url`` is where the Hub's proxy is
-    (JupyterHub's public_url), else the origin the caller reached /mcp at."""
+    """One NotebookDocuments per person, over their own server; ``proxy_url`` is where this gateway reaches the Hub's
+    proxy, from configuration alone (HubService.proxy_origin). Never a request's Host or X-Forwarded-Host: a header a
+    person sends would make the gateway connect, from inside the operator's network, wherever they named."""
 
-    def __init__(self, public_url: str | None):
-        self.public_url = public_url.rstrip("/") if public_url else None
+    def __init__(self, proxy_url: str | None):
+        self.proxy_url = proxy_url.rstrip("/") if proxy_url else None
         self.people: dict[str, NotebookDocuments] = {}
 
-    def documents(self, person: Person, token: str | None, origin: str | None) -> NotebookDocuments:
+    def documents(self, person: Person, token: str | None) -> NotebookDocuments:
+        if self.proxy_url is None:
+            raise InvalidRequest(
+                "the notebook tools do not know where JupyterHub's proxy is: MSB_HUB_PROXY_URL is unset, and so is "
+                "JupyterHub's public_url (JUPYTERHUB_PUBLIC_URL)",
+                [
+                    "the operator: set MSB_HUB_PROXY_URL for the gateway service (the shipped jupyterhub_config.py sets it)",
+                    "or set c.JupyterHub.public_url (the shipped config's MSB_HUB_PUBLIC_URL)",
+                ],
+            )
         if token is None:
             raise InvalidRequest(
                 "the notebook tools need the person's own Hub token", ["send your JupyterHub API token as the bearer token"]
             )
-        base = self.public_url or origin
-        if base is None:
-            raise InvalidRequest(
-                "the gateway does not know where JupyterHub's proxy is",
-                [
-                    "the operator: set JupyterHub's c.JupyterHub.public_url (the deploy config's MSB_HUB_PUBLIC_URL)",
-                    "or reach /mcp through the Hub's proxy",
-                ],
-            )
-        url = f"{base.rstrip('/')}/user/{quote(person.name, safe='')}/"
+        url = f"{self.proxy_url}/user/{quote(person.name, safe='')}/"
         documents = self.people.get(person.name)
         if documents is None or documents.lab.url != url.rstrip("/"):
             documents = self.people[person.name] = NotebookDocuments(LabServer(url, token))

@@ -17,7 +17,7 @@ from pycrdt import Map
 from pydantic import Field
 
 from mcp_bridge.arguments import check_size, check_timeout
-from mcp_bridge.auth import caller_credentials
+from mcp_bridge.auth import caller_token
 from mcp_bridge.models import (
     CellInfo,
     ExecutionResponse,
@@ -36,7 +36,7 @@ from mcp_bridge.rendering import execution_result, model_result
 from mcp_bridge.sessions import SessionInfo
 from mcp_bridge.supervisor import Bridge, bridge_of
 from mcp_bridge.tools import Timeout, sessions_result, tool
-from msb_kernels.errors import InvalidRequest, MsbError, SessionNotFound
+from msb_kernels.errors import InvalidRequest, MsbError, NobodyActing, SessionNotFound
 from msb_kernels.identity.people import acting
 
 Notebook = Annotated[str, Field(description="the notebook's path in JupyterLab, e.g. 'project/analysis.ipynb'")]
@@ -56,12 +56,13 @@ def documents_of(bridge: Bridge) -> NotebookDocuments:
     """The notebooks of the caller's JupyterLab: under JupyterHub their own server; else the one Lab at MSB_LAB_URL,
     which is one person's, so only the single token's person and admins may edit it."""
     person = acting()
-    if bridge.personal_labs is not None and person is not None:
-        token, origin = caller_credentials()
-        return bridge.personal_labs.documents(person, token, origin)
+    if person is None:
+        raise NobodyActing("a notebook tool was called with nobody acting for it: refused")
+    if bridge.personal_labs is not None:
+        return bridge.personal_labs.documents(person, caller_token())
     if bridge.notebooks is None:
         raise no_lab()
-    if person is not None and not person.admin:
+    if not person.admin:
         raise InvalidRequest(
             f"the notebook tools here reach one JupyterLab (MSB_LAB_URL), which is not {person.name}'s",
             ["run the gateway as a JupyterHub service: each person's assistant then works in their own JupyterLab"],

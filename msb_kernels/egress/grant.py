@@ -1,10 +1,12 @@
 """What one kernel's start is granted: the operator's list or a narrower one the session asked for, and its secrets.
 
 One definition for every way a kernel starts (the gateway's REST API, MCP sessions, nbclient and papermill): a
-start request asks with ``KERNEL_NETWORK_ALLOW`` (rules, or ``none``) and ``KERNEL_SECRETS`` (JSON, secrets.py) in
-its environment; neither ever reaches the kernel's environment. A client that asked with arguments of its own (the MCP
-tools' ``network_allow`` and ``secrets``) names them in ``KERNEL_NETWORK_ARGUMENTS``, so that a refusal names what it sent. The operator's list is MSB_NETWORK_ALLOW, or any
-public host where MSB_ALLOW_NETWORK is true; a request may narrow it, never widen it.
+StartRequest (msb_kernels.start_request) asks with its ``network_allow`` (rules, or ``none``; the wire's
+``KERNEL_NETWORK_ALLOW``) and its ``secrets`` (JSON, secrets.py; ``KERNEL_SECRETS``); neither ever reaches the kernel's
+environment, and a refusal names them as the client called them (the MCP tools' ``network_allow`` and ``secrets``).
+The operator's list is MSB_NETWORK_ALLOW, or the public internet where MSB_ALLOW_NETWORK is true; a request may narrow
+it, never widen it: ``*`` never covers a private range, so no session's list reaches the LAN that the operator's does
+not name (policy.Rule.covers).
 """
 
 from __future__ import annotations
@@ -19,13 +21,10 @@ from msb_kernels.egress.policy import RULE_FORMS, Policy, PolicyError
 from msb_kernels.egress.secrets import PLACEHOLDER_PREFIX, Secret, make_secrets, parse_declarations
 from msb_kernels.egress.tls import CA_DIR
 from msb_kernels.errors import ConfigError, InvalidRequest
+from msb_kernels.start_request import NETWORK_ALLOW, StartRequest
 
-NETWORK_ALLOW_ENV = "KERNEL_NETWORK_ALLOW"
-SECRETS_ENV = "KERNEL_SECRETS"
-ARGUMENTS_ENV = "KERNEL_NETWORK_ARGUMENTS"  # "network_allow,secrets": what the client called the two, for its errors
-START_ONLY_ENV = (NETWORK_ALLOW_ENV, SECRETS_ENV, ARGUMENTS_ENV)  # a start request's, never the kernel's
 NO_NETWORK = "none"
-SESSION_SOURCE = f"this session's network_allow ({NETWORK_ALLOW_ENV})"
+SESSION_SOURCE = f"this session's network_allow ({NETWORK_ALLOW})"
 
 
 @dataclass
@@ -94,14 +93,14 @@ def placeholder_maker(runtime_root: Path, kernel_id: str):
 
 
 def network_for(
-    allow_network: bool, network_allow: str | None, secrets_file: str | None, start_env: dict, runtime_root: Path, kernel_id: str
+    allow_network: bool, network_allow: str | None, secrets_file: str | None, request: StartRequest, runtime_root: Path, kernel_id: str
 ) -> KernelNetwork:
-    """The way out for a kernel started with start_env; InvalidRequest names the variable (or the client's argument)
+    """The way out for a kernel started with request; InvalidRequest names the variable (or the client's argument)
     that asks too much, and what the client can do about it."""
     operator = operator_policy(allow_network, network_allow)
-    requested = start_env.get(NETWORK_ALLOW_ENV)
-    declared = start_env.get(SECRETS_ENV)
-    allow_name, secrets_name = _argument_names(start_env)
+    requested = request.network_allow
+    declared = request.secrets
+    allow_name, secrets_name = request.argument_names
     widen = "ask the operator to add it to MSB_NETWORK_ALLOW" if network_allow else "ask the operator to allow it"
     if requested is not None and requested.strip().lower() == NO_NETWORK:
         if declared:
@@ -144,14 +143,6 @@ def network_for(
         advice = f"for {', '.join(outside)}'s host, {widen}" if outside else f"add the host to {allow_name}"
         raise InvalidRequest(str(exc), [advice, "or leave the secret out"]) from None
     return KernelNetwork(policy, source, secrets)
-
-
-def _argument_names(start_env: dict) -> tuple[str, str]:
-    """What the client called its list and its secrets: its own arguments' names, or the start request's variables."""
-    names = start_env.get(ARGUMENTS_ENV, "").split(",")
-    if len(names) == 2 and all(name.isidentifier() for name in names):
-        return names[0], names[1]
-    return NETWORK_ALLOW_ENV, SECRETS_ENV
 
 
 def _allowed(policy: Policy, hosts: list[str]) -> bool:

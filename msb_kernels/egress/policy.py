@@ -67,11 +67,15 @@ class Rule:
         return name == self.host
 
     def covers(self, other: Rule) -> bool:
-        """Whether every destination other allows, this rule allows too (a session's rule against the operator's)."""
+        """Whether every destination other allows, this rule allows too (a session's rule against the operator's).
+
+        ``*`` is any name and any public address: it covers every name rule, and a network rule only where the network
+        holds no private address. A private range opens only where a network rule names it (refusal_for_address), so a
+        session's network rule within ``*`` would widen the operator's list to the LAN it names."""
         if self.ports and (not other.ports or not other.ports <= self.ports):
             return False
         if self.host == "*":
-            return True
+            return other.network is None or not overlaps_private(other.network)
         if other.network is not None:
             return self.network is not None and self.network.version == other.network.version and other.network.subnet_of(self.network)
         if self.host is None or other.host is None or other.host == "*":
@@ -240,6 +244,11 @@ def _lan_networks() -> tuple[IPNetwork, ...]:
 
 def is_private(address: IPAddress) -> bool:
     return any(address.version == n.version and address in n for n in _lan_networks())
+
+
+def overlaps_private(network: IPNetwork) -> bool:
+    """Whether a network holds any private (LAN) address."""
+    return any(network.version == n.version and network.overlaps(n) for n in _lan_networks())
 
 
 _host_addresses: tuple[float, frozenset[str]] = (0.0, frozenset())

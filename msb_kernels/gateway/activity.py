@@ -14,6 +14,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from msb_kernels.compat import captured_ports_of, connection_counts_of, kernels_of, offline_buffers_of, open_activity_stream, utcnow
 from msb_kernels.gateway.adoption import BUSY_RECORD, RECORD_INTERVAL
 from msb_kernels.gateway.records import BusyFile
+from msb_kernels.identity.people import SYSTEM, acting_as
 
 
 class ActivityMixin:
@@ -94,7 +95,8 @@ class ActivityMixin:
         session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
         if self._record_callback is None:
             self._record_callback = PeriodicCallback(self._refresh_records, RECORD_INTERVAL * 1000)
-            self._record_callback.start()
+            with acting_as(SYSTEM):  # the system's work, not that of the request whose start got here first
+                self._record_callback.start()
         busy = None
         kept = self._kept(kernel_id)
         if kept is not None:

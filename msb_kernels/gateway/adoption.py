@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, wr
 from msb_kernels.compat import kernels_of
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.records import BusyFile, KernelRecord, describe, last_activity_of
+from msb_kernels.identity.people import SYSTEM, acting_as
+from msb_kernels.start_request import START_REQUEST
 
 RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
 BUSY_RECORD = "busy.json"  # BusyFile's, beside the adoption record
@@ -87,10 +88,15 @@ class AdoptionMixin:
         return kept
 
     async def adopt_kernels(self) -> list[str]:
-        """Adopt every kernel a previous gateway on this runtime dir left running: same id, state, flavor, notebook,
-        owner, last activity and place in the limits. Called by the gateway at start, before it sweeps what is left."""
+        """Adopt every kernel a previous gateway on this runtime dir left running: same id, state, start request (its
+        flavor, notebook, owner and volume), last activity and place in the limits. Called by the gateway at start,
+        before it sweeps what is left; the system's work."""
         if self.adopt_grace_seconds <= 0:
             return []
+        with acting_as(SYSTEM):
+            return await self._adopt_all()
+
+    async def _adopt_all(self) -> list[str]:
         backend = get_backend(self.msb_settings)
         adopted = []
         for found in backend.list_sandboxes():
@@ -132,9 +138,10 @@ class AdoptionMixin:
         self.sandbox_registry.adoptions[kernel_id] = record
         try:
             # jupyter_server's start, so that restarts, culling, activity and the WebSocket treat it as any other kernel;
-            # the provisioner adopts the sandbox where it would have created one.
+            # the provisioner adopts the sandbox where it would have created one. Its start request is the one it was
+            # started with, which every later start of it (a restart, an auto-restart after its death) uses again.
             await AsyncMappingKernelManager.start_kernel(
-                self, kernel_id=kernel_id, kernel_name=record["kernel_name"], env={**os.environ, **kernel.env}
+                self, kernel_id=kernel_id, kernel_name=record["kernel_name"], **{START_REQUEST: kernel.request}
             )
         finally:
             self.sandbox_registry.adoptions.pop(kernel_id, None)

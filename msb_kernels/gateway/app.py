@@ -52,13 +52,14 @@ from msb_kernels.backends import choose_backend
 from msb_kernels.compat import ServerAppHooks
 from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError, MsbError
-from msb_kernels.gateway.handlers import PerSocketIdentityConnection, gateway_handlers, use_json_not_found
+from msb_kernels.gateway.asgi import AsgiHandler
+from msb_kernels.gateway.handlers import JsonNotFoundHandler, PerSocketIdentityConnection, gateway_handlers, serve_only, use_json_not_found
 from msb_kernels.gateway.identity import MsbAuthorizer, MsbIdentityProvider
 from msb_kernels.gateway.kernelspecs import MsbKernelSpecManager
 from msb_kernels.gateway.manager import MsbKernelManager
 from msb_kernels.gateway.sessions import MsbSessionManager
 from msb_kernels.identity.hub import HubService
-from msb_kernels.identity.people import acting_as, set_acting
+from msb_kernels.identity.people import SYSTEM, acting_as, set_acting
 from msb_kernels.identity.tokens import Tokens
 from msb_kernels.limits import open_files_advice, raise_open_files
 
@@ -178,12 +179,12 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         self.hub_service = HubService.from_environment()
         people = self.hub_service is not None or bool(self.msb_settings.users_file)
         self.runtime_dir_lock = hold_runtime_dir(self.msb_settings.runtime_root())
-        if self.msb_settings.token and "token" not in self.config.IdentityProvider:
-            self.config.IdentityProvider.token = self.msb_settings.token
-        elif people and "token" not in self.config.IdentityProvider and not os.environ.get("JUPYTER_TOKEN"):
-            self.config.IdentityProvider.token = ""  # every token is a person's; no generated admin token to leak in a log
         kwargs.setdefault("find_extensions", False)  # no JupyterLab, terminals or other server extensions
         super().initialize(argv, **kwargs)
+        self.single_token, self.single_token_generated = self._single_token(people)
+        # jupyter_server's pages print IdentityProvider.token for whoever is logged in: it holds none here. Every token
+        # (the single one included) is checked by msb_kernels.identity.tokens, through MsbIdentityProvider.get_user.
+        self.identity_provider.token = ""
         # Sandbox and pool messages go to this server's log, in its format and at its --log-level. traitlets leaves
         # the server's logger (and jupyter_server, tornado's) at DEBUG and filters in the handlers, so each debug
         # line (one per request) was built only to be dropped: the loggers take the handlers' lowest level.
@@ -194,13 +195,13 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
             logger.setLevel(level)
         logging.getLogger("tornado.general").addFilter(_not_the_ping_unit_clash)
         self.log_limits(open_files)
-        if not self.identity_provider.token and not people:
+        if not self.single_token and not people:
             raise ConfigError(
                 "the token is empty, which would let anyone run code here; "
                 "set MSB_TOKEN to a secret, or leave it unset to have one generated"
             )
         self.identity_provider.tokens = Tokens(
-            self.identity_provider.token or None,
+            self.single_token,
             Path(self.msb_settings.users_file) if self.msb_settings.users_file else None,
             self.hub_service,
             self.msb_settings.hub_auth_cache_seconds,
@@ -215,9 +216,23 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         from msb_kernels.gateway.metrics import register, serve_metrics
 
         self.mcp_lifespan = mount_mcp(self)
+        # Only what the gateway is for: kernels, kernelspecs, the caller's sessions, its own routes and /mcp.
+        dropped = serve_only(self.web_app, {handler for _, handler in gateway_handlers()} | {AsgiHandler, JsonNotFoundHandler})
+        self.log.debug("not served: %s", ", ".join(dropped))
         self.metrics_collector = register(km)  # beside jupyter_server's own, at /metrics behind the token
         if self.msb_settings.metrics_port:
             serve_metrics(self.msb_settings.metrics_host, self.msb_settings.metrics_port)
+
+    def _single_token(self, people: bool) -> tuple[str | None, bool]:
+        """The gateway's single token (its admin's) and whether it was generated here: MSB_TOKEN, else jupyter_server's
+        own ways (--IdentityProvider.token, JUPYTER_TOKEN, JUPYTER_TOKEN_FILE), else the one jupyter_server generated,
+        which the banner prints, where no users file or Hub gives people tokens of their own. None: no single token."""
+        if self.msb_settings.token:
+            return self.msb_settings.token, False
+        configured, generated = self.identity_provider.token or None, self.identity_provider.token_generated
+        if generated and people:
+            return None, False  # every token is a person's; no generated admin token to leak in a log
+        return configured, generated
 
     def log_limits(self, open_files: tuple[int, int, int]) -> None:
         """Say what the gateway lifted for MSB_MAX_SESSIONS, and what still stands in its way."""
@@ -290,7 +305,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
 
     def running_server_info(self, kernel_count: bool = True) -> str:
         """What SIGUSR1 logs: this server, not jupyter_server's notebook directory."""
-        with acting_as(None):  # SIGUSR1's handler runs in whatever context it interrupted, perhaps a person's request
+        with acting_as(SYSTEM):  # SIGUSR1's handler runs in whatever context it interrupted, perhaps a person's request
             count = f", {len(self.kernel_manager.list_kernel_ids())} kernels" if kernel_count else ""
         return f"msb-kernels {__version__} serving sandboxed kernels at {self.display_url}{count}"
 
@@ -321,9 +336,9 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
 
     def people_lines(self) -> list[str]:
         """Who may use this gateway, and with which token: each person sees only the kernels they started."""
-        token, lines = self.identity_provider.token, []
+        token, lines = self.single_token, []
         if token:
-            lines.append(f"  token: {token}" if self.identity_provider.token_generated else "  token: the one set in MSB_TOKEN (or config)")
+            lines.append(f"  token: {token}" if self.single_token_generated else "  token: the one set in MSB_TOKEN (or config)")
         if self.msb_settings.users_file:
             lines.append(f"  people: the users file {self.msb_settings.users_file} (`msb-kernels users add NAME` gives a token)")
         if self.hub_service is not None:
@@ -345,9 +360,11 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         return f"  stop with Ctrl-C or SIGTERM: every sandbox is stopped{survives}"
 
     async def after_start(self) -> None:  # compat.ServerAppHooks: before jupyter_server's _post_start
+        # The system's work, and every timer started here runs on in this context: the culler, the pool, hibernation.
+        set_acting(SYSTEM)
         if self.msb_settings.backend == "auto":  # the start probe now, in the background, so no session waits for it
             self._probe_task = asyncio.ensure_future(self._probe_backend())
-        self.kernel_manager.initialize_culler()  # now, as the system: started by a request, its timer would act as that person
+        self.kernel_manager.initialize_culler()  # now: started by a request, its timer would act as that person
         self.kernel_manager.pool.fill()  # MSB_POOL_SIZE kernels start now, so the first sessions need not wait
         unavailable = self.kernel_manager.start_hibernation()
         if unavailable:
@@ -380,7 +397,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         # The stop is the system's. A stop signal schedules _cleanup in the context it interrupted (tornado's
         # add_callback_from_signal), which may be a person's request: then their kernels alone were listed and
         # stopped, and the others' sandboxes were left behind for the next start's sweep.
-        set_acting(None)
+        set_acting(SYSTEM)
         if getattr(self, "mcp_lifespan", None) is not None:
             await self.mcp_lifespan.shutdown()
 

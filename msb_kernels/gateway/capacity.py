@@ -16,6 +16,7 @@ from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
 from msb_kernels.gateway.host import host_memory_mib
 from msb_kernels.identity.people import acting
 from msb_kernels.registry import check_session_limit
+from msb_kernels.start_request import StartRequest
 
 CLUSTER_CAPACITY_MIB = 2**40  # no bound of this host's
 
@@ -103,12 +104,14 @@ class CapacityMixin:
     def check_share(self, flavor: Flavor) -> None:
         """A person's fair share (MSB_MAX_SESSIONS_PER_USER, MSB_USER_MEMORY_MIB): checked before the host's limits and
         counting only the caller's own kernels, so one person at their limit is refused while the others still start
-        at once. The refusal names the setting and the person's use; the system (the pool) has no share."""
+        at once. Every kernel a person holds counts, awake or asleep: a hibernated kernel is theirs to wake, and a share
+        that left it out was passed at the wake, at another person's cost. The refusal names the setting and the
+        person's use; the system (the pool) has no share."""
         person = acting()
-        if person is None:
+        if person is None or person.is_system:
             return
         settings = self.msb_settings
-        mine = [(kernel_id, r) for kernel_id, r in list(self.records.items()) if r.owner == person.name]
+        mine = self.held_by(person)
         if settings.max_sessions_per_user is not None and len(mine) >= settings.max_sessions_per_user:
             raise ResourceLimitExceeded(
                 f"{person.name} runs {len(mine)} of MSB_MAX_SESSIONS_PER_USER={settings.max_sessions_per_user} kernels",
@@ -119,12 +122,12 @@ class CapacityMixin:
                 limit="max_sessions_per_user",
             )
         if settings.user_memory_mib is not None:
-            used = sum(a.flavor.memory_mib for kernel_id, a in mine if not self.is_hibernated(kernel_id))
+            used = sum(record.flavor.memory_mib for record in mine)
             if used + flavor.memory_mib > settings.user_memory_mib:
                 smaller = [f.name for f in FLAVORS.values() if used + f.memory_mib <= settings.user_memory_mib]
                 raise ResourceLimitExceeded(
-                    f"{person.name}'s kernels hold {used} MiB of MSB_USER_MEMORY_MIB={settings.user_memory_mib}; "
-                    f"a {flavor.name} kernel ({flavor.memory_mib} MiB) does not fit",
+                    f"{person.name}'s kernels hold {used} MiB of MSB_USER_MEMORY_MIB={settings.user_memory_mib} "
+                    f"(hibernated ones included); a {flavor.name} kernel ({flavor.memory_mib} MiB) does not fit",
                     [
                         "stop one of your sessions you no longer need",
                         *([f"pick a smaller flavor: {', '.join(smaller)}"] if smaller else []),
@@ -133,8 +136,30 @@ class CapacityMixin:
                     limit="user_memory",
                 )
 
-    def flavor_for(self, kernel_name: str, env: dict[str, str]) -> tuple[Flavor, str]:
-        """The flavor and template a start request gets: KERNEL_FLAVOR in its env, else the kernelspec's."""
+    def held_by(self, person: Any) -> list:
+        """Every kernel record a person owns, awake or hibernated."""
+        return [record for record in list(self.records.values()) if record.owner is not None and record.owner == person.owner]
+
+    def check_wake_share(self, kernel_id: str) -> None:
+        """A wake that would put the kernel's owner past their memory share is refused, naming the setting: the share
+        counts sleeping kernels, so this holds only where the operator lowered MSB_USER_MEMORY_MIB below what a person
+        already holds. The refused wake costs nobody else anything: no other kernel is put to sleep for it."""
+        settings = self.msb_settings
+        record = self.records.get(kernel_id)
+        if settings.user_memory_mib is None or record is None or record.owner is None:
+            return
+        used = sum(other.flavor.memory_mib for other in self.records.values() if other.owner == record.owner)
+        if used > settings.user_memory_mib:
+            raise ResourceLimitExceeded(
+                f"kernel {kernel_id} cannot wake: {record.owner.name}'s kernels hold {used} MiB, over "
+                f"MSB_USER_MEMORY_MIB={settings.user_memory_mib}",
+                ["stop one of your sessions you no longer need", "or ask the operator to raise MSB_USER_MEMORY_MIB"],
+                limit="user_memory",
+            )
+
+    def flavor_for(self, kernel_name: str, request: StartRequest) -> tuple[Flavor, str, str | None]:
+        """The flavor, template and environment a start request gets: its flavor (KERNEL_FLAVOR), else the
+        kernelspec's; the kernelspec's template and environment."""
         try:
             spec = self.kernel_spec_manager.get_kernel_spec(kernel_name)
         except NoSuchKernel:
@@ -144,8 +169,8 @@ class CapacityMixin:
                 [f"use one of: {', '.join(names)}" if names else "run `msb-kernels install` first"],
             ) from None
         config = spec.metadata.get("kernel_provisioner", {}).get("config", {})
-        if env.get("KERNEL_FLAVOR"):
-            flavor = get_flavor(env["KERNEL_FLAVOR"], argument="KERNEL_FLAVOR")
+        if request.flavor:
+            flavor = get_flavor(request.flavor, argument="KERNEL_FLAVOR")
         else:
             flavor = get_flavor(config.get("flavor") or self.msb_settings.default_flavor)
-        return flavor, config.get("template", "python")
+        return flavor, config.get("template", "python"), config.get("environment") or None

@@ -2,16 +2,20 @@
 
 - ``GET /api/msb/health``: the one endpoint that answers without a token.
 - ``GET /api/msb/stats``: resource stats and one entry per kernel.
-- ``POST /api/kernels``: jupyter_server's handler, except that it passes the start request's
-  ``env`` (KERNEL_* variables, as the Jupyter kernel gateway does) to the kernel, so that
-  ``KERNEL_FLAVOR`` picks the flavor; and errors carry the MsbError's suggestions.
+- ``POST /api/kernels``: jupyter_server's handler, except that the body's ``env`` (KERNEL_* variables, as the
+  Jupyter kernel gateway reads them, and the session's own) becomes the kernel's StartRequest
+  (msb_kernels.start_request), so that ``KERNEL_FLAVOR`` picks the flavor; and errors carry the MsbError's suggestions.
 - ``POST /api/sessions``: jupyter_server's handler, with the same error bodies.
+
+Every answer of the gateway is JSON, its errors included (MsbErrorsMixin): no handler here renders jupyter_server's
+HTML pages, which print the page's token for any logged-in user.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import jupyter_server
@@ -19,25 +23,41 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import json_packer
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.base.handlers import APIHandler, APIVersionHandler, PrometheusMetricsHandler
-from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1, serialize_msg_to_ws_v1
+from jupyter_server.kernelspecs.handlers import KernelSpecResourceHandler
+from jupyter_server.services.api.handlers import APIStatusHandler
+from jupyter_server.services.kernels.connection.base import (
+    deserialize_binary_message,
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
-from jupyter_server.services.kernels.handlers import KernelActionHandler, MainKernelHandler
+from jupyter_server.services.kernels.handlers import KernelActionHandler, KernelHandler, MainKernelHandler
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
-from jupyter_server.services.sessions.handlers import SessionRootHandler
+from jupyter_server.services.kernelspecs.handlers import KernelSpecHandler, MainKernelSpecHandler
+from jupyter_server.services.kernelspecs.handlers import kernel_name_regex as KERNEL_NAME_REGEX
+from jupyter_server.services.sessions.handlers import SessionHandler, SessionRootHandler
 from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
+from tornado.httputil import responses
 
 from msb_kernels import __version__, audit
-from msb_kernels.compat import KERNEL_ACTION_REGEX, KERNEL_ID_REGEX, dropped_give_up_timer, replace_not_found_handler, stop_ping
+from msb_kernels.compat import (
+    KERNEL_ACTION_REGEX,
+    KERNEL_ID_REGEX,
+    SESSION_ID_REGEX,
+    dropped_give_up_timer,
+    replace_not_found_handler,
+    stop_ping,
+)
 from msb_kernels.gateway.errors import MsbHTTPError, msb_error_in
-from msb_kernels.gateway.records import start_env
 from msb_kernels.identity.people import Person, acting, acting_as, acting_client
-from msb_kernels.session_env import start_request_env
+from msb_kernels.start_request import START_REQUEST, StartRequest
 
 
 class MsbErrorsMixin:
-    """Where an MsbError from below (the kernel manager, the provisioner) becomes its HTTP answer: a JSON body with
-    its type, suggestions and limit (errors.py); never a traceback."""
+    """Where an error becomes its HTTP answer, for every handler the gateway serves: a JSON body, never a page (whose
+    template prints the token) nor a traceback. An MsbError from below (the kernel manager, the provisioner) carries
+    its type, suggestions and limit (errors.py)."""
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         error = msb_error_in(value)
@@ -53,10 +73,15 @@ class MsbErrorsMixin:
         if error is not None:
             answer = MsbHTTPError(error)
             self.set_status(answer.status_code)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps(answer.payload))
-            return
-        super().write_error(status_code, **kwargs)  # type: ignore[misc]
+            payload = answer.payload
+        elif isinstance(exc, web.HTTPError):
+            payload = {"message": (exc.log_message % exc.args if exc.args else exc.log_message) or exc.reason or responses.get(status_code)}
+            payload["reason"] = exc.reason
+        else:
+            payload = {"message": responses.get(status_code, "Unknown HTTP Error") if exc is None else "Unhandled error", "reason": None}
+        self.clear_header("Content-Disposition")  # type: ignore[attr-defined]
+        self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
+        self.finish(json.dumps(payload))  # type: ignore[attr-defined]
 
 
 class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
@@ -66,9 +91,10 @@ class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
         km = self.kernel_manager
         model = self.get_json_body() or {}
         kernel_name = str(model.get("name") or km.default_kernel_name)
-        env = start_request_env(start_env(model.get("env")))
+        # What the client asks for; who it is (the owner, the volume) the kernel manager adds from its token alone.
+        request = StartRequest.from_variables(model.get("env"))
         kernel_id = await ensure_async(
-            km.start_kernel(kernel_name=kernel_name, path=model.get("path"), kernel_id=model.get("kernel_id"), env=env)
+            km.start_kernel(kernel_name=kernel_name, kernel_id=model.get("kernel_id"), **{START_REQUEST: request})
         )
         model = await ensure_async(km.kernel_model(kernel_id))
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", url_escape(kernel_id)))
@@ -78,6 +104,33 @@ class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):
 
 class MsbSessionRootHandler(MsbErrorsMixin, SessionRootHandler):
     pass
+
+
+class MsbSessionHandler(MsbErrorsMixin, SessionHandler):
+    pass
+
+
+class MsbKernelHandler(MsbErrorsMixin, KernelHandler):
+    pass
+
+
+class MsbMainKernelSpecHandler(MsbErrorsMixin, MainKernelSpecHandler):
+    pass
+
+
+class MsbKernelSpecHandler(MsbErrorsMixin, KernelSpecHandler):
+    pass
+
+
+class MsbKernelSpecResourceHandler(MsbErrorsMixin, KernelSpecResourceHandler):
+    """A kernelspec's logos (JupyterLab's launcher asks for them): jupyter_server's, with JSON errors, not its page."""
+
+
+class AdminStatusHandler(MsbErrorsMixin, APIStatusHandler):
+    """``GET /api/status``: jupyter_server's (the server's start, its last activity, its kernels and connections), for
+    admins only: its last activity and counts are everyone's."""
+
+    auth_resource = "status"
 
 
 class MsbKernelActionHandler(MsbErrorsMixin, KernelActionHandler):
@@ -127,7 +180,7 @@ class JsonNotFoundHandler(APIHandler):
         raise web.HTTPError(404, f"no such endpoint: {self.request.path}")
 
 
-class AdminMetricsHandler(PrometheusMetricsHandler):
+class AdminMetricsHandler(MsbErrorsMixin, PrometheusMetricsHandler):
     """``GET /metrics``: jupyter_server's, for admins only (its sessions per person name every person)."""
 
     auth_resource = "metrics"
@@ -210,8 +263,8 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
         """jupyter_server's, after a wake of a hibernated kernel is under way: ZMQ holds the message until it runs.
         An execute_request is a line of the audit trail, as the person who opened this WebSocket."""
         self.multi_kernel_manager.wake_soon(self.kernel_id)
-        code = executed_code(incoming_msg, self.subprotocol == "v1.kernel.websocket.jupyter.org")
-        if code is not None:
+        code = executed_code(incoming_msg, self.subprotocol == "v1.kernel.websocket.jupyter.org", self.session.unpack)
+        if code is not NOT_EXECUTED:
             with acting_as(self.person, self.client):
                 audit.record("execute", "sent", self.kernel_id, **audit.code_fields(code))
         super().handle_incoming_message(incoming_msg)
@@ -260,30 +313,37 @@ class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):
             self.write_message(json.dumps({**message, "channel": channel}, default=json_default))
 
 
-def executed_code(message: str | bytes, v1: bool) -> str | None:
-    """The code of a client's execute_request over the WebSocket (JSON, or the v1 binary framing); None for any
-    other message, or one that does not parse (jupyter_server then says why)."""
-    # Most messages are not executions: skip the parse, which jupyter_server makes again right after, in either framing.
-    if (b'"execute_request"' if isinstance(message, bytes) else '"execute_request"') not in message:
-        return None
+NOT_EXECUTED = object()  # executed_code's answer for a message that runs no code
+
+
+def executed_code(message: str | bytes, v1: bool, unpack: Callable[[bytes], Any]) -> Any:
+    """What a client's message over the WebSocket runs, read as the kernel will read it: the code of an
+    execute_request (None where it is one whose code cannot be read), or NOT_EXECUTED.
+
+    The header is parsed with the kernel's own unpacker (``unpack``: its Session's), on every channel, so that every
+    spelling that runs is one the audit sees: a JSON escape in msg_type (``execute\\u005frequest``) is the same
+    msg_type to the kernel, and a kernel runs an execute_request on control as well as on shell. A message whose header
+    does not parse never runs (jupyter_server refuses it, or the kernel drops it)."""
     try:
-        if v1:
+        if v1:  # jupyter_server passes the frames on as they are: the kernel parses them
             _, parts = deserialize_msg_from_ws_v1(message)
-            if json.loads(parts[0]).get("msg_type") != "execute_request":
-                return None
-            content = json.loads(parts[3])
-        else:
-            parsed = json.loads(message)
-            if parsed.get("header", {}).get("msg_type") != "execute_request":
-                return None
-            content = parsed.get("content") or {}
-    except (ValueError, IndexError, TypeError, AttributeError):
+            header = unpack(parts[0])
+        else:  # jupyter_server parses the message and sends what it parsed
+            parsed = deserialize_binary_message(message) if isinstance(message, bytes) else json.loads(message)
+            header = parsed.get("header") if isinstance(parsed, dict) else None
+    except Exception:
+        return NOT_EXECUTED
+    if not isinstance(header, dict) or header.get("msg_type") != "execute_request":
+        return NOT_EXECUTED
+    try:
+        content = unpack(parts[3]) if v1 else parsed.get("content")
+    except Exception:
         return None
     code = content.get("code") if isinstance(content, dict) else None
     return code if isinstance(code, str) else None
 
 
-class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):
+class NoDelayKernelWebsocketHandler(MsbErrorsMixin, KernelWebsocketHandler):
     """Kernel channels with TCP_NODELAY: a reply is several small frames, and with Nagle's algorithm
     each one after the first waits for the client's delayed ACK (about 40 ms per execute)."""
 
@@ -299,15 +359,48 @@ class NoDelayKernelWebsocketHandler(KernelWebsocketHandler):
 
 
 def gateway_handlers() -> list[tuple[str, type]]:
-    """(pattern, handler) pairs, before base_url is added; they take precedence over jupyter_server's own."""
+    """(pattern, handler) pairs, before base_url is added: every route the gateway serves (serve_only drops the rest of
+    jupyter_server's), each with JSON errors. Kernels, kernelspecs and sessions as jupyter_server serves them, the
+    project's own routes; /mcp is mounted beside them (mcp.py)."""
     return [
         (r"/api/?", AuthenticatedVersionHandler),
         (r"/api/msb/health", HealthHandler),
         (r"/api/msb/stats", StatsHandler),
+        (r"/api/status", AdminStatusHandler),
         (r"/metrics", AdminMetricsHandler),
         (r"/\.well-known/oauth-protected-resource/mcp", ProtectedResourceHandler),
         (r"/api/kernels", MsbMainKernelHandler),
-        (r"/api/sessions", MsbSessionRootHandler),
+        (rf"/api/kernels/{KERNEL_ID_REGEX}", MsbKernelHandler),
         (rf"/api/kernels/{KERNEL_ID_REGEX}/{KERNEL_ACTION_REGEX}", MsbKernelActionHandler),
         (rf"/api/kernels/{KERNEL_ID_REGEX}/channels", NoDelayKernelWebsocketHandler),
+        (r"/api/kernelspecs", MsbMainKernelSpecHandler),
+        (rf"/api/kernelspecs/{KERNEL_NAME_REGEX}", MsbKernelSpecHandler),
+        (rf"/kernelspecs/{KERNEL_NAME_REGEX}/(?P<path>.*)", MsbKernelSpecResourceHandler),
+        (r"/api/sessions", MsbSessionRootHandler),
+        (rf"/api/sessions/{SESSION_ID_REGEX}", MsbSessionHandler),
     ]
+
+
+def serve_only(web_app: web.Application, allowed: set[type]) -> list[str]:
+    """Drop every route whose handler is not in ``allowed`` from the web app's routers: what jupyter_server serves
+    beside the kernel services (its static files, /files/ of its root directory, /api/resolvePath, /api/me,
+    /api/spec.yaml, its redirects) is not the gateway's to serve, and answers the JSON 404 of any unknown path.
+    Returns the patterns dropped, for the log."""
+    dropped: list[str] = []
+
+    def prune(router: Any) -> None:
+        kept = []
+        for rule in router.rules:
+            target = rule.target
+            if hasattr(target, "rules"):  # a host's own router (add_handlers)
+                prune(target)
+                kept.append(rule)
+            elif isinstance(target, type) and target in allowed:
+                kept.append(rule)
+            else:
+                dropped.append(getattr(getattr(rule.matcher, "regex", None), "pattern", str(rule.matcher)))
+        router.rules = kept
+
+    prune(web_app.default_router)
+    prune(web_app.wildcard_router)
+    return dropped

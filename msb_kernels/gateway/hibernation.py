@@ -29,7 +29,7 @@ from msb_kernels.backends.core.base import Reconnect
 from msb_kernels.compat import kernels_of, pending_starts_of, utcnow
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.records import last_activity_of, sandbox_of
-from msb_kernels.identity.people import acting_as, may_see
+from msb_kernels.identity.people import SYSTEM, acting_as, may_see, set_acting
 from msb_kernels.status import iso_utc
 
 log = logging.getLogger("msb_kernels")
@@ -92,7 +92,8 @@ class HibernationMixin:
             unavailable = exc.message
         interval = max(1.0, min(30.0, self.hibernate_after / 2))
         self._hibernation_callback = PeriodicCallback(self.hibernate_idle_kernels, 1000 * interval)
-        self._hibernation_callback.start()
+        with acting_as(SYSTEM):  # the timer runs on in the context it was started in
+            self._hibernation_callback.start()
         return unavailable
 
     def stop_hibernation(self) -> None:
@@ -120,7 +121,8 @@ class HibernationMixin:
 
     async def hibernate_idle_kernels(self) -> None:
         """The periodic look: each session's kernel idle for MSB_HIBERNATE_AFTER_SECONDS, and not busy, hibernates,
-        whether or not a client is connected (it wakes when one sends something)."""
+        whether or not a client is connected (it wakes when one sends something). The system's work."""
+        set_acting(SYSTEM)
         now = time.time()
         for kernel_id, record in list(self.records.items()):
             km = kernels_of(self).get(kernel_id)
@@ -202,6 +204,7 @@ class HibernationMixin:
                 return  # another request woke it while this one waited
             km = kernels_of(self)[kernel_id]
             began = time.monotonic()
+            self.check_wake_share(kernel_id)  # its owner's share first: a refusal puts nobody else's kernel to sleep
             await self._make_room(kernel_id)
             try:
                 await sandbox.wake(reconnect_of(km))
@@ -241,7 +244,7 @@ class HibernationMixin:
             tried.add(victim)
             # refused or failed: said and counted there; the next one is tried. The victim is likely another
             # person's kernel: the system puts it to sleep (and stops it, should its checkpoint end it).
-            with contextlib.suppress(MsbError), acting_as(None):
+            with contextlib.suppress(MsbError), acting_as(SYSTEM):
                 await self.hibernate_kernel(victim)
 
     def wake_soon(self, kernel_id: str) -> None:
@@ -271,6 +274,8 @@ class HibernationMixin:
             "hibernated_now": len(hibernated),
             **self.hibernation_counts,
             "recent_refusals": [
-                {**refusal, "at": iso_utc(refusal["at"])} for refusal in self.hibernation_refusals if may_see(person, refusal.get("owner"))
+                {**refusal, "owner": str(refusal["owner"]) if refusal["owner"] else None, "at": iso_utc(refusal["at"])}
+                for refusal in self.hibernation_refusals
+                if may_see(person, refusal.get("owner"))
             ],
         }

@@ -45,6 +45,12 @@ class MsbIdentityProvider(IdentityProvider):
     def login_available(self) -> bool:
         return False
 
+    @property
+    def auth_enabled(self) -> bool:
+        """Always: every request's token is checked (get_user), though IdentityProvider.token, which jupyter_server's
+        pages print, holds none."""
+        return True
+
     async def get_user(self, handler: web.RequestHandler) -> User | None:  # type: ignore[override]
         cached = getattr(handler, "_jupyter_current_user", None)
         if isinstance(cached, MsbUser):
@@ -77,12 +83,15 @@ def client_of(handler: web.RequestHandler) -> str:
     return f"{kind}: {agent}"[:80] if agent else kind
 
 
+ADMIN_RESOURCES = ("metrics", "status")  # /metrics names every person and kernel; /api/status counts everyone's
+
+
 class MsbAuthorizer(Authorizer):
-    """Every person may use the kernel routes (the kernel manager decides which kernels are theirs); /metrics, which
-    names every person and kernel, is for admins."""
+    """Every person may use the kernel routes (the kernel manager decides which kernels are theirs); /metrics and
+    /api/status, which speak of everyone's kernels, are for admins."""
 
     def is_authorized(self, handler: web.RequestHandler, user: Any, action: str, resource: str) -> bool:
-        if resource == "metrics":
+        if resource in ADMIN_RESOURCES:
             person = getattr(user, "person", None)
             return person is not None and person.admin
         return True

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
@@ -29,9 +30,16 @@ from traitlets import default
 
 from msb_kernels import audit, metrics
 from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
-from msb_kernels.compat import MappingKernelManagerHooks, kernels_of, pending_starts_of, serve_starts_through, shutdown_all_now
+from msb_kernels.compat import (
+    MappingKernelManagerHooks,
+    kernels_of,
+    pending_starts_of,
+    serve_starts_through,
+    shutdown_all_now,
+    use_start_request,
+)
 from msb_kernels.config import load_settings
-from msb_kernels.errors import InvalidRequest, MsbError, ResourceLimitExceeded, SandboxError
+from msb_kernels.errors import InvalidRequest, MsbError, NobodyActing, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.activity import ActivityMixin
 from msb_kernels.gateway.adoption import AdoptionMixin
 from msb_kernels.gateway.capacity import CapacityMixin
@@ -40,12 +48,12 @@ from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
 from msb_kernels.gateway.records import KernelRecord, backend_of, describe, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
-from msb_kernels.identity.people import acting, may_see, set_acting
-from msb_kernels.identity.volumes import VOLUME_OWNER_ENV, has_own_directory
+from msb_kernels.identity.people import SYSTEM, acting, may_see, set_acting
+from msb_kernels.identity.volumes import volume_of
 from msb_kernels.limits import over_limit, size_zmq_context
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.registry import SandboxRegistry
-from msb_kernels.session_env import requested_env
+from msb_kernels.start_request import NOTEBOOK, START_REQUEST, StartRequest
 from msb_kernels.status import iso_utc
 
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
@@ -113,13 +121,13 @@ class MsbKernelManager(
     # that is not the caller's stops existing for them. The caller is msb_kernels.identity.people.acting().
 
     async def cull_kernels(self) -> None:
-        """jupyter_server's culler, as the system: its timer runs on in the context of whichever request first
-        started a kernel, and culling looks at every kernel, not that person's."""
-        set_acting(None)
+        """jupyter_server's culler, as the system: its timer runs on in the context of whatever started it, and
+        culling looks at every kernel, not one person's."""
+        set_acting(SYSTEM)
         await super().cull_kernels()
 
     def visible(self, kernel_id: str) -> bool:
-        """Whether the caller may see this kernel: the system and admins every one, a person their own."""
+        """Whether the caller may see this kernel: the system and admins every one, a person their own, nobody none."""
         record = self.records.get(kernel_id)
         return may_see(acting(), record.owner if record is not None else None)
 
@@ -144,25 +152,46 @@ class MsbKernelManager(
         if kernel_id in kernels_of(self):
             audit.record("refusal", "not the caller's kernel", kernel_id)
 
+    def update_env(self, *, kernel_id: str, env: dict[str, str]) -> None:
+        """jupyter_server's session rename: it passes its whole environment with the notebook's new path. Only the path
+        is taken, into the kernel's start request, which its next restart uses."""
+        record = self.records.get(kernel_id)
+        if record is None or kernel_id not in self:
+            return
+        record.request = replace(record.request, notebook_path=env.get(NOTEBOOK) or None)
+        use_start_request(self.get_kernel(kernel_id), record.request)
+
     # -- kernel lifecycle -----------------------------------------------------------
 
-    async def start_kernel(self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any) -> str:  # type: ignore[override]
+    async def start_kernel(  # type: ignore[override]
+        self, *, kernel_id: str | None = None, path: str | None = None, start_request: StartRequest | None = None, **kwargs: Any
+    ) -> str:
+        """Start a kernel for the caller. What it asks for is ``start_request`` (the handlers and the MCP bridge make it
+        from the client's request); the gateway adds what only it decides: the flavor it chose, the kernelspec's
+        environment, and the caller's owner and volume. ``env`` (jupyter_server's session manager passes this
+        process's own) and ``path`` (a directory of this host) are never a kernel's: they are dropped."""
         if kernel_id is not None and kernel_id in self:
-            return await super().start_kernel(kernel_id=kernel_id, path=path, **kwargs)
-        if kernel_id is not None and not may_see(acting(), None):
+            return await super().start_kernel(kernel_id=kernel_id)
+        kwargs.pop("env", None)
+        person = acting()
+        if person is None:
+            raise NobodyActing("a kernel start came with nobody acting for it, so it has no owner: refused")
+        if kernel_id is not None and not person.admin:
             # A person names no kernel id: an id taken by another person must not be told apart from a free one.
             raise InvalidRequest("kernel_id cannot be chosen here", ["leave kernel_id out: the gateway gives each new kernel its own id"])
         kernel_name = kwargs.pop("kernel_name", None) or self.default_kernel_name
         conventional = conventional_choice(kernel_name, self.msb_settings.default_flavor)
         if conventional is not None:  # python3 and its kind start the msb kernelspec they stand for (pool, stats, MCP)
             kernel_name = conventional.kernel_name
-        env = kwargs.get("env") or {}
-        person = acting()
-        if self.msb_settings.shared_volume and has_own_directory(person):
-            env = kwargs["env"] = {**env, VOLUME_OWNER_ENV: person.slug}  # their own part of the shared volume
         began = time.monotonic()
         try:
-            flavor, template = self.flavor_for(kernel_name, env)
+            asked = start_request if start_request is not None else StartRequest()
+            flavor, template, environment = self.flavor_for(kernel_name, asked)
+            request = replace(asked, flavor=flavor.name, environment=environment).for_caller(
+                None if person.is_system else person.owner,
+                volume_of(person),  # never what the request asserts
+            )
+            kwargs[START_REQUEST] = request
             self.check_share(flavor)  # the caller's own share first: a person at their limit costs the others nothing
             from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)
             if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
@@ -174,18 +203,10 @@ class MsbKernelManager(
             raise
         pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
         kernel_id = pooled or kernel_id or self.new_kernel_id()
-        record = KernelRecord(
-            kernel_id,
-            kernel_name,
-            flavor,
-            template,
-            notebook_path=env.get("JPY_SESSION_NAME") or None,
-            env=requested_env(env),
-            owner=person.name if person is not None else None,  # never a name the request asserts
-        )
+        record = KernelRecord(kernel_id, kernel_name, template, request)
         self.records[kernel_id] = record
         try:
-            started = await super().start_kernel(kernel_id=kernel_id, path=path, kernel_name=kernel_name, **kwargs)
+            started = await super().start_kernel(kernel_id=kernel_id, kernel_name=kernel_name, **kwargs)
             self.add_restart_callback(started, lambda: self._record_death(started), "restart")
             self.record_for_adoption(started)
             backend = backend_of(sandbox_of(kernels_of(self).get(started)))
@@ -231,7 +252,7 @@ class MsbKernelManager(
             self._record_stop(record, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
             how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
             metrics.KERNEL_STOPS.labels(how).inc()
-            audit.record("stop", how, kernel_id, owner=record.owner, reason=reason)
+            audit.record("stop", how, kernel_id, owner=record.owner.name if record.owner else None, reason=reason)
             self._count_oom(record, exit_reason)
         for listener in list(self.sandbox_registry.kernel_removed_listeners):
             listener(kernel_id)
@@ -243,7 +264,7 @@ class MsbKernelManager(
         self.stopped.append(
             {
                 "id": record.kernel_id,
-                "owner": record.owner,
+                "owner": record.owner,  # an Owner: the stats show its name to those who may see it
                 "kernel_name": record.kernel_name,
                 "flavor": record.flavor.name,
                 "template": record.template,

@@ -41,7 +41,7 @@ def mount_mcp(server_app: Any) -> AsgiLifespan:
         allowed_origins=origins,
         resource_metadata_path=server_app.base_url.rstrip("/") + "/.well-known/oauth-protected-resource/mcp",
         # Under JupyterHub, each person's notebook tools act in their own server (mcp_bridge.notebooks.hub).
-        personal_labs=PersonalLabs(hub.public_origin) if hub is not None else None,
+        personal_labs=PersonalLabs(hub.proxy_origin(server_app.msb_settings.hub_proxy_url)) if hub is not None else None,
     )
     server_app.web_app.add_handlers(
         ".*$", [(server_app.base_url.rstrip("/") + pattern, handler, kwargs) for pattern, handler, kwargs in asgi_route(MCP_PATH, app)]

@@ -92,7 +92,7 @@ def sessions_per_person(records: Any) -> GaugeMetricFamily:
     """Sessions by the person who started them, with a bounded label set: at most PEOPLE_LABELS names per scrape (the
     people with the most sessions), "(others)" for the rest, and "(system)" for kernels no person started. A
     thousand-person team then costs Prometheus 52 series here, not a thousand."""
-    counts = Counter(r.owner or "(system)" for r in list(records))
+    counts = Counter(r.owner.name if r.owner is not None else "(system)" for r in list(records))
     family = GaugeMetricFamily(
         "msb_sessions_per_person",
         f"Sessions per person: the {PEOPLE_LABELS} with the most by name, the rest as (others)",

@@ -18,23 +18,9 @@ from typing import Any
 
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import Flavor, get_flavor
+from msb_kernels.identity.people import Owner
 from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
-from msb_kernels.session_env import check_env
-
-# Variables a start request may set beside KERNEL_* and its own: the notebook path for stats (a JPY_* name).
-ALLOWED_START_ENV = ("JPY_SESSION_NAME",)
-
-
-def start_env(requested: Any) -> dict[str, str]:
-    """The environment a start request gives its kernel, checked against the deny list (session_env)."""
-    if requested is not None and not isinstance(requested, dict):
-        raise InvalidRequest("env must be a JSON object of strings", ['send "env": {"KERNEL_FLAVOR": "medium"}, or no env'])
-    return check_env(
-        {str(k): v if isinstance(v, str) else str(v) for k, v in (requested or {}).items()},
-        "env",
-        kernel_variables=True,
-        allowed=ALLOWED_START_ENV,
-    )
+from msb_kernels.start_request import StartRequest
 
 
 class BusyFile:
@@ -65,18 +51,17 @@ class BusyFile:
 @dataclass(eq=False)
 class KernelRecord:
     """One kernel of the gateway's, from its start (or adoption) to its removal: counted against the limits from its
-    start request until it stops, and persisted for adoption (to_adoption, from_adoption) while its sandbox is kept."""
+    start request until it stops, and persisted for adoption (to_adoption, from_adoption) while its sandbox is kept.
+
+    Its StartRequest is the one jupyter_client starts it again with (a restart, an auto-restart after a death), the
+    same object: its flavor (as the gateway chose it), its owner (from the caller, never the request), its volume."""
 
     # What it was started as; an adopting gateway restores these from the adoption record.
     kernel_id: str
     kernel_name: str
-    flavor: Flavor
     template: str
+    request: StartRequest
     created: float = field(default_factory=time.time)
-    notebook_path: str | None = None
-    env: dict[str, str] = field(default_factory=dict)  # what its start request set (start_env), for an adopting gateway
-    # Who started it; None: nobody (the system). A pooled kernel is nobody's until it is handed out.
-    owner: str | None = None
 
     # What the gateway holds for it while it runs; close() lets it go.
     stop_reason: str | None = None  # why it is being stopped (a cull, a death, a failed hibernation), for its stop record
@@ -89,32 +74,41 @@ class KernelRecord:
     hibernation_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # hibernate and wake never overlap
     hibernation_refused: tuple[Any, str] | None = None  # (the last_activity a refusal was for, why): not retried till used
 
+    @property
+    def flavor(self) -> Flavor:
+        return get_flavor(self.request.flavor)
+
+    @property
+    def owner(self) -> Owner | None:
+        """Who started it; None: nobody's (a pooled kernel until it is handed out), which only admins see."""
+        return self.request.owner
+
+    @property
+    def notebook_path(self) -> str | None:
+        return self.request.notebook_path
+
     def to_adoption(self) -> dict[str, Any]:
         """What the adoption record holds of this record (gateway/adoption.py adds the connection and last activity)."""
         return {
             "kernel_id": self.kernel_id,
             "kernel_name": self.kernel_name,
-            "flavor": self.flavor.name,
             "template": self.template,
             "created": self.created,
-            "notebook_path": self.notebook_path,
-            "env": self.env,
-            "owner": self.owner,
+            "request": self.request.to_record(),
         }
 
     @classmethod
     def from_adoption(cls, record: dict) -> KernelRecord:
-        """The record an adopting gateway makes from an adoption record (one written before owners were: nobody's)."""
-        owner = record.get("owner")
+        """The record an adopting gateway makes from an adoption record. One without a start request (written before
+        requests were typed) is not adopted: nothing would say what its restarts may mount."""
+        if not isinstance(record.get("request"), dict) or not record["request"].get("flavor"):
+            raise InvalidRequest("its adoption record holds no start request (an older msb-kernels wrote it)")
         return cls(
             record["kernel_id"],
             record["kernel_name"],
-            get_flavor(record["flavor"]),
             record["template"],
+            StartRequest.from_record(record["request"]),
             created=record.get("created") or time.time(),
-            notebook_path=record.get("notebook_path"),
-            env=start_env(record.get("env")),
-            owner=owner if isinstance(owner, str) and owner else None,
         )
 
     def close(self) -> None:

@@ -1,8 +1,13 @@
-"""jupyter_server's sessions (``/api/sessions``), seen through the kernel manager's ownership.
+"""jupyter_server's sessions (``/api/sessions``), per person: each person's sessions are theirs alone.
 
-jupyter_server takes a session whose kernel is not ``in`` the kernel manager for culled, and deletes its row. With
-ownership, another person's kernel is not ``in`` it for the caller either: their session must be skipped, not
-deleted, and answered as if it did not exist.
+jupyter_server keeps one table of sessions (a notebook's path, its kernel) for the whole server, and finds a session by
+path with the first row that has it. With people, two of them may have the same path open (``Untitled.ipynb``): each
+keeps one kernel for it, and a lookup by path, id or kernel finds the caller's own row, never another person's. A row
+is the caller's where its kernel is (the kernel manager's lookup, the one ownership check); another person's row is
+skipped, never deleted, and answered as if it did not exist.
+
+A session's kernel is started for its notebook's path alone: never with this server's environment, which jupyter_server
+would hand to it (``get_kernel_env``), nor a working directory on this host.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from typing import Any
 from jupyter_server.services.sessions.sessionmanager import SessionManager
 from tornado import web
 
-from msb_kernels.identity.people import acting_as
+from msb_kernels.identity.people import SYSTEM, acting_as
+from msb_kernels.start_request import NOTEBOOK, START_REQUEST, StartRequest
+
+COLUMNS = ("session_id", "path", "name", "type", "kernel_id")  # jupyter_server's session table
 
 
 class MsbSessionManager(SessionManager):
     async def kernel_culled(self, kernel_id: str) -> bool:
-        with acting_as(None):  # gone for everyone, not merely another person's
+        with acting_as(SYSTEM):  # gone for everyone, not merely another person's
             return kernel_id not in self.kernel_manager
 
     async def row_to_model(self, row: Any, tolerate_culled: bool = False) -> dict | None:
@@ -27,8 +35,39 @@ class MsbSessionManager(SessionManager):
             raise KeyError("no such session")  # list_sessions skips it; get_session answers 404
         return await super().row_to_model(row, tolerate_culled)
 
+    async def _caller_row(self, **kwargs: Any) -> Any:
+        """The first session row matching kwargs whose kernel is the caller's (rows of culled kernels go, as
+        jupyter_server's own lookups delete them); None where the caller has none."""
+        unknown = [column for column in kwargs if column not in COLUMNS]
+        if not kwargs or unknown:
+            raise TypeError(f"sessions are looked up by {', '.join(COLUMNS)}, not {', '.join(unknown) or 'nothing'}")
+        query = "SELECT * FROM session WHERE " + " AND ".join(f"{column}=?" for column in kwargs)  # column names checked above
+        for row in self.cursor.execute(query, list(kwargs.values())).fetchall():
+            if await self.kernel_culled(row["kernel_id"]):
+                self.cursor.execute("DELETE FROM session WHERE session_id=?", (row["session_id"],))
+            elif row["kernel_id"] in self.kernel_manager:
+                return row
+        return None
+
+    async def session_exists(self, path: str) -> bool:
+        return await self._caller_row(path=path) is not None
+
     async def get_session(self, **kwargs: Any) -> dict:
+        row = await self._caller_row(**kwargs)
+        if row is None:
+            raise web.HTTPError(404, "Session not found: " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
         try:
-            return await super().get_session(**kwargs)
+            return await self.row_to_model(row)
         except KeyError:
             raise web.HTTPError(404, "Session not found: " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items())) from None
+
+    def get_kernel_env(self, path: str | None, name: Any = None) -> dict[str, str]:
+        """What a rename tells the kernel manager (update_env): the notebook's path, and nothing of this process's."""
+        return {NOTEBOOK: path} if path else {}
+
+    async def start_kernel_for_session(
+        self, session_id: str, path: str | None, name: Any, type: str | None, kernel_name: str | None, kernel_id: str | None = None
+    ) -> str:
+        """A session's kernel, for its notebook's path: the kernel manager adds the caller's owner and volume."""
+        request = StartRequest(notebook_path=path or None)
+        return await self.kernel_manager.start_kernel(kernel_name=kernel_name, kernel_id=kernel_id, **{START_REQUEST: request})

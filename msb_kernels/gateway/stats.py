@@ -66,7 +66,7 @@ class StatsMixin:
             kernels.append(
                 {
                     "id": kernel_id,
-                    "owner": record.owner,
+                    "owner": record.owner.name if record.owner is not None else None,
                     "kernel_name": record.kernel_name,
                     "flavor": record.flavor.name,
                     "template": record.template,
@@ -126,7 +126,11 @@ class StatsMixin:
                 for pid, count in sorted(Counter(k["keeper_pid"] for k in kernels if k["keeper_pid"] is not None).items())
             ],
             "kernels": kernels,
-            "recently_stopped": [stop for stop in self.stopped if may_see(person, stop.get("owner"))],
+            "recently_stopped": [
+                {**stop, "owner": stop["owner"].name if stop.get("owner") else None}
+                for stop in self.stopped
+                if may_see(person, stop.get("owner"))
+            ],
             "gateway": gateway_process_stats(),
         }
 

@@ -58,11 +58,11 @@ class HubService:
             env["JUPYTERHUB_API_URL"], env["JUPYTERHUB_API_TOKEN"], name, prefix.rstrip("/") + "/", env.get("JUPYTERHUB_SERVICE_URL")
         )
 
-    @property
-    def public_origin(self) -> str | None:
-        """Where people reach the Hub's proxy (scheme://host:port), when JupyterHub was told (its public_url):
-        JUPYTERHUB_PUBLIC_URL is this service's public URL, prefix and all."""
-        public = os.environ.get("JUPYTERHUB_PUBLIC_URL")
+    def proxy_origin(self, configured: str | None) -> str | None:
+        """Where this gateway reaches the Hub's proxy (scheme://host:port), from configuration alone: MSB_HUB_PROXY_URL,
+        else JupyterHub's public_url (JUPYTERHUB_PUBLIC_URL is this service's public URL, prefix and all). None where
+        neither is set: the notebook tools then say which setting is missing."""
+        public = configured or os.environ.get("JUPYTERHUB_PUBLIC_URL")
         if not public:
             return None
         parsed = urlparse(public)

@@ -6,12 +6,11 @@ The gateway's IdentityProvider (every REST route and WebSocket) and /mcp's token
 
 from __future__ import annotations
 
-import getpass
 import hmac
 from pathlib import Path
 
 from msb_kernels.identity.hub import HubService, HubTokens
-from msb_kernels.identity.people import Person
+from msb_kernels.identity.people import Person, login_name
 from msb_kernels.identity.users_file import UsersFile
 
 
@@ -27,7 +26,7 @@ class Tokens:
         single_user: str | None = None,
     ):
         self.single = single or None
-        self.single_person = Person(single_user or _login_name(), admin=True, source="token")
+        self.single_person = Person(single_user or login_name(), admin=True, source="token")
         self.users = UsersFile(users_file) if users_file is not None else None
         self.hub = HubTokens(hub, hub_cache_seconds) if hub is not None else None
 
@@ -49,10 +48,3 @@ class Tokens:
         if self.hub is not None:
             return await self.hub.person(token)
         return None
-
-
-def _login_name() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"

@@ -3,8 +3,8 @@
 A kernel started by a person of the users file or of JupyterHub mounts ``<shared volume>/<their name>`` at the guest
 path, never the whole volume: two people's kernels never see each other's files. The single token's person (one
 person, today's setup) and the system's pooled kernels keep the whole volume, as before. The gateway's kernel manager
-names the directory in a start-only variable the client cannot set (MSB_* is denied to start requests); the
-provisioner mounts it.
+writes the choice into the kernel's StartRequest (``volume``, from the caller, never from the request), where every
+later start of the kernel finds it; the provisioner mounts it.
 """
 
 from __future__ import annotations
@@ -14,12 +14,19 @@ from pathlib import Path
 
 from msb_kernels.identity.people import Person
 
-VOLUME_OWNER_ENV = "MSB_VOLUME_OWNER"  # a start request's, set by the gateway only; never the kernel's
+WHOLE_VOLUME = "."  # a StartRequest's volume: the whole shared volume
 USER_PACKAGES_DIR = ".python"  # in a kernel's volume: the packages its person installs with `pip install --user`
 
 
 def has_own_directory(person: Person | None) -> bool:
-    return person is not None and person.source != "token"
+    """Whether a person's kernels mount their own directory of the volume: a person of the users file or the Hub."""
+    return person is not None and person.source in ("users-file", "hub")
+
+
+def volume_of(person: Person) -> str:
+    """The part of the shared volume a person's kernels mount (a StartRequest's volume): their own directory, or the
+    whole volume for the single token's person, the desktop's one user and the system (the pool)."""
+    return person.slug if has_own_directory(person) else WHOLE_VOLUME
 
 
 def own_directory(root: Path, slug: str) -> Path:
@@ -27,17 +34,17 @@ def own_directory(root: Path, slug: str) -> Path:
     return root / slug
 
 
-def volume_for(root: Path | None, env: dict[str, str]) -> Path | None:
-    """The host directory a kernel mounts as its shared volume: its person's own, made on first use with the
-    volume's own owner and mode (so the sandbox's user may write there as in the volume itself)."""
-    if root is None:
+def volume_for(root: Path | None, volume: str | None) -> Path | None:
+    """The host directory a kernel mounts as its shared volume (``volume``: its StartRequest's): none, the whole
+    volume, or its person's own, made on first use with the volume's own owner and mode (so the sandbox's user may
+    write there as in the volume itself)."""
+    if root is None or volume is None:
         return None
-    slug = env.get(VOLUME_OWNER_ENV)
-    if not slug:
+    if volume == WHOLE_VOLUME:
         return root
-    own = own_directory(root, slug)
+    own = own_directory(root, volume)
     if own.resolve().parent != root.resolve():  # a slug is one path component (Person.slug); refuse anything else
-        raise ValueError(f"{VOLUME_OWNER_ENV}={slug!r} is not one directory name")
+        raise ValueError(f"volume={volume!r} is not one directory name")
     if not own.is_dir():
         st = root.stat()
         own.mkdir(mode=0o700, exist_ok=True)

@@ -23,6 +23,7 @@ from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.server import build_server
 from msb_kernels.config import load_settings
+from msb_kernels.identity.people import local_person
 from tests.msb_kernels.gateway.conftest import wait_until
 
 VENV_BIN = Path(sys.executable).parent
@@ -83,7 +84,7 @@ async def mcp_sessions() -> AsyncIterator[ManagedKernelSessions]:
 
 @pytest.fixture(scope="module")
 def mcp_server(mcp_sessions):
-    server = build_server(mcp_sessions, load_settings(), TEST_OPTIONS)
+    server = build_server(mcp_sessions, load_settings(), TEST_OPTIONS, local_caller=local_person())
     yield server
 
 

@@ -11,6 +11,7 @@ from mcp import Client, StdioServerParameters
 
 from mcp_bridge.server import build_server
 from msb_kernels.config import load_settings
+from msb_kernels.identity.people import local_person
 from tests.mcp_bridge.conftest import TEST_OPTIONS, VENV_BIN, child_env, result_error, wait_until_running
 from tests.msb_kernels.gateway.conftest import init_pids, launch_gateway, wait_until
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.asyncio
 def small_caps_server(mcp_sessions):
     """Two kept executions and 1000 characters of output, so the caps are reached in a few lines."""
     options = dataclasses.replace(TEST_OPTIONS, kept_executions=2, max_output_chars=1000)
-    return build_server(mcp_sessions, load_settings(), options)
+    return build_server(mcp_sessions, load_settings(), options, local_caller=local_person())
 
 
 async def test_only_the_last_kept_executions_can_be_fetched(small_caps_server):
@@ -90,7 +91,9 @@ async def test_output_that_lags_the_reply_by_seconds_is_kept(mcp_sessions):
     """On a busy host iopub lagged the shell reply by 3.8 s; the bridge waited 2 s and answered ok
     with empty stdout. A result now waits for the kernel's idle status, so nothing is lost."""
     # Calls answer within 30 s here, so the lag shows in the result instead of in a "running" status.
-    server = build_server(mcp_sessions, load_settings(), dataclasses.replace(TEST_OPTIONS, running_after_seconds=30.0))
+    server = build_server(
+        mcp_sessions, load_settings(), dataclasses.replace(TEST_OPTIONS, running_after_seconds=30.0), local_caller=local_person()
+    )
     async with Client(server) as client:
         setup = await client.call_tool("execute_code", {"code": LAGGING_IOPUB})
         session_id = setup.structured_content["session_id"]

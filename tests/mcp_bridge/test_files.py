@@ -14,6 +14,7 @@ from mcp import Client
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
 from msb_kernels.config import load_settings
+from msb_kernels.identity.people import local_person
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error
 from tests.skips import every_builtin_backend
 
@@ -25,7 +26,7 @@ async def files_server(request, monkeypatch):
     """A bridge whose sessions run in the backend of the parameter, and one Python session of it."""
     monkeypatch.setenv("MSB_BACKEND", request.param)
     sessions = ManagedKernelSessions(start_timeout=120)
-    server = build_server(sessions, load_settings(), TEST_OPTIONS)
+    server = build_server(sessions, load_settings(), TEST_OPTIONS, local_caller=local_person())
     try:
         async with Client(server) as client:
             started = await client.call_tool("execute_code", {"code": "import os; print(os.environ['MSB_SANDBOX'])"})

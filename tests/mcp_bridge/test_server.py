@@ -10,9 +10,10 @@ BUILD_AND_REPORT = """
 import logging
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
+from msb_kernels.identity.people import local_person
 root = logging.getLogger()
 before = (root.level, list(root.handlers))
-build_server(ManagedKernelSessions())
+build_server(ManagedKernelSessions(), local_caller=local_person())
 print(before == (root.level, list(root.handlers)), logging.getLevelName(root.level), root.handlers)
 """
 

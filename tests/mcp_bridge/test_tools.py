@@ -16,6 +16,7 @@ from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
 from msb_kernels import registry
 from msb_kernels.config import load_settings
+from msb_kernels.identity.people import local_person
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error, wait_until_running
 
 pytestmark = pytest.mark.asyncio
@@ -273,7 +274,9 @@ async def test_executions_on_one_session_run_in_order(mcp_server, python_session
 
 async def test_ten_sessions_run_in_parallel(mcp_sessions, monkeypatch):
     monkeypatch.setenv("MSB_MAX_SESSIONS", str(len(registry.default().session_kernel_ids) + 12))
-    patient = build_server(mcp_sessions, load_settings(), dataclasses.replace(TEST_OPTIONS, running_after_seconds=120))
+    patient = build_server(
+        mcp_sessions, load_settings(), dataclasses.replace(TEST_OPTIONS, running_after_seconds=120), local_caller=local_person()
+    )
     async with Client(patient) as client:
         created = await asyncio.gather(*[client.call_tool("execute_code", {"code": f"mine = {i}"}) for i in range(10)])
         ids = [r.structured_content["session_id"] for r in created]
@@ -400,7 +403,7 @@ async def test_get_volume_path_without_and_with_a_shared_volume(mcp_server, tmp_
     shared.chmod(0o777)  # the sandbox user is not the host user
     monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(shared))
     sessions = ManagedKernelSessions(start_timeout=60)
-    server = build_server(sessions, load_settings(), TEST_OPTIONS)
+    server = build_server(sessions, load_settings(), TEST_OPTIONS, local_caller=local_person())
     try:
         async with Client(server) as client:
             volume = await client.call_tool("get_volume_path", {})
@@ -440,7 +443,7 @@ async def test_max_sessions_counts_the_sessions_served_from_the_warm_pool(monkey
     sessions = ManagedKernelSessions(start_timeout=60)
     pool = sessions.kernel_manager.pool
     pool.fill()
-    server = build_server(sessions, load_settings(), TEST_OPTIONS)
+    server = build_server(sessions, load_settings(), TEST_OPTIONS, local_caller=local_person())
     try:
         outcomes = []
         async with Client(server) as client:

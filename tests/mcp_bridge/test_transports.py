@@ -20,6 +20,7 @@ from mcp_bridge.local_sessions import ManagedKernelSessions, standalone_kernel_m
 from mcp_bridge.server import build_server
 from msb_kernels.backends import get_backend
 from msb_kernels.config import load_settings
+from msb_kernels.identity.people import local_person
 from tests.kernel_helpers import execute
 from tests.mcp_bridge.conftest import (
     TEST_OPTIONS,
@@ -234,7 +235,7 @@ async def test_assistant_and_a_plain_jupyter_client_share_a_kernel_in_process():
     """ManagedKernelSessions over a kernel manager that Jupyter code also uses (the gateway's arrangement)."""
     kernel_manager = standalone_kernel_manager()
     sessions = ManagedKernelSessions(kernel_manager)
-    server = build_server(sessions, load_settings(), TEST_OPTIONS)
+    server = build_server(sessions, load_settings(), TEST_OPTIONS, local_caller=local_person())
     kernel_id = await kernel_manager.start_kernel(kernel_name="msb-python-small")
     kc = kernel_manager.get_kernel(kernel_id).client()
     kc.start_channels()

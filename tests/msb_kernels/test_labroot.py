@@ -101,11 +101,11 @@ def test_only_a_directory_inside_the_root_becomes_the_working_dir(monkeypatch, t
     root, project, sibling = lab_root()
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(root))
     settings = load_settings()
-    assert working_dir(settings, {"KERNEL_WORKING_DIR": str(project)}) == str(project)
-    assert working_dir(settings, {"KERNEL_WORKING_DIR": str(root)}) == str(root)
-    assert working_dir(settings, {"KERNEL_WORKING_DIR": str(project / ".." / ".." / "private")}) is None
-    assert working_dir(settings, {"KERNEL_WORKING_DIR": str(sibling)}) is None
-    assert working_dir(settings, {"KERNEL_WORKING_DIR": str(root) + "-evil"}) is None
+    assert working_dir(settings, str(project)) == str(project)
+    assert working_dir(settings, str(root)) == str(root)
+    assert working_dir(settings, str(project / ".." / ".." / "private")) is None
+    assert working_dir(settings, str(sibling)) is None
+    assert working_dir(settings, str(root) + "-evil") is None
     (root / "link").symlink_to(sibling)
-    assert working_dir(settings, {"KERNEL_WORKING_DIR": str(root / "link")}) is None
-    assert working_dir(settings, {}) is None
+    assert working_dir(settings, str(root / "link")) is None
+    assert working_dir(settings, None) is None

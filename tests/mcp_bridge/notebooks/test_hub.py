@@ -98,3 +98,32 @@ async def test_alices_assistant_works_in_her_notebook_and_bobs_cannot(hub: Hub, 
     assert not [t for t in cell_texts(page) if "bob was here" in t]
     read = (await alice.call("read_notebook", notebook=path)).result["structuredContent"]
     assert [c["source"] for c in read["cells"] if "bob" in c["source"]] == [], read
+
+
+async def test_the_notebook_tools_never_connect_where_a_request_header_points(hub: Hub, alice_server: UserServer) -> None:
+    """The gateway finds alice's Lab from configuration (the shipped config's MSB_HUB_PROXY_URL), never from the
+    request: a call that names another host in X-Forwarded-Host (or Host) reaches her own Lab, and nothing connects to
+    the host it named."""
+    connections: list[Any] = []
+    trap = await asyncio.start_server(lambda reader, writer: (connections.append(writer), writer.close()), "127.0.0.1", 0)
+    named = f"127.0.0.1:{trap.sockets[0].getsockname()[1]}"
+    try:
+        headers = {"X-Forwarded-Host": named, "X-Forwarded-Proto": "http", "X-Forwarded-For": "127.0.0.1"}
+        async with hub.mcp(hub.tokens["alice"], direct=True, headers=headers) as alice:
+            listed = await alice.call_tool("list_notebooks", {})
+        assert not listed.is_error, listed.structured_content
+    finally:
+        trap.close()
+    assert connections == [], f"the gateway connected to {named}, a host a request header named"
+
+
+def test_without_a_configured_proxy_the_notebook_tools_name_the_missing_setting() -> None:
+    """No MSB_HUB_PROXY_URL and no JupyterHub public_url: the tools say which setting is missing (whatever the
+    request says of its host)."""
+    from mcp_bridge.notebooks.hub import PersonalLabs
+    from msb_kernels.errors import InvalidRequest
+    from msb_kernels.identity.people import Person
+
+    with pytest.raises(InvalidRequest, match="MSB_HUB_PROXY_URL is unset") as refused:
+        PersonalLabs(None).documents(Person("alice", source="hub"), "a-token")
+    assert "c.JupyterHub.public_url" in " ".join(refused.value.suggestions)

@@ -57,6 +57,37 @@ def test_a_session_may_narrow_the_operators_list_and_never_widen_it():
     assert Policy.everything().narrowed_to(Policy.parse("*.example.com:*")), "MSB_ALLOW_NETWORK's list holds any public host"
 
 
+@pytest.mark.parametrize("operator", ["*:*", "*", "*:443"])
+@pytest.mark.parametrize(
+    "session",
+    [
+        "10.0.0.0/8:*,172.16.0.0/12:*,192.168.0.0/16:*",  # tried live under MSB_ALLOW_NETWORK=true, and accepted
+        "10.0.0.0/8",
+        "10.1.2.3",
+        "172.16.5.0/24:443",
+        "100.64.0.0/10",
+        "[fd00::/8]",
+        "8.0.0.0/5",  # public at both ends, 10.0.0.0/8 inside
+    ],
+)
+def test_a_sessions_list_within_the_public_internet_never_reaches_the_lan(operator, session):
+    """``*`` (and MSB_ALLOW_NETWORK's list) is any name and any public address: a session's network rule inside a
+    private range is not within it, so it never becomes the session's policy, which would open that range."""
+    operator_policy = Policy.everything() if operator == "*:*" else Policy.parse(operator)
+    with pytest.raises(PolicyError, match="is not within the operator's list"):
+        operator_policy.narrowed_to(Policy.parse(session))
+
+
+def test_a_session_narrows_to_a_public_network_or_a_private_one_the_operator_names():
+    assert str(Policy.everything().narrowed_to(Policy.parse("198.51.100.0/24:443"))) == "198.51.100.0/24:443"
+    operator = Policy.parse("*:*,10.1.0.0/16:*")  # the operator names a LAN range: a session may narrow to it
+    narrowed = operator.narrowed_to(Policy.parse("10.1.2.0/24:5432"))
+    assert refusal_for_address(narrowed, ipaddress.ip_address("10.1.2.3")) is None
+    assert "private" in refusal_for_address(narrowed, ipaddress.ip_address("10.2.0.1"))
+    with pytest.raises(PolicyError):
+        operator.narrowed_to(Policy.parse("10.2.0.0/16"))
+
+
 def test_no_rule_opens_loopback_link_local_or_the_lan_without_naming_it():
     wide = Policy.parse("*:*")
     for address, why in (("127.0.0.1", "loopback"), ("169.254.169.254", "link-local"), ("10.1.2.3", "private"), ("::1", "loopback")):

@@ -322,6 +322,37 @@ async def jupyter_server(gateway: Gateway) -> AsyncIterator[HttpServer]:
     server.stop()
 
 
+# -- what a kernel holds, read from inside it -------------------------------------------------------------------
+
+# Where any canary is (its variables, every /proc/*/environ, cmdline and io directory it can read, every file under
+# the roots, its working directory and home), what its volume shows, its variables' names and its sandbox.
+CANARY_PROBE = r"""
+import glob, json, os
+canaries = {canaries!r}
+
+def holds(path):
+    try:
+        data = open(path, "rb").read(1 << 20)
+    except OSError:
+        return False
+    return any(c.encode() in data for c in canaries)
+
+found = [["env", k] for k, v in os.environ.items() if any(c in k + "=" + v for c in canaries)]
+readable = glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/proc/[0-9]*/root/run/kernel/*")
+found += [["proc", path] for path in readable if holds(path)]
+for root in {roots!r} + [os.getcwd(), os.path.expanduser("~")]:
+    for dirpath, _, files in os.walk(root):
+        found += [["file", os.path.join(dirpath, name)] for name in files if holds(os.path.join(dirpath, name))]
+shared = sorted(os.listdir("/shared")) if os.path.isdir("/shared") else None
+print(json.dumps({{"found": found, "shared": shared, "env": sorted(os.environ), "sandbox": os.environ.get("MSB_SANDBOX")}}))
+"""
+
+
+def canary_probe(canaries: list[str], roots: list[str]) -> str:
+    """Code that prints, as JSON, where in the kernel any of ``canaries`` is (CANARY_PROBE)."""
+    return CANARY_PROBE.format(canaries=list(canaries), roots=list(roots))
+
+
 # -- the Jupyter kernel WebSocket protocol (JSON messages, as jupyter_server relays them) --------
 
 

@@ -7,6 +7,7 @@ what users run in front: `jupyter server --gateway-url` (JupyterLab's server) an
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,11 @@ import pytest
 
 from msb_kernels.backends import backend_classes
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json
+from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import get_flavor
 from msb_kernels.gateway.records import KernelRecord
+from msb_kernels.identity.people import Owner
+from msb_kernels.start_request import StartRequest
 from tests.conftest import TEST_BASE, VENV_BIN
 from tests.msb_kernels.gateway.conftest import (
     Gateway,
@@ -303,13 +307,48 @@ async def test_adoption_trusts_only_records_no_sandbox_could_have_written():
         second.stop()
 
 
-def test_a_kernel_record_round_trips_through_its_adoption_record_owner_included():
-    """What a kernel's record writes for adoption restores the same record; a record from before owners is nobody's."""
-    record = KernelRecord("k1", "msb-python-medium", get_flavor("medium"), "python", 1.5, "a.ipynb", {"KERNEL_X": "1"}, owner="alice")
-    restored = KernelRecord.from_adoption({**record.to_adoption(), "connection": {}, "last_activity": None})
-    assert restored.to_adoption() == record.to_adoption() and restored.owner == "alice"
-    older = {key: value for key, value in record.to_adoption().items() if key != "owner"}
-    assert KernelRecord.from_adoption(older).owner is None
+def test_a_kernel_record_round_trips_through_its_adoption_record_field_by_field():
+    """What a kernel's record writes for adoption restores the same record, every field of its start request included
+    (what its restarts mount and run); a record from before start requests were typed is not adopted."""
+    request = StartRequest(
+        flavor="medium",
+        environment="science",
+        env={"KERNEL_X": "1", "PROJECT": "demo"},
+        network_allow="pypi.org",
+        secrets=json.dumps({"TOKEN": {"value": "s3cret", "hosts": ["pypi.org"]}}),
+        argument_names=("network_allow", "secrets"),
+        owner=Owner("users-file", "alice"),
+        volume="alice",
+        working_dir="/srv/lab/project",
+        notebook_path="project/a.ipynb",
+    )
+    record = KernelRecord("k1", "msb-science-python-medium", "python", request, created=1.5)
+    written = json.loads(json.dumps({**record.to_adoption(), "connection": {}, "last_activity": None}))  # as on disk
+    restored = KernelRecord.from_adoption(written)
+    for name in ("kernel_id", "kernel_name", "template", "created"):
+        assert getattr(restored, name) == getattr(record, name), name
+    for name in ("flavor", "environment", "env", "network_allow", "secrets", "argument_names", "owner", "volume", "working_dir"):
+        assert getattr(restored.request, name) == getattr(request, name), name
+    assert restored.request.notebook_path == request.notebook_path
+    assert (restored.flavor, restored.owner, restored.notebook_path) == (
+        get_flavor("medium"),
+        Owner("users-file", "alice"),
+        "project/a.ipynb",
+    )
+    assert restored.to_adoption() == record.to_adoption()
+    # An owner is its source and its name: the same name from another source is another owner.
+    assert restored.owner != Owner("token", "alice")
+    older = {key: value for key, value in record.to_adoption().items() if key != "request"} | {"flavor": "medium", "owner": "alice"}
+    with pytest.raises(InvalidRequest, match="no start request"):
+        KernelRecord.from_adoption(older)
+    forged = json.loads(json.dumps(written))
+    forged["request"]["env"]["LD_PRELOAD"] = "/tmp/x.so"  # a record is checked again wherever it is read
+    with pytest.raises(InvalidRequest, match="LD_PRELOAD"):
+        KernelRecord.from_adoption(forged)
+    forged["request"]["env"].pop("LD_PRELOAD")
+    forged["request"]["volume"] = "../bob"
+    with pytest.raises(InvalidRequest, match="one directory name"):
+        KernelRecord.from_adoption(forged)
 
 
 async def test_an_adopted_kernel_keeps_its_owner(tmp_path):
@@ -332,7 +371,8 @@ async def test_an_adopted_kernel_keeps_its_owner(tmp_path):
         first.stop(signal.SIGKILL)
     paths = {kernel_id: first.runtime_dir / kernel_id / ADOPTION_RECORD for kernel_id in (alices, bobs)}
     written = {kernel_id: trusted_json(path, private=True)[0] for kernel_id, path in paths.items()}
-    assert written[alices]["owner"] == "alice" and written[bobs]["owner"] == "bob", written
+    owners = {kernel_id: record["request"]["owner"] for kernel_id, record in written.items()}
+    assert owners[alices] == {"source": "users-file", "name": "alice"} and owners[bobs]["name"] == "bob", written
     before = paths[alices].stat().st_ino
     second = await take_over(first, people)
     try:
@@ -340,7 +380,7 @@ async def test_an_adopted_kernel_keeps_its_owner(tmp_path):
         assert [k["id"] for k in (await second.request("GET", "/api/kernels", token=tokens["bob"])).json] == [bobs]
         assert (await second.request("GET", f"/api/kernels/{alices}", token=tokens["bob"])).code == 404
         assert paths[alices].stat().st_ino != before  # recorded again by the adopting gateway, from its own record
-        assert trusted_json(paths[alices], private=True)[0]["owner"] == "alice"
+        assert trusted_json(paths[alices], private=True)[0]["request"]["owner"] == {"source": "users-file", "name": "alice"}
         notebook = await KernelSocket.open(second, alices)
         assert (await notebook.execute("print(kept)")).stdout == "alice\n"
         notebook.close()

@@ -121,7 +121,9 @@ async def test_jupyter_server_runs_its_kernels_in_our_sandboxes(gateway: Gateway
 
 
 async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
-    """KERNEL_FLAVOR in the start request's env, the stats, interrupt/restart/delete and JSON 404s."""
+    """KERNEL_FLAVOR in the start request's env, the stats, interrupt/restart/delete and JSON 404s. The kernel gets the
+    session's own variables and what its sandbox needs: a KERNEL_* name the start request reads into a field of its own
+    (the flavor) is the request's, not the kernel's, and nothing of the gateway's environment reaches it."""
     same_as_the_hosts = {"JUPYTER_RUNTIME_DIR": os.environ["JUPYTER_RUNTIME_DIR"]}  # asked for, so passed on all the same
     kernel_id = await gateway.start_kernel("msb-python-small", env={"KERNEL_FLAVOR": "medium", "NOT_KERNEL": "x", **same_as_the_hosts})
     try:
@@ -130,7 +132,7 @@ async def test_kernel_gateway_api_directly(gateway: Gateway) -> None:
             "import os\nprint(os.environ['MSB_FLAVOR'], os.environ.get('NOT_KERNEL'), os.environ.get('MSB_TOKEN'), "
             "os.environ.get('KERNEL_FLAVOR'), os.environ.get('JUPYTER_RUNTIME_DIR'), os.environ.get('KERNEL_ENV_NAMES'))"
         )
-        expected = ["medium", "x", "None", "medium", os.environ["JUPYTER_RUNTIME_DIR"], "None"]
+        expected = ["medium", "x", "None", "None", os.environ["JUPYTER_RUNTIME_DIR"], "None"]
         assert reply.stdout.split() == expected  # the gateway's own token stays out; what the request set is passed
         ws.close()
         stats = await gateway.stats()

@@ -241,6 +241,48 @@ async def test_a_deleted_users_token_is_refused(hub: Hub, shared: dict) -> None:
     await assert_refused(hub, token, kernel, "alice", "carol")
 
 
+async def test_no_token_of_any_person_service_or_server_is_in_any_log(hub: Hub, driver: Any, shared: dict) -> None:
+    """A whole Hub run with the shipped config: both people's Labs started kernels on the gateway (alice's in Chromium
+    above, bob's now), through REST, the WebSocket and MCP. The log of every process (the Hub, its proxy, the gateway,
+    each single-user server, all at INFO) holds none of the tokens issued: each person's, each server's, the gateway's
+    service token, the proxy's, the admin's, nor the browser's session cookies."""
+    alices_kernel(shared)
+    bob_server = await hub.start_server("bob")
+    started = await bob_server.request("POST", "/api/sessions", {"path": "bob.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
+    assert started.code == 201, (started.code, started.body)
+    socket = KernelSocket(
+        await jupyter_ws.connect(
+            jupyter_ws.channels_url(bob_server.url, started.json["kernel"]["id"], uuid.uuid4().hex), bob_server.token, 60
+        )
+    )
+    try:
+        assert (await socket.execute("6 * 7")).result == "42"
+    finally:
+        socket.close()
+    assert (await bob_server.request("DELETE", f"/api/sessions/{started.json['id']}")).code == 204
+    secrets = hub.secrets()
+    # The browser's credentials: the Hub's login cookie and each server's (every path's, not the page's alone). Not
+    # its session id or xsrf cookie, which authenticate nothing, and which JupyterHub itself logs at INFO.
+    cookies = driver.execute_cdp_cmd("Network.getAllCookies", {})["cookies"]
+    logins = {
+        c["value"]: f"the browser's cookie {c['name']}"
+        for c in cookies
+        if c["name"].startswith(("jupyterhub-hub-login", "jupyterhub-user-"))
+    }
+    assert logins, [c["name"] for c in cookies]
+    secrets.update(logins)
+    servers = {s for s in secrets if s not in hub.issued and s != hub.token}
+    assert len(servers) >= 4, "the servers', the gateway's and the proxy's tokens were not found to look for"
+    log = hub.log()
+    assert "GatewayKernelManager started kernel" in log, "no Lab started a kernel: the line that carried their tokens"
+    leaked = {
+        origin: [line.replace(secret, "<token>")[:300] for line in log.splitlines() if secret in line][:2]
+        for secret, origin in secrets.items()
+        if secret in log
+    }
+    assert not leaked, f"tokens in the Hub run's log: {leaked}"
+
+
 def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Read as JupyterHub reads it, with no Hub: the gateway gets its MSB_* settings (its MSB_HUB_AUTH_CACHE_SECONDS
     included) and none of the config's own knobs (the shared password above all); each server gets its own token."""
@@ -273,3 +315,11 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
         api_token = "the server's own"
 
     assert environment["JUPYTER_GATEWAY_AUTH_TOKEN"](Spawner()) == "the server's own"
+    # Each person's Lab starts a notebook's kernel with the notebook's path alone, never its environment (its token).
+    assert "--ServerApp.session_manager_class=msb_kernels.jupyterlab.GatewaySessions" in config.Spawner.args
+    # With a public_url, JupyterHub tells the gateway where its proxy is; without one, the config does.
+    assert "MSB_HUB_PROXY_URL" not in service["environment"]
+    monkeypatch.delenv("MSB_HUB_PUBLIC_URL")
+    monkeypatch.setenv("MSB_HUB_PORT", "8123")
+    config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
+    assert config.JupyterHub.services[0]["environment"]["MSB_HUB_PROXY_URL"] == "http://127.0.0.1:8123"

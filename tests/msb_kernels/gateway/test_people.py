@@ -214,7 +214,10 @@ async def test_an_mcp_session_is_bound_to_the_person_who_opened_it(team):
 async def test_a_persons_memory_share_refuses_a_flavor_past_it_and_names_their_use(team):
     refused = await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-large"})
     assert refused.code == 429 and refused.json["limit"] == "user_memory", refused.body
-    assert "bob's kernels hold 0 MiB of MSB_USER_MEMORY_MIB=2048; a large kernel (4096 MiB) does not fit" in refused.json["message"]
+    assert (
+        "bob's kernels hold 0 MiB of MSB_USER_MEMORY_MIB=2048 (hibernated ones included); a large kernel (4096 MiB) does not fit"
+        in refused.json["message"]
+    )
     assert any("small" in suggestion for suggestion in refused.json["suggestions"]), refused.json
     fits = await team.rest("bob", "POST", "/api/kernels", {"name": "msb-python-medium"})  # 2048 MiB: his whole share
     assert fits.code == 201, fits.body
@@ -318,8 +321,10 @@ def test_sessions_per_person_keep_a_bounded_label_set():
     from types import SimpleNamespace
 
     from msb_kernels.gateway.metrics import PEOPLE_LABELS, sessions_per_person
+    from msb_kernels.identity.people import Owner
 
-    records = [SimpleNamespace(owner=f"person{i}") for i in range(300)] + [SimpleNamespace(owner="busy")] * 5
+    records = [SimpleNamespace(owner=Owner("users-file", f"person{i}")) for i in range(300)]
+    records += [SimpleNamespace(owner=Owner("hub", "busy"))] * 5
     records.append(SimpleNamespace(owner=None))
     samples = {sample.labels["person"]: sample.value for sample in sessions_per_person(records).samples}
     assert len(samples) == PEOPLE_LABELS + 1 and samples["busy"] == 5 and sum(samples.values()) == 306

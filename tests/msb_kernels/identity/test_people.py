@@ -9,16 +9,26 @@ import pytest
 
 from msb_kernels.errors import ConfigError
 from msb_kernels.identity import users_file
-from msb_kernels.identity.people import Person, acting, acting_as, may_see
+from msb_kernels.identity.people import SYSTEM, Person, acting, acting_as, may_see
 from msb_kernels.identity.tokens import Tokens
 from msb_kernels.identity.users_file import Entry, new_token, token_digest
 
 
-def test_a_person_sees_their_own_kernels_an_admin_and_the_system_every_one():
-    alice, bob, ops = Person("alice"), Person("bob"), Person("ops", admin=True)
-    assert may_see(alice, "alice") and not may_see(alice, "bob") and not may_see(alice, None)
-    assert may_see(ops, "bob") and may_see(ops, None)
-    assert may_see(None, "bob")  # the system: the culler, the pool, adoption
+def test_a_person_sees_their_own_kernels_an_admin_and_the_system_every_one_and_nobody_none():
+    alice, bob, ops = Person("alice", source="users-file"), Person("bob", source="users-file"), Person("ops", admin=True)
+    assert may_see(alice, alice.owner) and not may_see(alice, bob.owner) and not may_see(alice, None)
+    assert may_see(ops, bob.owner) and may_see(ops, None)
+    assert may_see(SYSTEM, bob.owner) and may_see(SYSTEM, None)  # the system, said explicitly: the culler, the pool, adoption
+    # Nobody (a path that forgot to say who it acts for) sees nothing: it fails closed, never as an admin.
+    assert not may_see(None, bob.owner) and not may_see(None, None)
+    # An owner is the source and the name together: the single token's person named after the login user, a
+    # users-file person and a Hub person of that name are three owners.
+    token_root, file_root, hub_root = (Person("root", source=source) for source in ("token", "users-file", "hub"))
+    assert len({token_root.owner, file_root.owner, hub_root.owner}) == 3
+    assert not may_see(file_root, token_root.owner) and not may_see(hub_root, file_root.owner)
+    # A users-file person named "system" is not the system.
+    assert not Person("system", source="users-file").is_system and not may_see(Person("system", source="users-file"), alice.owner)
+    assert acting() is None  # nobody, unless someone says who acts
     with acting_as(bob):
         assert acting() is bob
         with acting_as(None):
