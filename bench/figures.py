@@ -119,13 +119,14 @@ class Bench:
         from mcp_bridge.options import BridgeOptions
         from mcp_bridge.server import build_server
         from msb_kernels.config import load_settings
+        from msb_kernels.identity.people import local_person
 
         results = {}
         for label, pool_size in (("pool", "python-small=1"), ("no_pool", "0")):
             os.environ["MSB_POOL_SIZE"] = pool_size
             sessions = ManagedKernelSessions(start_timeout=120)
             settings = load_settings()
-            server = build_server(sessions, settings, BridgeOptions.from_settings(settings))
+            server = build_server(sessions, settings, BridgeOptions.from_settings(settings), local_caller=local_person())
             pool = sessions.kernel_manager.pool
             pool.fill()
             times = []
@@ -233,6 +234,7 @@ class Bench:
         from mcp_bridge.options import BridgeOptions
         from mcp_bridge.server import build_server
         from msb_kernels.config import load_settings
+        from msb_kernels.identity.people import local_person
 
         n = self.args.executes
         log("starting msb-kernels serve and a plain jupyter server")
@@ -288,7 +290,7 @@ class Bench:
 
                 settings = load_settings()
                 sessions = ManagedKernelSessions(start_timeout=120)
-                server = build_server(sessions, settings, BridgeOptions.from_settings(settings))
+                server = build_server(sessions, settings, BridgeOptions.from_settings(settings), local_caller=local_person())
                 mcp: dict[str, list[float]] = {"memory": [], "http": [], "bare_direct": [], "bare_to_idle": [], "msb_to_idle": []}
                 async with (
                     httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=120) as http,

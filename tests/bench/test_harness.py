@@ -153,16 +153,17 @@ def test_quick_flush_times_a_plain_kernel_beside_one_running_the_quick_flush():
 
 def test_side_by_side_calls_two_checkouts_in_turn_and_refuses_what_is_not_one(tmp_path):
     run = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "side_by_side.py"), str(REPO), str(REPO), "-n", "2"],
+        [sys.executable, str(REPO / "bench" / "side_by_side.py"), str(REPO), str(REPO), "-n", "2", "--starts", "1"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = run.stdout.splitlines()[-4:]
-    assert lines[0].startswith(f"A {REPO}: p50 ") and "gateway CPU" in lines[0], lines
-    assert lines[1].startswith(f"B {REPO}: p50 ") and lines[2].startswith("direct client, bare kernel: p50 "), lines
-    assert lines[3].startswith("B - A: p50 ") and lines[3].endswith("(n=2)"), lines
+    lines = run.stdout.splitlines()[-6:]
+    assert lines[0].startswith("MCP 1+1: A p50 ") and "B/A p50 " in lines[0] and "gateway CPU" in lines[0], lines
+    assert lines[1].startswith("WebSocket 1+1: A p50 ") and lines[2].startswith("cold start to 1+1: A p50 "), lines
+    assert lines[3].startswith("direct client, bare kernel: p50 ") and lines[3].endswith("(n=2, starts=1)"), lines
+    assert lines[4:] == [f"A {REPO}", f"B {REPO}"], lines
     refused = subprocess.run(
         [sys.executable, str(REPO / "bench" / "side_by_side.py"), str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=60
     )
