@@ -79,13 +79,15 @@ NetworkAllowArgument = Annotated[
 class SecretDeclaration(BaseModel):
     value: str = Field(description="the real value; the kernel never sees it")
     hosts: list[str] = Field(description="the hosts whose requests get it, e.g. ['api.example.com']")
+    header: str = Field("Authorization", description="the one request header whose value may carry it")
 
 
 SecretsArgument = Annotated[
     dict[str, SecretDeclaration] | None,
     Field(
-        description="secrets for a new session, NAME -> {value, hosts}: the kernel's variable NAME holds a placeholder, "
-        "which the network proxy replaces with the value in requests to those hosts only; for new sessions only"
+        description="secrets for a new session, NAME -> {value, hosts, header}: the kernel's variable NAME holds a "
+        "placeholder, which the network proxy replaces with the value in that header (default Authorization) of HTTPS "
+        "requests to those hosts only, and masks in their answers; for new sessions only"
     ),
 ]
 Timeout = Annotated[

@@ -170,6 +170,17 @@ class MsbSettings(Configurable):
     hub_auth_cache_seconds = Int(
         30, help="Under JupyterHub: seconds a Hub token's check is remembered (a revoked token is refused after at most this)."
     ).tag(config=True)
+    runsc = Unicode(
+        None,
+        allow_none=True,
+        help="The runsc binary gVisor kernels run under. Unset = this environment's own (./scripts/run installs Debian 13's "
+        "as root), else the host's runsc on PATH; either way the start probe runs `ls` and `stat` in it before auto picks it.",
+    ).tag(config=True)
+    runsc_platform = Unicode(
+        "",
+        help="gVisor's platform: systrap, ptrace or kvm; empty = the runsc's own default (systrap since 2023, ptrace "
+        "before). bench/runsc.py measures each on this host.",
+    ).tag(config=True)
     hub_proxy_url = Unicode(
         None,
         allow_none=True,
@@ -354,6 +365,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "capacity_memory_mib": checks.at_least(1),
     "users_file": checks.check_users_file,
     "hub_auth_cache_seconds": lambda v: "is negative" if v < 0 else None,
+    "runsc": lambda v: None if v is None or (os.path.isfile(v) and os.access(v, os.X_OK)) else "is not an executable file",
+    "runsc_platform": lambda v: None if v in ("", "systrap", "ptrace", "kvm") else "is not a gVisor platform",
     "hub_proxy_url": lambda v: None if v is None or v.startswith(("http://", "https://")) else "is not an http:// or https:// URL",
     "max_sessions_per_user": checks.at_least(1),
     "user_memory_mib": checks.at_least(1),
@@ -408,6 +421,8 @@ _ACCEPTED: dict[str, str] = {
     "capacity_cpus": "use a whole number of CPUs >= 1, or leave it unset for no CPU limit",
     "users_file": "create it with `msb-kernels users add NAME --file PATH` (mode 0600), or leave it unset for the single token",
     "hub_auth_cache_seconds": "use a whole number of seconds >= 0 (0 asks the Hub at every request)",
+    "runsc": "name runsc's full path, e.g. /usr/bin/runsc, or leave it unset for this environment's own (./scripts/run installs it)",
+    "runsc_platform": "use systrap, ptrace or kvm, or leave it empty for the runsc's own default",
     "hub_proxy_url": "use the URL this host reaches JupyterHub's proxy at, e.g. http://127.0.0.1:8000",
     "max_sessions_per_user": "use a whole number >= 1, or leave it unset for no per-person limit",
     "user_memory_mib": "use a whole number of MiB >= 1, or leave it unset for no per-person share",

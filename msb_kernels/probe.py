@@ -1,4 +1,4 @@
-"""The start probe: a backend is usable only once a real kernel has started in it and answered ``1+1``.
+"""The start probe: a backend is usable only once a real kernel has started in it, run ``ls`` and ``stat``, and answered ``1+1``.
 
 A look at the host (runsc installed, namespaces allowed) cannot see every way a start fails: a
 sandbox that cannot show the kernel's interpreter, a runtime too old for the host's kernel. So
@@ -40,7 +40,19 @@ from msb_kernels.templates import TEMPLATES
 log = logging.getLogger("msb_kernels")
 
 PROBE_TIMEOUT_SECONDS = 90.0  # a first gVisor start on a busy host takes seconds; a dead one answers at once
-PROBE_CODE = {"python": "1+1", "node": "1+1"}
+# Beyond 1+1, the everyday shell commands a runtime can break (a runsc whose statx fails breaks `ls` and `stat`),
+# where the sandbox has them; the reply's error names the command and what it printed.
+PROBE_CODE = {
+    "python": """\
+import shutil as _s, subprocess as _p
+for _argv in (["ls", "-la", "/"], ["stat", "/tmp"]):
+    if _s.which(_argv[0]):
+        _r = _p.run(_argv, capture_output=True, text=True, timeout=30)
+        if _r.returncode:
+            raise OSError(f"`{' '.join(_argv)}` exited {_r.returncode}: {_r.stderr.strip()[-300:]}")
+1+1""",
+    "node": "1+1",
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class StartProbe:
         """One line for doctor and the log."""
         if self.ok:
             kept = f" (kept in {self.kept_in})" if self.kept_in else ""
-            return f"a kernel from {self.interpreter} started and answered 1+1 in {self.seconds:.2f} s{kept}"
+            return f"a kernel from {self.interpreter} started, ran ls and stat, and answered 1+1 in {self.seconds:.2f} s{kept}"
         return f"a kernel from {self.interpreter} could not start: {self.error}"
 
 
@@ -183,7 +195,7 @@ async def _start_once(
                 PROBE_CODE.get(template, "1+1"), timeout=PROBE_TIMEOUT_SECONDS, store_history=False, output_hook=lambda message: None
             )
             if reply["content"].get("status") != "ok":
-                error = f"1+1 failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}"
+                error = f"its first cell failed: {reply['content'].get('ename')}: {reply['content'].get('evalue')}"
         except ConfigError:
             raise  # a setting this backend cannot honour (MSB_TRANSPORT=tcp on gVisor): the user's to fix, not a finding
         except (asyncio.TimeoutError, TimeoutError):
@@ -204,6 +216,11 @@ async def _start_once(
             with contextlib.suppress(Exception):
                 await km.shutdown_kernel(now=True)
             registry.default().probe_kernel_ids.discard(kernel_id)
+    if error is not None:
+        from msb_kernels.backends import backend_classes
+
+        hint = backend_classes()[backend].probe_hint(error)
+        error = f"{error}; {hint}" if hint else error
     return StartProbe(backend, argv[0], error is None, time.monotonic() - started, error, tail)
 
 

@@ -32,7 +32,7 @@ from msb_kernels.config import MsbSettings
 
 log = logging.getLogger("msb_kernels")
 
-FORMAT = 1
+FORMAT = 2  # 2: the probe runs `ls` and `stat` too (msb_kernels.probe.PROBE_CODE); a pass of format 1 proved less
 # Settings that never change whether one kernel starts: who may start, how many, when to cull, how to serve.
 _NOT_IN_KEY = frozenset(
     {

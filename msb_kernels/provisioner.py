@@ -24,7 +24,6 @@ import signal
 import time
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -33,7 +32,7 @@ from traitlets import Unicode
 
 from msb_kernels import labroot
 from msb_kernels.backends import Sandbox, SandboxBackend, SandboxSpec, get_backend
-from msb_kernels.backends.core import hostpaths
+from msb_kernels.backends.core import hostpaths, iodir
 from msb_kernels.backends.core.base import SharedVolume
 from msb_kernels.backends.core.state import remove_state_dir
 from msb_kernels.choice import DEFAULT_ENVIRONMENT
@@ -57,6 +56,7 @@ GUEST_CONNECTION_FILE = "connection.json"
 _swept_runtime_dirs: set[str] = set()
 # How long a start holds its turn at most while the kernel imports; past it the next start goes anyway.
 LISTEN_WAIT_SECONDS = 30.0
+BIND_WAIT_SECONDS = 120.0  # ipc: how long a start waits for the kernel's five sockets, out of its turn, to pin them
 _start_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
 
 
@@ -96,6 +96,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     last_exit_reason: str | None = None
     network: KernelNetwork | None = None  # its way out, chosen by pre_launch (msb_kernels.egress.grant)
     start_request: StartRequest | None = None  # what this start asks for, set by pre_launch from the start's arguments
+    channel_pins: iodir.ChannelPins | None = None  # ipc: the kernel's sockets, pinned once it bound them
     egress: Any = None  # its egress.attach.KernelRoute, while the proxy listens for it
     # Chosen by pre_launch, from the kernelspec's config and the start request's KERNEL_FLAVOR.
     template_spec: Template | None = None
@@ -237,8 +238,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 km.write_connection_file()
                 self.connection_info = km.get_connection_info()
             else:
+                iodir.clear(self.io_dir)  # what a sandbox that ran here left (no sandbox runs here now)
                 if self.backend.transport == "ipc":
-                    km.ip = str(self.io_dir / "kernel")
+                    km.ip = str(iodir.channels_dir(self.io_dir) / "kernel")  # links to the sockets pinned at launch
                 else:
                     self._use_reserved_ports(km)
                 await self._set_up_encryption(km)
@@ -304,9 +306,11 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             await self.backend.sweep_orphans()
 
     def _guest_path(self, name: str) -> str:
-        return f"{self.backend.guest_io_dir}/{name}"
+        """Where the guest sees a file the host wrote for it (iodir.host_dir): read-only, its own to read."""
+        return f"{self.backend.guest_host_dir}/{name}"
 
     def _write_guest_files(self) -> None:
+        """The guest's connection file, startup file and helpers, into the directory the sandbox cannot write."""
         info = dict(self.connection_info)
         for key in ("key", "curve_publickey", "curve_secretkey", "curve_serverkey"):
             if isinstance(info.get(key), bytes):
@@ -316,28 +320,43 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         elif self.backend.transport == "tcp":
             info["ip"] = self.backend.guest_ip
         if self.backend.transport == "ipc":
-            info["ip"] = self._guest_path("kernel")
-            separator = self.template_spec.ipc_port_separator
-            if separator != "-":  # e.g. tslab binds "kernel:1"; jupyter_client connects to "kernel-1"
-                for port_name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
-                    alias = self.io_dir / f"kernel-{info[port_name]}"
-                    if not alias.is_symlink():
-                        alias.symlink_to(f"kernel{separator}{info[port_name]}")
-        self._write_private(self.io_dir / GUEST_CONNECTION_FILE, json.dumps(info, indent=1))
-        startup = self.template_spec.startup_code(self.flavor_spec.out_of_memory_message(), self.backend.guest_io_dir)
-        self._write_private(self.io_dir / self.template_spec.startup_file, startup)
+            info["ip"] = f"{self.backend.guest_io_dir}/kernel"  # its sockets: in the directory that is its own
+        iodir.write_host_file(self.io_dir, GUEST_CONNECTION_FILE, json.dumps(info, indent=1))
+        startup = self.template_spec.startup_code(self.flavor_spec.out_of_memory_message(), self.backend.guest_host_dir)
+        iodir.write_host_file(self.io_dir, self.template_spec.startup_file, startup)
         for name, code in self.template_spec.helper_files().items():
-            self._write_private(self.io_dir / name, code)
+            iodir.write_host_file(self.io_dir, name, code)
 
-    @staticmethod
-    def _write_private(path: Path, text: str) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+    def channel_names(self) -> dict[int, str]:
+        """ipc: the name each of the kernel's sockets has in its io dir, by port (tslab binds "kernel:1")."""
+        separator = self.template_spec.ipc_port_separator
+        ports = [self.connection_info[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")]
+        return {port: f"kernel{separator}{port}" for port in ports}
+
+    def _pin_channels(self, sandbox: Sandbox) -> None:
+        """ipc: hold the kernel's bound sockets, each checked to be one its sandbox made (iodir.pin_channels); the host's
+        clients connect to them through channels/, never through a name in the io dir."""
+        self._unpin_channels()
+        if self.backend.transport == "ipc":
+            self.channel_pins = iodir.pin_channels(self.io_dir, self.channel_names(), sandbox.channel_uid)
+
+    def _unpin_channels(self) -> None:
+        if self.channel_pins is not None:
+            pins, self.channel_pins = self.channel_pins, None
+            pins.close()
+
+    def _guest_connection_file(self) -> str:
+        """The connection file the kernel reads: its own copy in its own directory, where the host's is read-only
+        (ipykernel rewrites the file when curve keys are in it); SandboxSpec.copies makes it."""
+        return f"{self.backend.guest_io_dir}/{GUEST_CONNECTION_FILE}"
+
+    def _copies(self) -> list[tuple[str, str]]:
+        source, destination = self._guest_path(GUEST_CONNECTION_FILE), self._guest_connection_file()
+        return [] if source == destination else [(source, destination)]
 
     def _guest_argv(self, cmd: list[str]) -> list[str]:
         host_file = os.path.realpath(self.parent.connection_file)
-        guest_file = self._guest_path(GUEST_CONNECTION_FILE)
+        guest_file = self._guest_connection_file()
         argv = [guest_file if arg in (host_file, self.parent.connection_file) else arg for arg in cmd]
         argv += self.template_spec.launch_arguments(self._guest_path(self.template_spec.startup_file))
         return argv
@@ -375,7 +394,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         """The kernel's way out through this process's egress proxy (msb_kernels.egress.attach)."""
         from msb_kernels.egress.attach import KernelRoute  # only where a kernel has an allow-list: h11, the proxy's thread
 
-        self.egress = KernelRoute(self.settings, self.backend, self.kernel_id, self.network, self.io_dir)
+        self.egress = KernelRoute(
+            self.settings,
+            self.backend,
+            self.kernel_id,
+            self.network,
+            iodir.host_dir(self.io_dir),
+            functools.partial(iodir.write_host_file, self.io_dir),
+        )
         return await self.egress.open(env)
 
     async def _egress_at(self, address: str | None) -> None:
@@ -410,6 +436,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
             host_directories=labroot.lab_directories(self.settings),
             working_dir=labroot.working_dir(self.settings, request.working_dir),
+            copies=self._copies(),
             max_processes=self.settings.max_processes,
             allow_network=self.network.public,
             egress=egress,
@@ -422,7 +449,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         )
         if registry.adoptions.pop(self.kernel_id, None) is not None:
             try:
-                self.sandbox = await self.backend.adopt(spec)
+                adopted = await self.backend.adopt(spec)
+                try:
+                    self._pin_channels(adopted)  # a kernel whose io dir holds anything but its own sockets is not adopted
+                except SandboxError:
+                    await adopted.cleanup()  # refused cleanly: its sandbox goes, its session with it
+                    raise
+                self.sandbox = adopted
             except BaseException:
                 self._forget_failed_start()
                 raise
@@ -438,6 +471,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 self._connect_at(self.sandbox.address)
                 await self._egress_at(self.sandbox.address)
                 running = await self._until_listening(self.sandbox)
+            if running:  # out of the start's turn: a kernel still importing past LISTEN_WAIT_SECONDS binds meanwhile
+                running = await self._until_bound(self.sandbox)
+                if running:
+                    self._pin_channels(self.sandbox)
         except BaseException as exc:
             if isinstance(exc, Exception) and not isinstance(exc, (ConfigError, InvalidRequest, ResourceLimitExceeded)):
                 self._distrust_backend()
@@ -494,8 +531,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         False: the sandbox ended first."""
         port = self.connection_info["shell_port"]
         if self.backend.transport == "ipc":
-            shell = self.io_dir / f"kernel-{port}"
-            listening = shell.exists
+            listening = functools.partial(iodir.bound_socket, self.io_dir, self.channel_names()[port])
         else:
             listening = functools.partial(sandbox.kernel_listening, port)
         deadline = time.monotonic() + LISTEN_WAIT_SECONDS
@@ -505,7 +541,23 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             await asyncio.sleep(0.002)  # a forked kernel binds within some 50 ms: a coarser step would add to every start
         return True
 
+    async def _until_bound(self, sandbox: Sandbox) -> bool:
+        """ipc: wait until the kernel has bound all five of its sockets (to pin them); False: the sandbox ended first.
+        SandboxError after BIND_WAIT_SECONDS: a kernel that binds some and not the others is not one to connect to."""
+        if self.backend.transport != "ipc":
+            return True
+        names = list(self.channel_names().values())
+        deadline = time.monotonic() + BIND_WAIT_SECONDS
+        while not all(iodir.bound_socket(self.io_dir, name, sandbox.channel_uid) for name in names):
+            if await sandbox.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the kernel did not bind its channels within {BIND_WAIT_SECONDS:.0f} s", ["run `msb-kernels doctor`"])
+            await asyncio.sleep(0.005)
+        return True
+
     async def cleanup(self, restart: bool = False) -> None:
+        self._unpin_channels()
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
             self.sandbox_registry.live_sandboxes.pop(self.kernel_id, None)

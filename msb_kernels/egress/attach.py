@@ -6,7 +6,7 @@ Imported by the provisioner only for a kernel with an allow-list: the proxy (h11
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,20 @@ def service_for(settings: Any) -> EgressService:
 class KernelRoute:
     """What the provisioner holds for a proxied kernel: its KernelEgress, and how its sandbox reaches the proxy."""
 
-    def __init__(self, settings: Any, backend: Any, kernel_id: str, network: KernelNetwork, io_dir: Path):
-        self.settings, self.backend, self.io_dir = settings, backend, io_dir
+    def __init__(
+        self,
+        settings: Any,
+        backend: Any,
+        kernel_id: str,
+        network: KernelNetwork,
+        host_dir: Path,
+        write_host_file: Callable[[str, bytes, int], object],
+    ):
+        """host_dir: the sandbox's directory of what the host writes for it (read-only inside, at the backend's
+        guest_host_dir); write_host_file(name, data, mode) writes there without following what is in it (the
+        provisioner's: egress knows no backend's directories)."""
+        self.settings, self.backend = settings, backend
+        self.host_dir, self.write_host_file = host_dir, write_host_file
         self.egress = KernelEgress(kernel_id, network.policy, network.source, network.secrets)
         self.service = service_for(settings)
 
@@ -38,16 +50,14 @@ class KernelRoute:
             address, port, dial = self.backend.egress_endpoint()
             await self.service.listen_tcp(address, port)
             opened = route.EgressRoute(route.listeners([], dns=False), f"tcp:{dial}:{port}")
-        else:
-            await self.service.open(network, self.io_dir / route.SOCKET_NAME)
+        else:  # in the directory of what the host wrote: the sandbox sees it read-only and cannot swap it for a link
+            await self.service.open(network, self.host_dir / route.SOCKET_NAME)
             opened = route.EgressRoute(
-                route.listeners(network.policy.transparent_ports()), f"{self.backend.guest_io_dir}/{route.SOCKET_NAME}"
+                route.listeners(network.policy.transparent_ports()), f"{self.backend.guest_host_dir}/{route.SOCKET_NAME}"
             )
         if network.secrets:
-            bundle = self.io_dir / route.CA_BUNDLE_NAME
-            bundle.write_bytes(system_bundle() + b"\n" + self.service.ca.load())
-            os.chmod(bundle, 0o644)
-        env.update(route.proxy_env(self.backend.guest_io_dir, with_ca=bool(network.secrets)))
+            self.write_host_file(route.CA_BUNDLE_NAME, system_bundle() + b"\n" + self.service.ca.load(), 0o644)
+        env.update(route.proxy_env(self.backend.guest_host_dir, with_ca=bool(network.secrets)))
         env.update({secret.name: secret.placeholder for secret in network.secrets})
         env["MSB_NETWORK_ALLOW"] = str(network.policy)
         return opened

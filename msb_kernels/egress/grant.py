@@ -63,7 +63,7 @@ def operator_secrets(path: str | None, policy: Policy | None) -> dict[str, dict]
     except OSError as exc:
         raise ConfigError(f"MSB_NETWORK_SECRETS_FILE={path!r} cannot be read: {exc.strerror}") from None
     try:
-        declarations = parse_declarations(text, f"MSB_NETWORK_SECRETS_FILE ({path})")
+        declarations = parse_declarations(text, f"MSB_NETWORK_SECRETS_FILE ({path})", operator=True)
         if declarations and policy is None:
             raise PolicyError("MSB_NETWORK_SECRETS_FILE declares secrets, but kernels have no network (set MSB_NETWORK_ALLOW)")
         for name, declaration in declarations.items():

@@ -30,7 +30,7 @@ from msb_kernels import metrics
 from msb_kernels.egress import dns
 from msb_kernels.egress.policy import Policy, normalize_name, refusal_for_address
 from msb_kernels.egress.route import HEADER_MAGIC
-from msb_kernels.egress.secrets import Secret, substitute, substitute_headers
+from msb_kernels.egress.secrets import Redaction, Secret, sendable, substitute_headers
 from msb_kernels.egress.streams import Stream, TLSStream, splice
 from msb_kernels.egress.tls import HELLO, NEED_MORE, CertificateAuthority, read_client_hello
 
@@ -301,9 +301,12 @@ async def exchange(
     fixed: tuple[str, int] | None,
     server: h11.Connection | None = None,
     on_connect: Callable[[h11.Request], Awaitable[None]] | None = None,
+    tls: bool = False,
 ) -> None:
     """HTTP/1.1 requests from client, each to its upstream: absolute-form targets (a forward proxy; CONNECT goes to
-    on_connect), or origin-form ones for fixed (host, port), whose Host header must name that host."""
+    on_connect), or origin-form ones for fixed (host, port), whose Host header must name that host. tls: the
+    upstream connection is TLS (the proxy ended the kernel's TLS to put secrets in): only then do secrets go in, but
+    for the operator's plain_http ones; never into the URL; and an answer never hands back a value that went in."""
     server = server or h11.Connection(h11.SERVER)
     try:
         while True:
@@ -319,10 +322,12 @@ async def exchange(
             except Refused as refusal:
                 await _answer(client, server, refusal.status, refusal.message)
                 return
-            secrets = egress.secrets_for(host, port)
-            headers = substitute_headers(_forwarded_headers(event.headers), secrets, host, port)
+            headers, sent = substitute_headers(_forwarded_headers(event.headers), sendable(egress.secrets, host, port, tls))
+            redaction = Redaction(sent)
+            if redaction:  # an answer the proxy can read, to take the value out of it
+                headers = [(name, value) for name, value in headers if name.lower() != b"accept-encoding"]
+                headers.append((b"accept-encoding", b"identity"))
             authority = host if port in (80, 443) else f"{host}:{port}"
-            target = substitute(target.decode("latin-1"), secrets, host, port).encode("latin-1")
             if server.client_is_waiting_for_100_continue:
                 await client.send(server.send(h11.InformationalResponse(status_code=100, headers=[])))
             await stream.send(
@@ -330,7 +335,12 @@ async def exchange(
             )
             if not await _copy_message(server, client, upstream, stream, egress.count_bytes, 0):
                 return
-            if not await _copy_message(upstream, stream, server, client, egress.count_bytes, 1, heads=True):
+            try:
+                copied = await _copy_message(upstream, stream, server, client, egress.count_bytes, 1, heads=True, redaction=redaction)
+            except Refused as refusal:
+                await _answer(client, server, refusal.status, refusal.message)
+                return
+            if not copied:
                 await _answer(client, server, 502, f"msb-kernels: {host}:{port} closed the connection mid-response")
                 return
             if upstream.our_state is h11.DONE and upstream.their_state is h11.DONE:
@@ -352,18 +362,34 @@ async def _copy_message(
     count: Callable[[int, int], None],
     index: int,
     heads=False,
+    redaction: Redaction | None = None,
 ) -> bool:
     """Pass one message on from source to target: its response heads (with heads), its data, its end. False if the
-    source ended first."""
+    source ended first. redaction: what of a secret the request carried is masked on the way (Refused where the
+    answer is encoded, which the proxy cannot read)."""
     while True:
         part = await _next_event(source, source_stream)
         if heads and isinstance(part, (h11.Response, h11.InformationalResponse)):
-            head = type(part)(status_code=part.status_code, headers=_forwarded_headers(part.headers), reason=part.reason)
+            forwarded = _forwarded_headers(part.headers)
+            if redaction:
+                encoding = next((v for k, v in forwarded if k.lower() == b"content-encoding"), b"identity").strip().lower()
+                if encoding not in (b"", b"identity"):
+                    raise Refused(
+                        502,
+                        f"msb-kernels: an answer to a request that carried a secret came {encoding.decode()}-encoded, "
+                        "which the proxy cannot check for the secret",
+                    )
+                forwarded = [(k, redaction.mask(v)) for k, v in forwarded]
+            head = type(part)(status_code=part.status_code, headers=forwarded, reason=part.reason)
             await target_stream.send(target.send(head))
         elif isinstance(part, h11.Data):
-            await target_stream.send(target.send(h11.Data(data=part.data)))
+            data = redaction.feed(part.data) if redaction else part.data
+            if data:
+                await target_stream.send(target.send(h11.Data(data=data)))
             count(index, len(part.data))
         elif isinstance(part, h11.EndOfMessage):
+            if redaction and (rest := redaction.flush()):
+                await target_stream.send(target.send(h11.Data(data=rest)))
             await target_stream.send(target.send(h11.EndOfMessage()))
             return True
         else:
@@ -468,7 +494,7 @@ async def intercept(
             raise Refused(502, f"msb-kernels: TLS to {host}:{port_} failed: {exc}") from None
         return secured
 
-    await exchange(egress, inner, Upstreams(opener), (name, port))
+    await exchange(egress, inner, Upstreams(opener), (name, port), tls=True)
 
 
 async def transparent(egress: KernelEgress, service: EgressService, client: Stream, address: str, port: int) -> None:

@@ -46,13 +46,13 @@ def relay_source() -> str:
     return (Path(__file__).with_name("relay_program.py")).read_text()
 
 
-def proxy_env(guest_io_dir: str, with_ca: bool) -> dict[str, str]:
-    """The variables that send a kernel's HTTP tools through the proxy (and, with secrets, trust its CA)."""
+def proxy_env(guest_dir: str, with_ca: bool) -> dict[str, str]:
+    """The variables that send a kernel's HTTP tools through the proxy (and, with secrets, trust its CA at guest_dir)."""
     proxy = f"http://127.0.0.1:{PROXY_PORT}"
     env = {name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy", "npm_config_https_proxy")}
     env.update(NO_PROXY=NO_PROXY, no_proxy=NO_PROXY)
     if with_ca:
-        bundle = f"{guest_io_dir}/{CA_BUNDLE_NAME}"
+        bundle = f"{guest_dir}/{CA_BUNDLE_NAME}"
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS", "npm_config_cafile"):
             env[name] = bundle
     return env

@@ -1,11 +1,17 @@
 """Secrets a kernel uses without holding them: it sees a placeholder, the proxy puts the value into requests for the
-secret's hosts.
+secret's hosts, in the one header its declaration names, and takes it out of what they answer.
 
 A declaration (MSB_NETWORK_SECRETS_FILE, an MCP session's ``secrets``, a start request's ``KERNEL_SECRETS``) is a
-JSON object of variable names, each ``{"value": "...", "hosts": ["api.example.com", "*.corp.example"]}``. The
-kernel's variable holds ``msb-secret-<random>``; the proxy replaces that text in the request line and headers
-(a Basic ``Authorization`` decoded and encoded again) of requests bound for one of the hosts, and nowhere else:
-sent to any other host, the placeholder is just text. Bodies are not rewritten.
+JSON object of variable names, each ``{"value": "...", "hosts": ["api.example.com", "*.corp.example"]}``, with
+``"header"`` (default ``Authorization``) naming where the value may go. The kernel's variable holds
+``msb-secret-<random>``; the proxy replaces that text in that header only (a Basic ``Authorization`` decoded and
+encoded again), of requests bound for one of the hosts over TLS, and nowhere else: never in the URL or another header,
+never over plain HTTP unless the operator's own declaration says ``"plain_http": true``, and sent anywhere else the
+placeholder is just text. Bodies are not rewritten.
+
+What the host answers never carries the value back to the kernel: an echo, a redirect or an error page that repeats
+the request has every form of the value that was sent masked (Redaction), and such a request asks for an unencoded
+answer, which the proxy can read.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +29,11 @@ from msb_kernels.egress.policy import Policy, PolicyError, Rule, normalize_name,
 PLACEHOLDER_PREFIX = "msb-secret-"
 MAX_SECRETS = 32
 MAX_VALUE_BYTES = 8192
+DEFAULT_HEADER = "authorization"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-DECLARATION_FORM = '{"NAME": {"value": "...", "hosts": ["api.example.com"]}}'
+_HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+DECLARATION_FORM = '{"NAME": {"value": "...", "hosts": ["api.example.com"], "header": "Authorization"}}'
+BASIC_HEADERS = (b"authorization", b"proxy-authorization")
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,8 @@ class Secret:
     value: str = field(repr=False)
     hosts: tuple[Rule, ...]
     placeholder: str
+    header: str = DEFAULT_HEADER  # the one header (lower case) whose value may carry it
+    plain_http: bool = False  # the operator's word that it may go over plain HTTP too
 
     def bound_for(self, host: str, port: int) -> bool:
         name = normalize_name(host)
@@ -39,11 +51,12 @@ class Secret:
 
     def public(self) -> dict:
         """What may be shown of it (stats, get_sessions): never the value."""
-        return {"name": self.name, "hosts": [str(rule) for rule in self.hosts]}
+        return {"name": self.name, "hosts": [str(rule) for rule in self.hosts], "header": self.header, "plain_http": self.plain_http}
 
 
-def parse_declarations(raw: Any, where: str) -> dict[str, dict]:
-    """The declarations in raw (a JSON text or an already-decoded object), checked; PolicyError names what is wrong."""
+def parse_declarations(raw: Any, where: str, *, operator: bool = False) -> dict[str, dict]:
+    """The declarations in raw (a JSON text or an already-decoded object), checked; PolicyError names what is wrong.
+    operator: the operator's file, which alone may say ``plain_http``."""
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else {}
@@ -54,11 +67,18 @@ def parse_declarations(raw: Any, where: str) -> dict[str, dict]:
     if len(raw) > MAX_SECRETS:
         raise PolicyError(f"{where} declares {len(raw)} secrets, over the limit of {MAX_SECRETS}")
     checked = {}
+    keys = {"value", "hosts", "header", *({"plain_http"} if operator else set())}
     for name, declaration in raw.items():
         if not isinstance(name, str) or not _NAME.match(name):
             raise PolicyError(f"{where}: {name!r} is not a variable name (letters, digits and _, not starting with a digit)")
-        if not isinstance(declaration, dict) or set(declaration) - {"value", "hosts"}:
-            raise PolicyError(f"{where}: {name} must be an object with value and hosts only: {DECLARATION_FORM}")
+        if not isinstance(declaration, dict) or set(declaration) - keys:
+            extra = sorted(set(declaration) - keys) if isinstance(declaration, dict) else []
+            why = (
+                "plain_http is the operator's to say (MSB_NETWORK_SECRETS_FILE): a session's secrets go over TLS only"
+                if extra == ["plain_http"]
+                else f"{name} must be an object with {', '.join(sorted(keys))} only: {DECLARATION_FORM}"
+            )
+            raise PolicyError(f"{where}: {why}")
         value, hosts = declaration.get("value"), declaration.get("hosts")
         if not isinstance(value, str) or not value:
             raise PolicyError(f"{where}: {name}'s value must be a non-empty string")
@@ -71,7 +91,13 @@ def parse_declarations(raw: Any, where: str) -> dict[str, dict]:
         rules = [parse_rule(host) for host in hosts]
         if any(rule.host is None or rule.host == "*" for rule in rules):
             raise PolicyError(f"{where}: {name}'s hosts must be host names or wildcards such as *.example.com, not * or networks")
-        checked[name] = {"value": value, "hosts": [str(rule) for rule in rules]}
+        header = declaration.get("header", DEFAULT_HEADER)
+        if not isinstance(header, str) or not _HEADER.match(header) or header.lower() in ("host", "content-length", "transfer-encoding"):
+            raise PolicyError(f"{where}: {name}'s header must be a header name such as Authorization or X-Api-Key")
+        plain = declaration.get("plain_http", False)
+        if not isinstance(plain, bool):
+            raise PolicyError(f"{where}: {name}'s plain_http must be true or false")
+        checked[name] = {"value": value, "hosts": [str(rule) for rule in rules], "header": header.lower(), "plain_http": plain}
     return checked
 
 
@@ -85,33 +111,90 @@ def make_secrets(declarations: dict[str, dict], policy: Policy, where: str, plac
                 raise PolicyError(
                     f"{where}: {name} is for {rule}, which this kernel's network allow-list ({policy or 'empty'}) does not allow"
                 )
-        made.append(Secret(name, declaration["value"], rules, placeholder(name)))
+        made.append(
+            Secret(
+                name,
+                declaration["value"],
+                rules,
+                placeholder(name),
+                declaration.get("header", DEFAULT_HEADER),
+                bool(declaration.get("plain_http", False)),
+            )
+        )
     return made
 
 
-def substitute(text: str, secrets: list[Secret], host: str, port: int) -> str:
-    """text with the placeholders of the secrets bound for host:port replaced by their values."""
+def substitute(text: str, secrets: list[Secret]) -> str:
+    """text with the placeholders of secrets replaced by their values."""
     for secret in secrets:
-        if secret.placeholder in text and secret.bound_for(host, port):
+        if secret.placeholder in text:
             text = text.replace(secret.placeholder, secret.value)
     return text
 
 
-def substitute_headers(headers: list[tuple[bytes, bytes]], secrets: list[Secret], host: str, port: int) -> list[tuple[bytes, bytes]]:
-    """A request's headers with the secrets bound for host:port put in, Basic credentials included."""
+def sendable(secrets: list[Secret], host: str, port: int, tls: bool) -> list[Secret]:
+    """The secrets that may go into a request to host:port: bound for it, over TLS or (the operator's word) plain HTTP."""
+    return [secret for secret in secrets if secret.bound_for(host, port) and (tls or secret.plain_http)]
+
+
+def substitute_headers(headers: list[tuple[bytes, bytes]], secrets: list[Secret]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """A request's headers with each secret put into the one header its declaration names (a Basic credential
+    decoded and encoded again), and every form of a value that went in (for Redaction)."""
     if not secrets:
-        return headers
-    rewritten = []
+        return headers, []
+    rewritten, sent = [], []
     for name, value in headers:
-        text = value.decode("latin-1")
-        if name.lower() in (b"authorization", b"proxy-authorization") and text[:6].lower() == "basic ":
+        mine = [secret for secret in secrets if secret.header.encode() == name.lower()]
+        if not mine:
+            rewritten.append((name, value))
+            continue
+        text = original = value.decode("latin-1")
+        decoded = None
+        if name.lower() in BASIC_HEADERS and text[:6].lower() == "basic ":
             try:
                 decoded = base64.b64decode(text[6:].strip(), validate=True).decode("latin-1")
             except (ValueError, UnicodeError):
                 decoded = None
             if decoded is not None:
-                replaced = substitute(decoded, secrets, host, port)
+                replaced = substitute(decoded, mine)
                 if replaced != decoded:
                     text = text[:6] + base64.b64encode(replaced.encode("latin-1")).decode("ascii")
-        rewritten.append((name, substitute(text, secrets, host, port).encode("latin-1")))
-    return rewritten
+        final = substitute(text, mine)
+        used = [secret for secret in mine if secret.placeholder in original or (decoded is not None and secret.placeholder in decoded)]
+        if used and final != original:
+            sent += [final.encode("latin-1"), *(secret.value.encode() for secret in used)]
+        rewritten.append((name, final.encode("latin-1")))
+    return rewritten, sent
+
+
+class Redaction:
+    """Masks every form of the values a request sent out of its answer (headers and body, a byte for a byte, so the
+    framing holds), across the answer's chunks: the raw value, as the header carried it, base64 and URL-encoded. What
+    repeats a request (an echo, a redirect, an error page) hands the kernel asterisks, never the value."""
+
+    def __init__(self, sent: list[bytes]):
+        forms: set[bytes] = set()
+        for value in sent:
+            forms |= {value, base64.b64encode(value), urllib.parse.quote(value.decode("latin-1"), safe="").encode()}
+        self.forms = sorted((form for form in forms if len(form) >= 4), key=len, reverse=True)
+        self.keep = max((len(form) for form in self.forms), default=1) - 1
+        self.pending = b""
+
+    def __bool__(self) -> bool:
+        return bool(self.forms)
+
+    def mask(self, data: bytes) -> bytes:
+        for form in self.forms:
+            data = data.replace(form, b"*" * len(form))
+        return data
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of the body so far can go on: all but the last bytes a value could still be starting in."""
+        data = self.mask(self.pending + chunk)
+        cut = max(0, len(data) - self.keep)
+        self.pending = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        data, self.pending = self.mask(self.pending), b""
+        return data

@@ -286,6 +286,7 @@ class MsbKernelManager(
         metrics.KERNEL_RESTARTS.labels("requested").inc()
         # A hibernated kernel is not woken to be told to shut down: its image is deleted, and a fresh kernel starts.
         await super().restart_kernel(kernel_id, now=now or self.is_hibernated(kernel_id))
+        self.record_for_adoption(kernel_id)  # its new sandbox is one the next gateway adopts, from now, not at the next refresh
 
     async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's

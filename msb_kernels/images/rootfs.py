@@ -12,9 +12,12 @@ from pathlib import Path
 from msb_kernels.errors import SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_UID, GUEST_USER
 
+# Beyond the interpreter, what a notebook user types first in a `!` line (tests/msb_kernels/backends/test_contract.py's
+# everyday battery): minbase has coreutils, findutils, tar and gzip; git, sqlite3, curl and `python -m venv` are added.
+EVERYDAY_TOOLS = ["git", "sqlite3", "curl"]
 DEBIAN_PACKAGES = {
-    "python": ["python3", "ca-certificates"],
-    "node": ["nodejs", "ca-certificates"],
+    "python": ["python3", "python3-venv", "ca-certificates", *EVERYDAY_TOOLS],
+    "node": ["nodejs", "ca-certificates", *EVERYDAY_TOOLS],
 }
 # The Python kernel from PyPI, through the host's pip and its index: an ipykernel that speaks CurveZMQ (>= 7.4)
 # on a pyzmq with libsodium. Debian's (6.17) cannot, and stands in only where pip reaches no index.

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from msb_kernels.backends.gvisor.runsc import runsc_path
 
 
 @dataclass
@@ -21,7 +22,7 @@ class RunscWrapper:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"PATH": f"{self.bin_dir}:{os.environ['PATH']}", "MSB_BACKEND": "auto"}
+        return {"MSB_RUNSC": str(self.bin_dir / "runsc"), "MSB_BACKEND": "auto"}
 
     def break_it(self) -> None:
         self.broken.touch()
@@ -29,7 +30,7 @@ class RunscWrapper:
 
 @pytest.fixture
 def runsc_wrapper(tmp_path) -> RunscWrapper:
-    runsc = shutil.which("runsc") or "/usr/bin/runsc"
+    runsc = runsc_path() or "/usr/bin/runsc"
     wrapper = RunscWrapper(tmp_path / "bin", tmp_path / "runsc-broken")
     wrapper.bin_dir.mkdir()
     script = wrapper.bin_dir / "runsc"

@@ -33,9 +33,9 @@ def test_doctor_says_ok_only_after_a_kernel_started_and_answered():
     lines = result.stdout.splitlines()
     namespace = lines.index(next(line for line in lines if line.startswith("backend namespace: ")))
     assert lines[namespace].startswith("backend namespace: ok - "), lines[namespace]
-    assert lines[namespace + 1].startswith(f"  start: a kernel from {VENV_BIN / 'python'} started and answered 1+1 in "), lines[
-        namespace + 1
-    ]
+    assert lines[namespace + 1].startswith(
+        f"  start: a kernel from {VENV_BIN / 'python'} started, ran ls and stat, and answered 1+1 in "
+    ), lines[namespace + 1]
 
 
 async def test_the_probe_runs_once_per_backend_and_interpreter_and_never_counts_as_a_session(monkeypatch):

@@ -17,7 +17,7 @@ import pytest
 
 from msb_kernels import probe, probe_verdicts
 from msb_kernels.backends import choose_backend
-from msb_kernels.backends.gvisor.backend import runsc_path
+from msb_kernels.backends.gvisor import GVisorBackend, runsc
 from msb_kernels.config import load_settings
 from tests.conftest import VENV_BIN
 from tests.skips import needs_runsc
@@ -112,13 +112,15 @@ async def test_a_changed_setting_probes_again(cache, caplog):
 async def test_another_runsc_of_the_same_version_probes_again(cache, caplog, runsc_wrapper, monkeypatch):
     assert await start_backend(caplog) == ("gvisor", True)
     assert await start_backend(caplog) == ("gvisor", False)
-    monkeypatch.setenv("PATH", runsc_wrapper.env["PATH"])
-    runsc_path.cache_clear()
+    monkeypatch.setenv("MSB_RUNSC", runsc_wrapper.env["MSB_RUNSC"])
+    runsc.forget()
+    GVisorBackend._availability = None
     try:
         assert await start_backend(caplog) == ("gvisor", True)
     finally:
         monkeypatch.undo()
-        runsc_path.cache_clear()
+        runsc.forget()
+        GVisorBackend._availability = None
 
 
 @needs_runsc

@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from msb_kernels import registry
 from msb_kernels.backends.cluster.engine import Engine, KernelService, ServiceRecord, TaskState
+from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.base import SANDBOX_LABEL, Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.core.state import remove_state_dir
@@ -171,6 +172,7 @@ class ClusterBackend(SandboxBackend):
     transports = ("tcp",)
     egress_routes = "tcp"
     guest_io_dir = GUEST_FILES_DIR
+    guest_host_dir = GUEST_FILES_DIR  # what the host wrote, as the task's Docker secrets: no directory is shared
     interrupt_by_message = True
     runs_images = True
     runs_on_cluster = True
@@ -223,10 +225,8 @@ class ClusterBackend(SandboxBackend):
     # -- what the provisioner asks ----------------------------------------------------------
 
     def io_dir_for(self, sandbox_id: str) -> Path:
-        io_dir = self.root / sandbox_id / "io"
-        io_dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.root, io_dir.parent, io_dir):
-            os.chmod(path, 0o700)
+        io_dir = iodir.make_dirs(self.root, sandbox_id, bounded=False)
+        os.chmod(self.root, 0o700)
         return io_dir
 
     def reserve_ports(self, sandbox_id: str) -> list[int]:
@@ -320,7 +320,7 @@ class ClusterBackend(SandboxBackend):
 
     def _service_for(self, spec: SandboxSpec, owner: str) -> KernelService:
         files = {}
-        for entry in os.scandir(spec.io_dir):
+        for entry in os.scandir(iodir.host_dir(spec.io_dir)):
             if entry.is_file(follow_symlinks=False):
                 with open(entry.path, "rb") as handle:
                     files[entry.name] = handle.read()

@@ -61,7 +61,7 @@ class SandboxSpec:
     template: str  # "python" or "node"
     argv: list[str]  # the kernel command as the guest sees it
     env: dict[str, str]  # the guest's whole environment; nothing is inherited from the host
-    io_dir: Path  # host dir holding the connection file and sockets, shared with the guest
+    io_dir: Path  # the sandbox's own dir on the host (its sockets); what the host writes for it is in iodir.host_dir
     readonly_paths: list[str] = field(default_factory=list)  # host paths the kernel needs, shown read-only at the same path
     shared_volume: SharedVolume | None = None
     host_directories: list[HostDirectory] = field(default_factory=list)  # under the interpreter's read-only binds
@@ -72,6 +72,9 @@ class SandboxSpec:
     owner_pid: int | None = None  # sandboxes die with this host process unless it is None or adopt_grace is set
     adopt_grace: float = 0  # > 0: a keeper holds the sandbox, which outlives its owner this long for another to adopt it
     environment: str = "default"  # the Python environment argv[0] belongs to; recorded so `env remove` sees who uses it
+    # (guest source, guest destination): what the host wrote read-only that the kernel may rewrite (ipykernel rewrites
+    # its connection file when curve keys are in it), copied into its own io dir as its user, before it starts.
+    copies: list[tuple[str, str]] = field(default_factory=list)
     fork: bool = False  # the kernel may be forked from a server that imported it already (MSB_FORK_KERNELS), where the backend can
 
 
@@ -98,6 +101,10 @@ class Availability:
 
 class Sandbox(abc.ABC):
     """A running sandbox holding one kernel."""
+
+    # The host uid the kernel's files in its io dir are made with (its sockets: iodir.pin_channels checks them); None
+    # where the host cannot tell. Set by each backend that shows the kernel an io dir it binds sockets in.
+    channel_uid: int | None = None
 
     def __init__(self, spec: SandboxSpec):
         self.spec = spec
@@ -196,7 +203,8 @@ class SandboxBackend(abc.ABC):
     # How its sandboxes reach the egress proxy (SandboxSpec.egress): "socket", a Unix socket in the io dir; "tcp", the
     # proxy's port on the kernels' network, where the proxy knows a kernel by its address; None: they cannot.
     egress_routes: ClassVar[str | None] = None
-    guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir
+    guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir, read-write (its sockets, its exit status)
+    guest_host_dir: ClassVar[str]  # where the guest sees what the host wrote for it (iodir.host_dir), read-only
 
     def __init__(self, settings: MsbSettings):
         """One instance per (backend, runtime dir, transport) in a process, made by get_backend."""
@@ -239,6 +247,13 @@ class SandboxBackend(abc.ABC):
         """What besides availability's reason tells this backend's runtime replaced: its binary's file (see
         msb_kernels.probe_verdicts.file_identity). Part of the key a start probe's verdict is kept under on disk."""
         return {}
+
+    @classmethod
+    def probe_hint(cls, error: str) -> str | None:
+        """What to do about a failed start probe whose error is given, when this backend knows (a runtime too old).
+
+        Called by msb_kernels.probe, whose summary `msb-kernels doctor` prints and auto logs."""
+        return None
 
     @classmethod
     def doctor_lines(cls, settings: MsbSettings) -> list[str]:

@@ -12,6 +12,8 @@ import select
 import signal
 from pathlib import Path
 
+from msb_kernels.backends.core import iodir
+
 # Every sandbox process's oom_score_adj on the host: when the host runs out of memory (flavors overcommitted, see
 # docs/operations.md), the kernel's OOM killer ends a sandbox's process before the gateway, which holds every session,
 # or the host's own services. Raising it needs no privilege; a sandboxed process may lower its own back to 0, as any
@@ -52,27 +54,34 @@ class PidfdProcess:
     """A sandbox's host process, followed through a pidfd: whether or not this process started it, it cannot be
     mistaken for another that reuses its pid.
 
-    Its status is the one the sandbox's reaper wrote to exit_status (a Popen returncode: negative for a
-    signal); a sandbox killed whole leaves none, and reads as killed by SIGKILL. Used by the namespace
-    sandbox, and by gVisor sandboxes that a keeper holds or that were adopted."""
+    Its status is the one the sandbox's reaper wrote to exit_status in its io dir (a Popen returncode: negative for
+    a signal); a sandbox killed whole leaves none, and reads as killed by SIGKILL, and so does anything else the
+    kernel's code left under that name (a link, a FIFO, a directory, a huge file), which the host never follows,
+    blocks on or reads past a few bytes (iodir.read_guest_file). Read once, when the process has ended; wait() reads
+    it off the event loop. Used by the namespace sandbox, and by gVisor sandboxes that a keeper holds or that were
+    adopted."""
 
-    def __init__(self, pid: int, exit_status: Path, start_time: int | None = None):
+    def __init__(self, pid: int, io_dir: Path, start_time: int | None = None):
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
         if start_time is not None and process_start_time(pid) != start_time:
             os.close(self.pidfd)
             raise ProcessLookupError(f"pid {pid} is another process now")
-        self.exit_status = exit_status
+        self.io_dir = io_dir
         self._returncode: int | None = None
 
     @property
     def returncode(self) -> int | None:
         if self._returncode is None and (self.pidfd < 0 or self._readable()):
-            try:
-                self._returncode = int(self.exit_status.read_text())
-            except (OSError, ValueError):
-                self._returncode = -signal.SIGKILL
+            self._returncode = self._read_status()
         return self._returncode
+
+    def _read_status(self) -> int:
+        written = iodir.read_guest_file(self.io_dir, iodir.EXIT_STATUS)
+        try:
+            return int(written) if written is not None else -signal.SIGKILL
+        except ValueError:
+            return -signal.SIGKILL
 
     def _readable(self) -> bool:
         """poll(), not select(): a process holding many kernels has descriptors past select's 1024."""
@@ -89,6 +98,8 @@ class PidfdProcess:
                 await done
             finally:
                 loop.remove_reader(self.pidfd)
+            if self._returncode is None:
+                self._returncode = await asyncio.to_thread(self._read_status)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:

@@ -9,13 +9,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import time
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
 from msb_kernels.backends.core.base import Sandbox, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import PidfdProcess, process_alive, process_start_time
@@ -112,7 +112,7 @@ def adopt_held_sandbox(backend: str, state_dir: Path, spec: SandboxSpec) -> tupl
     try:
         if keeper.sandbox_pid != record.get("init_pid"):
             raise ProcessLookupError(f"its keeper holds pid {keeper.sandbox_pid}, not {record.get('init_pid')}")
-        process = PidfdProcess(record["init_pid"], spec.io_dir / "exit_status", record.get("init_start"))
+        process = PidfdProcess(record["init_pid"], spec.io_dir, record.get("init_start"))
     except (ProcessLookupError, KeyError, TypeError) as exc:
         keeper.close()
         raise SandboxError(f"cannot adopt sandbox {spec.sandbox_id}: it has ended ({exc})") from None
@@ -120,23 +120,13 @@ def adopt_held_sandbox(backend: str, state_dir: Path, spec: SandboxSpec) -> tupl
     return record, keeper, process
 
 
-def make_io_dir(root: Path, sandbox_id: str) -> Path:
-    """``<root>/<sandbox id>/io``: reachable through root, private to the host's root below it."""
-    io_dir = root / sandbox_id / "io"
-    io_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o755)
-    os.chmod(io_dir.parent, 0o700)
-    os.chmod(io_dir, 0o700)
-    return io_dir
-
-
 def remove_state_dir(state_dir: Path, *, keep_io_dir: bool) -> None:
-    """The sandbox's directory, or (a restart reuses the connection dir) only its state file."""
+    """The sandbox's directories (iodir.remove), or (a restart reuses them) only its state file."""
     if keep_io_dir:
         with contextlib.suppress(FileNotFoundError):
             (state_dir / "state.json").unlink()
     else:
-        shutil.rmtree(state_dir, ignore_errors=True)
+        iodir.remove(state_dir)
 
 
 def take_orphans(records: list[SandboxRecord], *, include_adoptable: bool = False) -> list[SandboxRecord]:

@@ -6,6 +6,7 @@ Each sandbox has a directory under the runtime root:
     <runtime root>/<sandbox id>/state.json      who owns it, the runsc pid, its cgroup
     <runtime root>/<sandbox id>/io/             connection file and ZMQ ipc sockets (/run/kernel inside)
     <runtime root>/<sandbox id>/bundle/         the OCI bundle: config.json and a read-only root
+    <runtime root>/<sandbox id>/disk/           the host's mount of its disk (core/scratch.py): /tmp and home
     <runtime root>/runsc/                       runsc's own state (its --root)
 
 Under ipc (the default) the kernel creates its sockets in /run/kernel, a bind mount of io/; ``--host-uds=create``
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -39,7 +39,8 @@ from typing import Any
 
 import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
-from msb_kernels.backends.core import adoption, cgroups
+import msb_kernels.backends.gvisor.runsc as runsc
+from msb_kernels.backends.core import adoption, cgroups, iodir, scratch
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.ports import HostListeners, host_ports
@@ -47,14 +48,14 @@ from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProc
 from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
-    make_io_dir,
     new_state,
     read_states,
     remove_state_dir,
     take_orphans,
     write_state,
 )
-from msb_kernels.backends.gvisor.bundle import SENTRY_MEMORY_MIB, write_bundle
+from msb_kernels.backends.gvisor.bundle import DISK_HOME, DISK_TMP, GUEST_UID, SENTRY_MEMORY_MIB, write_bundle
+from msb_kernels.backends.gvisor.runsc import INSTALL_HINT, runsc_path
 from msb_kernels.backends.gvisor.sandbox import GVisorSandbox, checkpoint_error
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
@@ -62,18 +63,11 @@ from msb_kernels.setting_checks import read_key
 
 log = logging.getLogger("msb_kernels")
 
+DISK_DIR = "disk"  # in a sandbox's state dir: the host's mount of its disk
 RESTORE_TIMEOUT = 120  # seconds for runsc restore to bring a hibernated kernel back, a large one from a slow disk
 HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
 SENTRY_THREADS = 512
 KEY_HINT = "keep MSB_HIBERNATE_KEY_FILE as it was when the kernel hibernated; a kernel whose image cannot be read is lost"
-INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), or see https://gvisor.dev/docs/user_guide/install/"
-
-
-@functools.cache
-def runsc_path() -> str | None:
-    return shutil.which("runsc") or next(
-        (p for p in ("/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc") if os.access(p, os.X_OK)), None
-    )
 
 
 class GVisorBackend(SandboxBackend):
@@ -84,6 +78,7 @@ class GVisorBackend(SandboxBackend):
     transports = ("ipc", "tcp")
     egress_routes = "socket"
     guest_io_dir = "/run/kernel"
+    guest_host_dir = iodir.GUEST_HOST_DIR
     guest_sockets = f"{netstack.GUEST_SOCKETS}/kernel"
     _availability: Availability | None = None
 
@@ -92,6 +87,7 @@ class GVisorBackend(SandboxBackend):
         self.root = settings.runtime_root()
         self.runsc_root = self.root / "runsc"
         self.hierarchy, self.limits_note = cgroups.detect()
+        self.no_disk = scratch.unavailable_reason()  # None: each kernel's /tmp and home are a disk of its flavor's size
         self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
         self.images = hibernation.ImageStore(
             settings.hibernate_root(),
@@ -156,15 +152,15 @@ class GVisorBackend(SandboxBackend):
     def _probe(cls) -> Availability:
         if not sys.platform.startswith("linux"):
             return Availability(False, "gVisor runs only on Linux")
-        runsc = runsc_path()
-        if runsc is None:
+        if runsc_path() is None:
             return Availability(False, f"runsc is not installed; {INSTALL_HINT}")
         if os.geteuid() != 0:
             return Availability(False, "runsc needs root to create its sandboxes; run msb-kernels as root, or use MSB_BACKEND=namespace")
         try:
-            version = subprocess.run([runsc, "--version"], capture_output=True, text=True, timeout=10).stdout.split("\n")[0]
+            binary = runsc.current()
         except (OSError, subprocess.SubprocessError) as exc:
-            return Availability(False, f"{runsc} does not run: {exc}; {INSTALL_HINT}")
+            return Availability(False, f"{runsc_path()} does not run: {exc}; {INSTALL_HINT}")
+        assert binary is not None
         hierarchy, note = cgroups.detect()
         warnings = (
             []
@@ -175,15 +171,24 @@ class GVisorBackend(SandboxBackend):
             ]
         )
         return Availability(
-            True,
-            f"gVisor ({version.strip() or runsc}); limits by {note}" if hierarchy else f"gVisor ({version.strip() or runsc})",
-            warnings,
+            True, f"gVisor ({binary.describe()}); limits by {note}" if hierarchy else f"gVisor ({binary.describe()})", warnings
         )
+
+    @classmethod
+    def probe_hint(cls, error: str) -> str | None:
+        try:
+            binary = runsc.current()
+        except (OSError, subprocess.SubprocessError):
+            return INSTALL_HINT
+        if binary is not None and (binary.known_old or "Invalid argument" in error):
+            old = f", older than {runsc.FIRST_GOOD_RELEASE}, whose kernels cannot run coreutils' statx" if binary.known_old else ""
+            return f"this is {binary.describe()}{old}; {INSTALL_HINT}"
+        return None
 
     # -- create ----------------------------------------------------------------
 
     def io_dir_for(self, sandbox_id: str) -> Path:
-        return make_io_dir(self.root, sandbox_id)
+        return iodir.make_dirs(self.root, sandbox_id, bounded=True)  # gVisor runs as root
 
     async def runsc(self, *args: str, sandbox_id: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
         """One runsc command on this backend's state (kill, delete, state, exec, checkpoint). Under tcp it runs in the
@@ -214,9 +219,7 @@ class GVisorBackend(SandboxBackend):
                 ["run msb-kernels as root on a host with cgroups", "or unset MSB_REQUIRE_LIMITS"],
             )
         state_dir = spec.io_dir.parent
-        os.chown(spec.io_dir, 1000, 1000)
-        for child in spec.io_dir.iterdir():
-            os.chown(child, 1000, 1000, follow_symlinks=False)
+        iodir.open_to(spec.io_dir, GUEST_UID, GUEST_UID)  # what the kernel makes there through the gofer is uid 1000's
         self.runsc_root.mkdir(mode=0o700, exist_ok=True)
         cgroup = None
         if self.hierarchy is not None:
@@ -236,8 +239,15 @@ class GVisorBackend(SandboxBackend):
                 listeners = self.listeners.bound(spec.sandbox_id)
                 await netstack.create(spec.sandbox_id)
             ports = [listener.getsockname()[1] for listener in listeners]
+            disk = await self._make_disk(spec, state_dir) if self.no_disk is None else None
             bundle = write_bundle(
-                spec, state_dir, f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None, ports, self.guest_io_dir
+                spec,
+                state_dir,
+                f"/{cgroups.GROUP_PARENT}/{spec.sandbox_id}" if cgroup else None,
+                ports,
+                self.guest_io_dir,
+                self.guest_host_dir,
+                disk,
             )
             record = new_state(self.name, spec, cgroup=cgroup is not None, ports=ports)
             process, keeper, stderr = await self._start(spec, state_dir, ["run", f"--bundle={bundle}", spec.sandbox_id], record)
@@ -257,6 +267,21 @@ class GVisorBackend(SandboxBackend):
         write_state(state_dir, record)
         return GVisorSandbox(spec, self, state_dir, process, cgroup, stderr, keeper, relay)
 
+    async def _make_disk(self, spec: SandboxSpec, state_dir: Path) -> Path:
+        """The flavor's disk, formatted and mounted by the host at <state dir>/disk, with the kernel's tmp/ (1777) and
+        home/ (uid 1000's) made before the kernel runs: nothing in it is the sandbox's yet."""
+        image = scratch.image_path(self.settings.scratch_root(), spec.sandbox_id)
+        scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve)
+        await scratch.format_image(image)
+        disk = state_dir / DISK_DIR
+        await scratch.mount_image(image, disk)
+        os.chmod(disk, 0o755)  # the gofer serves tmp/ and home/ below it
+        (disk / DISK_TMP).mkdir(mode=0o1777)
+        os.chmod(disk / DISK_TMP, 0o1777)
+        (disk / DISK_HOME).mkdir(mode=0o700)
+        os.chown(disk / DISK_HOME, GUEST_UID, GUEST_UID)
+        return disk
+
     async def _start(
         self, spec: SandboxSpec, state_dir: Path, command: list[str], record: dict
     ) -> tuple[asyncio.subprocess.Process | PidfdProcess, KeeperLink | None, KernelStderr]:
@@ -267,6 +292,7 @@ class GVisorBackend(SandboxBackend):
             runsc_path() or "runsc",
             f"--root={self.runsc_root}",
             f"--network={'sandbox' if self.transport == 'tcp' else 'none'}",
+            *([f"--platform={self.settings.runsc_platform}"] if self.settings.runsc_platform else []),
             # all: the egress relay connects to the proxy's socket; create: the ipc kernel binds its own
             *(["--host-uds=all"] if spec.egress else ["--host-uds=create"] if self.transport == "ipc" else []),
             *command,
@@ -315,7 +341,7 @@ class GVisorBackend(SandboxBackend):
             os.close(keeper.stderr_fd)  # this process reads its own copy
             keeper.stderr_fd = None
         try:
-            return PidfdProcess(runsc_pid, spec.io_dir / "exit_status"), keeper
+            return PidfdProcess(runsc_pid, spec.io_dir), keeper
         except ProcessLookupError:
             keeper.close()
             raise SandboxError("runsc exited as soon as it started", [INSTALL_HINT]) from None
@@ -331,6 +357,9 @@ class GVisorBackend(SandboxBackend):
             except (OSError, ValueError) as exc:
                 raise SandboxError(f"cannot open the kernel's hibernation image: {exc}", [KEY_HINT]) from exc
             record = json.loads((state_dir / "state.json").read_text())
+            # runsc 2024's attached restore leaves its container behind when the sandbox is saved again ("cannot restore
+            # container ... in state stopped" at the next wake); its run, and the 2022 build, delete it themselves.
+            await self.runsc("delete", "--force", spec.sandbox_id, sandbox_id=spec.sandbox_id)
             command = ["restore", f"--image-path={directory}", f"--bundle={state_dir / 'bundle'}", spec.sandbox_id]
             process, keeper, stderr = await self._start(spec, state_dir, command, record)
             try:
@@ -383,6 +412,10 @@ class GVisorBackend(SandboxBackend):
         await netstack.destroy(sandbox_id)
         self.images.remove(sandbox_id)
         shutil.rmtree(state_dir / "bundle", ignore_errors=True)
+        # Before anything removes the state dir (never walk the kernel's files), and off the event loop: a lazy umount
+        # and the unlink of a 2 GiB reserved file each take milliseconds that every other request would wait out.
+        await asyncio.to_thread(scratch.unmount, state_dir / DISK_DIR)
+        await asyncio.to_thread(scratch.remove_image, scratch.image_path(self.settings.scratch_root(), sandbox_id))
         remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
 
     def list_sandboxes(self) -> list[SandboxRecord]:
@@ -394,6 +427,8 @@ class GVisorBackend(SandboxBackend):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)
+        if self.no_disk is None:  # disks of sandboxes a crash or a reboot left (mounted ones are held: kept)
+            scratch.sweep_images(self.settings.scratch_root(), older_than=2 * RESTORE_TIMEOUT)
         if swept:
             log.info("swept %d orphaned gVisor sandbox(es): %s", len(swept), ", ".join(swept))
         return swept

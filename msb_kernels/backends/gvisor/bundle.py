@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 
 import msb_kernels.backends.gvisor.netstack as netstack
-from msb_kernels.backends.core import hostpaths
+from msb_kernels.backends.core import hostpaths, iodir
 from msb_kernels.backends.core.base import SandboxSpec
 from msb_kernels.backends.core.guest import ETC_ENTRIES, PIP_ENV, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.egress.route import relay_source
 from msb_kernels.flavors import Flavor
 from msb_kernels.templates import TEMPLATES
 
+GUEST_UID = 1000  # the kernel's uid and gid inside; what it makes through the gofer is this host uid's too
 SENTRY_MEMORY_MIB = 384  # the Sentry, the gofer and their page tables, beside the kernel's own memory
 # An idle ipykernel reserves about 750 MiB of address space it never touches (thread stacks, malloc
 # arenas), so RLIMIT_AS is the flavor plus this: an allocation past the flavor is still a MemoryError.
@@ -28,14 +29,10 @@ ADDRESS_SPACE_HEADROOM_MIB = 768
 # sleeps (29 to 31 MiB each for 10 to 80 children of an idle kernel, read from the cgroup): gVisor copies
 # written pages in large units. So the process limit inside is sized to the flavor's memory, to refuse a
 # fork (EAGAIN, the kernel alive) well before the host's OOM kill would end the whole sandbox.
+DISK_TMP, DISK_HOME = "tmp", "home"  # on the sandbox's disk: its /tmp and its home
 GUEST_PROCESS_MIB = 32
 KERNEL_RESERVE_MIB = 256  # the kernel's own memory before it forks, left out of the room for processes
 PROCESS_ROOM_SHARE = 0.8  # of the host memory limit: the process limit bites while a fifth is still free
-RESTORE_TIMEOUT = 120  # seconds for runsc restore to bring a hibernated kernel back, a large one from a slow disk
-HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
-SENTRY_THREADS = 512
-KEY_HINT = "keep MSB_HIBERNATE_KEY_FILE as it was when the kernel hibernated; a kernel whose image cannot be read is lost"
-INSTALL_HINT = "install gVisor's runsc: apt-get install runsc (Debian, Ubuntu), or see https://gvisor.dev/docs/user_guide/install/"
 
 # pid 1 inside: starts the kernel in its own process group as the sandbox user, then becomes the
 # namespace sandbox's reaper, which passes signals on (an interrupt is a SIGINT to pid 1 from `runsc
@@ -61,6 +58,11 @@ if kernel == 0:
     os.setgroups([])
     os.setresgid(1000, 1000, 1000)
     os.setresuid(1000, 1000, 1000)
+    for source, destination in relays["copies"]:  # the kernel's own copy of what the host wrote read-only
+        data = open(source, "rb").read()
+        copy = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.write(copy, data)
+        os.close(copy)
     if os.environ.get("PIP_TARGET"):  # on sys.path from the start, so what %pip installs there imports at once
         os.makedirs(os.environ["PIP_TARGET"], exist_ok=True)
     os.execv(sys.argv[4], sys.argv[4:])
@@ -83,9 +85,18 @@ def process_limit(flavor: Flavor, max_processes: int) -> int:
     return max(16, min(max_processes, int(room // GUEST_PROCESS_MIB)))
 
 
-def write_bundle(spec: SandboxSpec, state_dir: Path, cgroup_path: str | None, ports: list[int], guest_io_dir: str) -> Path:
+def write_bundle(
+    spec: SandboxSpec,
+    state_dir: Path,
+    cgroup_path: str | None,
+    ports: list[int],
+    guest_io_dir: str,
+    guest_host_dir: str,
+    disk: Path | None = None,
+) -> Path:
     """The OCI bundle: a root that holds only generated /etc files and mount points, and the host's
-    system directories, the kernel's interpreter and its io dir mounted into it."""
+    system directories, the kernel's interpreter and its io dir mounted into it. disk: the host's mount of the
+    sandbox's disk (core/scratch.py), whose tmp/ and home/ are its /tmp and home; None: both are tmpfs."""
     bundle = state_dir / "bundle"
     root = bundle / "rootfs"
     (root / "etc").mkdir(parents=True, exist_ok=True)
@@ -113,9 +124,14 @@ def write_bundle(spec: SandboxSpec, state_dir: Path, cgroup_path: str | None, po
         if os.path.exists(source):
             bind(os.path.realpath(source), source, readonly=True)
     flavor = spec.flavor
+    if disk is not None:  # the flavor's disk, served by the gofer: on storage, not the kernel's memory
+        bind(str(disk / DISK_TMP), "/tmp", readonly=False)
+        bind(str(disk / DISK_HOME), SANDBOX_HOME, readonly=False)
+    scratch_in_memory = (
+        [] if disk is not None else [("/tmp", flavor.memory_scratch_mib, "1777"), (SANDBOX_HOME, flavor.memory_scratch_mib, "0700")]
+    )
     for destination, size_mib, mode in (
-        ("/tmp", flavor.memory_scratch_mib, "1777"),
-        (SANDBOX_HOME, flavor.memory_scratch_mib, "0700"),
+        *scratch_in_memory,
         ("/dev/shm", flavor.shm_mib, "1777"),
         ("/run", 1, "0755"),
         *([(netstack.GUEST_SOCKETS, 1, "0700")] if ports else []),
@@ -131,6 +147,7 @@ def write_bundle(spec: SandboxSpec, state_dir: Path, cgroup_path: str | None, po
     for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}):
         bind(path, path, readonly=True)
     bind(str(spec.io_dir), guest_io_dir, readonly=False)
+    bind(str(iodir.host_dir(spec.io_dir)), guest_host_dir, readonly=True)  # what the host wrote: the kernel's to read
     if spec.shared_volume:
         bind(str(spec.shared_volume.host_path), spec.shared_volume.guest_path, readonly=False)
 
@@ -164,7 +181,7 @@ def write_bundle(spec: SandboxSpec, state_dir: Path, cgroup_path: str | None, po
                 GUEST_INIT,
                 REAPER,
                 f"{guest_io_dir}/exit_status",
-                json.dumps({"specs": relays, "source": relay_source() if relays else ""}),
+                json.dumps({"specs": relays, "source": relay_source() if relays else "", "copies": [list(c) for c in spec.copies]}),
                 *argv,
             ],
             "env": [f"{k}={v}" for k, v in env.items()],

@@ -16,11 +16,12 @@ from typing import Any
 
 import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
-from msb_kernels.backends.core import cgroups
+from msb_kernels.backends.core import cgroups, iodir
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import Reconnect, SandboxSpec
 from msb_kernels.backends.core.processes import PidfdProcess
 from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
+from msb_kernels.backends.gvisor.bundle import GUEST_UID
 from msb_kernels.errors import HibernationRefused, SandboxError
 
 log = logging.getLogger("msb_kernels")
@@ -29,6 +30,8 @@ log = logging.getLogger("msb_kernels")
 class GVisorSandbox(HostCgroupSandbox):
     """A kernel under ``runsc run`` (attached: the sandbox ends with that process), which is this process's child,
     or a keeper's (a PidfdProcess then). Under tcp, also its host relay; while hibernated, no process at all."""
+
+    channel_uid = GUEST_UID  # runsc --host-uds=create makes the kernel's sockets as its uid inside, on the host too
 
     def __init__(
         self,
@@ -142,6 +145,9 @@ class GVisorSandbox(HostCgroupSandbox):
             raise HibernationRefused(reason)
         if self.hibernated or self.process.returncode is not None:
             raise HibernationRefused("it is not running")
+        kept = iodir.unsaveable(self.spec.io_dir)  # what the kernel's code left in its io dir: runsc cannot save it
+        if kept:
+            raise HibernationRefused(f"its io directory holds what runsc cannot save: {'; '.join(kept[:5])}")
         images = backend.images
         images.check_room(sandbox_id, self.memory_bytes() or self.spec.flavor.memory_bytes)
         await self.relay.stop()  # every connection into the sandbox closes; ZMQ clients reconnect once it is back

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from msb_kernels.backends.core import adoption
+from msb_kernels.backends.core import adoption, iodir
 from msb_kernels.backends.core.adoption import KeeperLink, trusted_json
 from msb_kernels.backends.core.base import (
     SANDBOX_LABEL,
@@ -209,6 +209,7 @@ class MicrosandboxBackend(SandboxBackend):
     runs_images = True
     transports = ("tcp",)  # a VM has no ipc path to the host
     guest_io_dir = GUEST_IO_DIR
+    guest_host_dir = GUEST_IO_DIR  # one directory: what the host writes, which the VM's ipykernel rewrites (vm.py)
     _availability: Availability | None = None
 
     def __init__(self, settings: MsbSettings):
@@ -286,10 +287,8 @@ class MicrosandboxBackend(SandboxBackend):
     # -- state on the host ------------------------------------------------------------
 
     def io_dir_for(self, sandbox_id: str) -> Path:
-        io_dir = self.root / sandbox_id / "io"
-        io_dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.root, io_dir.parent, io_dir):
-            os.chmod(path, 0o700)
+        io_dir = iodir.make_dirs(self.root, sandbox_id, bounded=False)
+        os.chmod(self.root, 0o700)
         return io_dir
 
     def _write_state(self, spec: SandboxSpec, **more: Any) -> None:

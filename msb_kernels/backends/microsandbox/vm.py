@@ -8,6 +8,7 @@ import socket
 import time
 from typing import Any
 
+from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.base import SANDBOX_LABEL, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
 from msb_kernels.config import MsbSettings
@@ -89,9 +90,11 @@ def create_kwargs(spec: SandboxSpec, settings: MsbSettings, ports: list[int], *,
     """The keyword arguments for microsandbox.Sandbox.create(sandbox_name(id), **these)."""
     from microsandbox import PortBinding, Volume
 
-    # Writable: ipykernel rewrites its connection file at start (Debian's 6.17 does, even when nothing changed),
-    # and dies if it cannot. The dir is this kernel's own and the host only ever writes it.
-    volumes = {GUEST_IO_DIR: Volume.bind(str(spec.io_dir), readonly=False, uid=GUEST_UID, gid=GUEST_UID)}
+    # What the host wrote (iodir.host_dir), writable: ipykernel rewrites its connection file at start (Debian's 6.17
+    # does, even when nothing changed), and dies if it cannot. The host writes it only while the VM is stopped, each
+    # file anew (iodir.write_host_file: never through a link the VM left), and reads nothing of it back; the kernel's
+    # channels are TCP ports, and its status is msb's word.
+    volumes = {GUEST_IO_DIR: Volume.bind(str(iodir.host_dir(spec.io_dir)), readonly=False, uid=GUEST_UID, gid=GUEST_UID)}
     if spec.shared_volume is not None:
         volumes[spec.shared_volume.guest_path] = Volume.bind(
             str(spec.shared_volume.host_path), readonly=False, uid=GUEST_UID, gid=GUEST_UID

@@ -7,7 +7,7 @@ directory under the runtime root:
     <runtime root>/<sandbox id>/io/          connection file and ZMQ ipc sockets (/run/kernel inside)
     <runtime root>/<sandbox id>/root/        mount point of the sandbox's root (in its own mount ns)
     <runtime root>/<sandbox id>/scratch/     mount point of its disk (or RAM) for /tmp and home (ditto)
-    <scratch root>/<sandbox id>.img          that disk (scratch.py)
+    <scratch root>/<sandbox id>.img          that disk (core/scratch.py)
 
 The state files are what the orphan sweep reads after a crash or a kill -9.
 
@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from msb_kernels.backends.core import adoption, cgroups, hostpaths
+from msb_kernels.backends.core import adoption, cgroups, hostpaths, iodir, scratch
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import (
     Availability,
@@ -44,14 +44,13 @@ from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProc
 from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
-    make_io_dir,
     new_state,
     read_states,
     remove_state_dir,
     take_orphans,
     write_state,
 )
-from msb_kernels.backends.namespace import network, scratch, uids
+from msb_kernels.backends.namespace import network, uids
 from msb_kernels.backends.namespace.forkservers import ForkServers, forkable
 from msb_kernels.backends.namespace.sandbox import NamespaceSandbox
 from msb_kernels.config import MsbSettings
@@ -80,6 +79,7 @@ class NamespaceBackend(SandboxBackend):
     transports = ("ipc", "tcp")
     egress_routes = "socket"
     guest_io_dir = "/run/kernel"
+    guest_host_dir = iodir.GUEST_HOST_DIR
     guest_ip = "127.0.0.1"  # tcp: the sandbox's own loopback, where the relay connects
     _availability: Availability | None = None
 
@@ -142,16 +142,16 @@ class NamespaceBackend(SandboxBackend):
         lines = [f"namespace network: {network.describe(settings.allow_network)}"]
         reason = scratch.unavailable_reason()
         if reason is not None:
-            return [*lines, f"disk (namespace backend): {scratch.memory_scratch_note(reason)}"]
+            return [*lines, f"disk (namespace and gvisor backends): {scratch.memory_scratch_note(reason)}"]
         root = settings.scratch_root()
         existing = next(p for p in (root, *root.parents) if p.exists())
         free_mib = shutil.disk_usage(existing).free // 2**20
-        return [*lines, f"disk (namespace backend): {scratch.disk_note(root)}; {free_mib} MiB free there now"]
+        return [*lines, f"disk (namespace and gvisor backends): {scratch.disk_note(root)}; {free_mib} MiB free there now"]
 
     # -- create ----------------------------------------------------------------
 
     def io_dir_for(self, sandbox_id: str) -> Path:
-        return make_io_dir(self.root, sandbox_id)
+        return iodir.make_dirs(self.root, sandbox_id, bounded=self.rootful)
 
     async def create(self, spec: SandboxSpec) -> NamespaceSandbox:
         availability = self.availability()
@@ -171,10 +171,7 @@ class NamespaceBackend(SandboxBackend):
         uid, gid = (uids.claim(spec.sandbox_id), uids.SANDBOX_GID) if self.rootful else (os.geteuid(), os.getegid())
         record["uid"] = uid
         write_state(state_dir, record)
-        if self.rootful:
-            os.chown(spec.io_dir, uid, gid)
-            for child in spec.io_dir.iterdir():
-                os.chown(child, uid, gid, follow_symlinks=False)
+        iodir.open_to(spec.io_dir, uid, gid)
 
         image = formatting = None
         if self.memory_scratch_reason is None:
@@ -213,6 +210,8 @@ class NamespaceBackend(SandboxBackend):
             "root_dir": str(state_dir / "root"),
             "io_dir": str(spec.io_dir),
             "guest_io_dir": self.guest_io_dir,
+            "host_dir": str(iodir.host_dir(spec.io_dir)),
+            "guest_host_dir": self.guest_host_dir,
             "readonly_paths": hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}),
             "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
             "host_dirs": [[d.path, d.writable] for d in spec.host_directories],
@@ -231,6 +230,7 @@ class NamespaceBackend(SandboxBackend):
             "lifeline_fd": lifeline_read,
             "scratch_ready_fd": formatting.ready_fd if formatting else None,
             "kernel_dirs": [USER_PACKAGES] if template.user_packages else [],
+            "kernel_copies": [list(copy) for copy in spec.copies],
             "network": network_plan,
             "egress": spec.egress.plan(with_source=False) if spec.egress else None,
             "listen_fds": [listener.fileno() for listener in listeners],
@@ -239,7 +239,7 @@ class NamespaceBackend(SandboxBackend):
         keeper = None
         try:
             try:
-                process, forked = await self._launch(plan, stderr_write, spec.io_dir / "exit_status", spec.fork)
+                process, forked = await self._launch(plan, stderr_write, spec.io_dir, spec.fork)
             except SandboxError:
                 if formatting is not None and (failure := formatting.failure()) is not None:
                     raise failure from None  # what mkfs said, not only that init found no disk
@@ -294,9 +294,11 @@ class NamespaceBackend(SandboxBackend):
         write_state(state_dir, record)
         if self.rootful:
             uids.hand_over(uid, spec.sandbox_id, process.pid)
-        return NamespaceSandbox(
+        sandbox = NamespaceSandbox(
             spec, self, state_dir, process, cgroup, lifeline_write, KernelStderr(spec.sandbox_id, stderr_read), keeper, forked
         )
+        sandbox.channel_uid = uid
+        return sandbox
 
     async def adopt(self, spec: SandboxSpec) -> NamespaceSandbox:
         state_dir = spec.io_dir.parent
@@ -307,9 +309,10 @@ class NamespaceBackend(SandboxBackend):
         stderr = KernelStderr(spec.sandbox_id, keeper.stderr_fd) if keeper.stderr_fd is not None else None
         sandbox = NamespaceSandbox(spec, self, state_dir, process, cgroup, None, stderr, keeper, bool(record.get("forked")))
         sandbox.created = record.get("created", sandbox.created)
+        sandbox.channel_uid = record.get("uid")
         return sandbox
 
-    async def _launch(self, plan: dict, stderr: int, exit_status: Path, fork: bool) -> tuple[PidfdProcess, bool]:
+    async def _launch(self, plan: dict, stderr: int, io_dir: Path, fork: bool) -> tuple[PidfdProcess, bool]:
         """Init's process, and whether the kernel was forked from a fork server (else exec'd by the launcher)."""
         interpreter = forkable(plan["argv"]) if fork else None
         if interpreter is not None:
@@ -318,7 +321,7 @@ class NamespaceBackend(SandboxBackend):
             if forked is not None:
                 report, connection = forked
                 with connection:  # the launcher waits for it to close: by then init's pidfd is held
-                    return self._launched(report, exit_status), True
+                    return self._launched(report, io_dir), True
         # -S -I: no site-packages, no environment; the launcher needs only the standard library.
         launcher = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -337,7 +340,7 @@ class NamespaceBackend(SandboxBackend):
             launcher.stdin.write((json.dumps(plan) + "\n").encode())
             await launcher.stdin.drain()
             line = await asyncio.wait_for(launcher.stdout.readline(), LAUNCH_TIMEOUT)
-            process = self._launched(json.loads(line or b'{"error": "the sandbox launcher exited without a report"}'), exit_status)
+            process = self._launched(json.loads(line or b'{"error": "the sandbox launcher exited without a report"}'), io_dir)
         except asyncio.TimeoutError:
             launcher.kill()
             raise SandboxError(f"the sandbox did not start within {LAUNCH_TIMEOUT:.0f} s") from None
@@ -352,13 +355,13 @@ class NamespaceBackend(SandboxBackend):
         return [fd for fd in (plan["lifeline_fd"], plan["scratch_ready_fd"]) if fd is not None] + plan["listen_fds"]
 
     @staticmethod
-    def _launched(report: dict, exit_status: Path) -> PidfdProcess:
+    def _launched(report: dict, io_dir: Path) -> PidfdProcess:
         """Init's process from the launcher's report, taken before the launcher (init's parent) may exit."""
         if "error" in report:
             # From the OSError the launcher or the fork server met, so limits.over_limit sees its errno (EAGAIN).
             cause = OSError(report["errno"], os.strerror(report["errno"])) if isinstance(report.get("errno"), int) else None
             raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"]) from cause
-        return PidfdProcess(int(report["pid"]), exit_status)
+        return PidfdProcess(int(report["pid"]), io_dir)
 
     # -- removal and orphans ---------------------------------------------------
 

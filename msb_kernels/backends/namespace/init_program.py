@@ -297,6 +297,7 @@ def _build_root(plan: dict) -> None:
             _bind(path, root + path, readonly=True)
 
     _bind(plan["io_dir"], root + plan["guest_io_dir"], readonly=False)
+    _bind(plan["host_dir"], root + plan["guest_host_dir"], readonly=True)  # what the host wrote: the kernel's to read
     if plan.get("shared"):
         host_path, guest_path = plan["shared"]
         _bind(host_path, root + guest_path, readonly=False)
@@ -489,6 +490,20 @@ def prepare_kernel_process(plan: dict) -> None:
     os.umask(0o002)
     for directory in plan.get("kernel_dirs", ()):
         os.makedirs(directory, exist_ok=True)  # on sys.path from the start, so what lands there imports at once
+    for source, destination in plan.get("kernel_copies", ()):
+        copy_file(source, destination)
+
+
+def copy_file(source: str, destination: str) -> None:
+    """The kernel's own copy of a file the host wrote for it read-only, made as its user in its own directory (which
+    the host cleared before this start: the copy is new, and never through a link)."""
+    with open(source, "rb") as handle:
+        data = handle.read()
+    fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def exec_kernel(plan: dict, error_pipe: int) -> None:

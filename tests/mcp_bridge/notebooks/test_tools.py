@@ -30,6 +30,18 @@ def on_disk(lab, path: str) -> nbformat.NotebookNode:
     return nbformat.read(TEST_BASE / f"js-root-{lab.port}" / path, as_version=4)
 
 
+def saved_cells(lab, path: str) -> list | None:
+    """The notebook's cells on disk, or None while Lab is still writing it.
+
+    jupyter_server's atomic writing keeps a backup and rewrites the file in place,
+    so a reader can catch it empty or half written.
+    """
+    try:
+        return on_disk(lab, path).cells
+    except (nbformat.reader.NotJSONError, ValueError):
+        return None
+
+
 def unique(name: str) -> str:
     return f"work/{name}-{uuid.uuid4().hex[:6]}.ipynb"
 
@@ -96,8 +108,8 @@ async def test_cells_are_inserted_edited_moved_and_run_by_id(notebook_gateway, l
         assert shared["results"][0]["data"]["text/plain"] == "40"
 
         def saved() -> bool:
-            cells = [c for c in on_disk(lab, path).cells if c.source.strip()]
-            return [c.source for c in cells] == sources and cells[2].outputs and cells[2].execution_count == 3
+            cells = [c for c in saved_cells(lab, path) or [] if c.source.strip()]
+            return bool(cells) and [c.source for c in cells] == sources and cells[2].outputs and cells[2].execution_count == 3
 
         await wait_for(lambda: asyncio.to_thread(saved), "JupyterLab to save the notebook with the assistant's cells")
         nbformat.validate(on_disk(lab, path))

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from msb_kernels.backends import backend_classes
+from msb_kernels.backends.core import iodir
 from msb_kernels.config import backend_locations
+from msb_kernels.provisioner import GUEST_CONNECTION_FILE
 from tests.conftest import REPO, KernelFactory
 from tests.kernel_helpers import (
     HostListener,
@@ -153,6 +155,83 @@ async def test_a_widget_displays_and_follows_the_frontend(contract_kernel):
     assert (await execute(kc, "slider.value")).value == 7
 
 
+# The shell commands a notebook user types first, each run in the kernel's sandbox as a `!` line runs it; the egress
+# half (curl to an allowed host through the proxy) is tests/msb_kernels/egress/test_proxy.py's, on namespace and gVisor.
+EVERYDAY = r"""
+import json, os, subprocess, sys, zipfile
+def sh(*argv):
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=240)
+    return {"rc": done.returncode, "out": done.stdout[-3000:], "err": done.stderr[-3000:]}
+w = f"/tmp/everyday-{os.getpid()}"
+os.makedirs(f"{w}/src/sub")
+open(f"{w}/src/sub/a.txt", "w").write("hello\n")
+with open(f"{w}/big.txt", "w") as big:
+    big.writelines(f"line {i}\n" for i in range(1_000_000))
+os.makedirs(f"{w}/wheels")
+with zipfile.ZipFile(f"{w}/wheels/msbeveryday-1.0-py3-none-any.whl", "w") as wheel:
+    wheel.writestr("msbeveryday/__init__.py", "VALUE = 1\n")
+    wheel.writestr("msbeveryday-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: msbeveryday\nVersion: 1.0\n")
+    wheel.writestr("msbeveryday-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    wheel.writestr("msbeveryday-1.0.dist-info/RECORD", "")
+ran = {
+    "!ls /": "\n".join(get_ipython().getoutput("ls /")),
+    "!stat /tmp": "\n".join(get_ipython().getoutput("stat /tmp")),
+    "ls /": sh("ls", "/"),
+    "ls -la ~": sh("ls", "-la", os.path.expanduser("~")),
+    "stat": sh("stat", "/tmp", os.path.expanduser("~")),
+    "df": sh("df", "-h", "/tmp"),
+    "du": sh("du", "-s", f"{w}/src"),
+    "find": sh("find", f"{w}/src", "-name", "*.txt"),
+    "cp": sh("cp", "-r", f"{w}/src", f"{w}/copy"),
+    "mv": sh("mv", f"{w}/copy/sub/a.txt", f"{w}/copy/sub/b.txt"),
+    "tar": sh("tar", "czf", f"{w}/src.tgz", "-C", w, "src"),
+    "tar list": sh("tar", "tzf", f"{w}/src.tgz"),
+    "gzip": sh("gzip", "-k", f"{w}/big.txt"),
+    "gzip test": sh("gzip", "-t", f"{w}/big.txt.gz"),
+    "git init": sh("git", "init", "-q", f"{w}/repo"),
+}
+open(f"{w}/repo/notes.md", "w").write("# notes\n")
+ran["git add"] = sh("git", "-C", f"{w}/repo", "add", "notes.md")
+ran["git commit"] = sh("git", "-C", f"{w}/repo", "-c", "user.name=A", "-c", "user.email=a@example.org", "commit", "-qm", "first")
+ran["git log"] = sh("git", "-C", f"{w}/repo", "log", "--format=%s")
+ran["sqlite3"] = sh("sqlite3", f"{w}/db.sqlite", "create table t(x); insert into t values (41), (1); select sum(x) from t;")
+ran["venv"] = sh(sys.executable, "-m", "venv", f"{w}/venv")
+ran["pip download"] = sh(f"{w}/venv/bin/python", "-m", "pip", "download", "--disable-pip-version-check", "--no-index",
+                         "--find-links", f"{w}/wheels", "-d", f"{w}/dl", "msbeveryday==1.0")
+ran["head"] = sh("head", "-n", "3", f"{w}/big.txt")
+ran["wc -l"] = sh("wc", "-l", f"{w}/big.txt")
+ran["moved"] = os.path.exists(f"{w}/copy/sub/b.txt") and not os.path.exists(f"{w}/copy/sub/a.txt")
+ran["downloaded"] = os.listdir(f"{w}/dl") if os.path.isdir(f"{w}/dl") else []
+subprocess.run(["rm", "-rf", w])
+print("RESULT" + json.dumps(ran))
+"""
+
+
+async def test_everyday_shell_commands_run_and_print_what_they_should(contract_kernel):
+    _, kc = contract_kernel
+    execution = await execute(kc, EVERYDAY, timeout=600)
+    assert "RESULT" in execution.stdout, execution.stdout[-2000:] + execution.stderr[-2000:] + str(execution.error)
+    ran = json.loads(execution.stdout.split("RESULT", 1)[1])
+    for line in ("!ls /", "!stat /tmp"):
+        assert "Invalid argument" not in ran[line] and "cannot" not in ran[line], (line, ran[line])
+    assert "tmp" in ran["!ls /"].split(), ran["!ls /"]
+    failed = {name: result for name, result in ran.items() if isinstance(result, dict) and result["rc"] != 0}
+    assert not failed, failed
+    assert {"tmp", "usr"} <= set(ran["ls /"]["out"].split()), ran["ls /"]
+    assert ran["ls -la ~"]["out"].startswith("total "), ran["ls -la ~"]
+    assert ran["stat"]["out"].count("File: ") == 2, ran["stat"]
+    assert ran["df"]["out"].splitlines()[0].split()[0] == "Filesystem" and len(ran["df"]["out"].splitlines()) == 2, ran["df"]
+    assert ran["du"]["out"].split()[1].endswith("/src"), ran["du"]
+    assert ran["find"]["out"].strip().endswith("/src/sub/a.txt"), ran["find"]
+    assert ran["moved"] is True
+    assert ran["tar list"]["out"].split() == ["src/", "src/sub/", "src/sub/a.txt"], ran["tar list"]
+    assert ran["git log"]["out"] == "first\n", ran["git log"]
+    assert ran["sqlite3"]["out"] == "42\n", ran["sqlite3"]
+    assert ran["downloaded"] == ["msbeveryday-1.0-py3-none-any.whl"], ran["pip download"]
+    assert ran["head"]["out"] == "line 0\nline 1\nline 2\n"
+    assert ran["wc -l"]["out"].split()[0] == "1000000", ran["wc -l"]
+
+
 async def test_host_home_and_checkout_are_invisible(contract_kernel):
     _, kc = contract_kernel
     secret = Path.home() / f"msb-secret-{uuid.uuid4().hex}"
@@ -222,7 +301,7 @@ async def test_curve_encryption_over_tcp_or_when_asked(variant, start_kernel):
     km, kc = await start_kernel(env={"MSB_BACKEND": backend}, **asked)
     assert km.transport == transport
     assert km.curve_publickey is not None and km.curve_secretkey is not None
-    guest_file = json.loads((km.provisioner.io_dir / "connection.json").read_text())
+    guest_file = json.loads((iodir.host_dir(km.provisioner.io_dir) / GUEST_CONNECTION_FILE).read_text())  # what the host gave it
     assert guest_file["curve_publickey"] == km.curve_publickey.decode()
     assert (await execute(kc, "6 * 7")).result == "42"
     await assert_unanswered_without_keys(km)

@@ -129,22 +129,38 @@ def test_the_server_name_is_read_from_a_real_client_hello():
     assert read_client_hello(b"GET / HTTP/1.1\r\n") == (NOT_TLS, None)
 
 
-def test_secrets_go_into_headers_for_their_hosts_only():
+def test_secrets_go_into_their_header_for_their_hosts_over_tls_only():
     declared = parse_declarations('{"TOKEN": {"value": "real-value", "hosts": ["api.msb.test"]}}', "KERNEL_SECRETS")
-    from msb_kernels.egress.secrets import make_secrets
+    from msb_kernels.egress.secrets import Redaction, make_secrets, sendable
 
     (secret,) = make_secrets(declared, Policy.parse("*.msb.test"), "KERNEL_SECRETS", lambda name: "msb-secret-0123")
     basic = base64.b64encode(b"user:msb-secret-0123")
     headers = [(b"authorization", b"Basic " + basic), (b"x-token", b"Bearer msb-secret-0123")]
-    assert substitute_headers(headers, [secret], "api.msb.test", 443) == [
-        (b"authorization", b"Basic " + base64.b64encode(b"user:real-value")),
-        (b"x-token", b"Bearer real-value"),
-    ]
-    assert substitute_headers(headers, [secret], "other.msb.test", 443) == headers
+    rewritten, sent = substitute_headers(headers, sendable([secret], "api.msb.test", 443, tls=True))
+    went = b"Basic " + base64.b64encode(b"user:real-value")
+    assert rewritten == [(b"authorization", went), (b"x-token", b"Bearer msb-secret-0123")], "Authorization only, by default"
+    assert set(sent) == {went, b"real-value"}
+    assert sendable([secret], "other.msb.test", 443, tls=True) == [] and sendable([secret], "api.msb.test", 80, tls=False) == []
+    # The operator's own declaration may say plain_http; a session's may not.
+    plain = parse_declarations(
+        '{"T": {"value": "v1234", "hosts": ["api.msb.test"], "plain_http": true, "header": "X-Key"}}', "F", operator=True
+    )
+    (operators,) = make_secrets(plain, Policy.parse("*.msb.test"), "F", lambda name: "msb-secret-9")
+    assert sendable([operators], "api.msb.test", 80, tls=False) == [operators] and operators.header == "x-key"
+    with pytest.raises(PolicyError, match="plain_http is the operator's"):
+        parse_declarations('{"T": {"value": "v", "hosts": ["api.msb.test"], "plain_http": true}}', "KERNEL_SECRETS")
+    # An answer that repeats the request: every form of what went is masked, across chunk boundaries, a byte a byte.
+    redaction = Redaction(sent)
+    answer = b'{"authorization": "' + went + b'", "raw": "real-value", "b64": "' + base64.b64encode(b"real-value") + b'"}'
+    chunks = [answer[i : i + 7] for i in range(0, len(answer), 7)]
+    masked = b"".join(redaction.feed(chunk) for chunk in chunks) + redaction.flush()
+    assert len(masked) == len(answer) and b"real-value" not in masked and base64.b64encode(b"real-value") not in masked
+    assert went not in masked and masked.count(b"*") >= len(went) + len("real-value")
     for bad, why in (
         ('{"T": {"value": "v", "hosts": ["*"]}}', "not \\* or networks"),
         ('{"T": {"value": "a\\nb", "hosts": ["x.test"]}}', "printable ASCII"),
         ('{"1T": {"value": "v", "hosts": ["x.test"]}}', "not a variable name"),
+        ('{"T": {"value": "v", "hosts": ["x.test"], "header": "Host"}}', "header must be a header name"),
         ("[1]", "must be a JSON object"),
     ):
         with pytest.raises(PolicyError, match=why):

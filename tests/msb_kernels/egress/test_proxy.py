@@ -4,10 +4,10 @@ the setting named; every way around the proxy fails; secrets reach their hosts a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import secrets
-import time
 
 import pytest
 
@@ -132,7 +132,7 @@ def tls_in_tunnel(server_name):
     return status, tls.recv(64).decode(errors="replace")
 def forged_header():
     conn = socket.socket(socket.AF_UNIX)
-    conn.connect("/run/kernel/egress.sock")
+    conn.connect("/run/msb/egress.sock")
     conn.sendall(b"MSB-EGRESS 1 transparent 127.64.9.9 80\\nGET /echo HTTP/1.1\\r\\nHost: evil.msb.test\\r\\n\\r\\n")
     conn.settimeout(5)
     return conn.recv(4096)
@@ -183,16 +183,19 @@ async def test_a_session_narrows_the_operators_list_and_cannot_widen_it(start_ke
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
-async def test_secrets_reach_their_hosts_and_the_kernel_sees_only_placeholders(backend, start_kernel, upstream, tmp_path):
+async def test_secrets_reach_their_hosts_in_their_header_over_tls_and_never_come_back(backend, start_kernel, upstream, tmp_path):
+    """A secret goes only into the header its declaration names, only to its hosts, only over TLS (unless the operator
+    declared plain_http), never into a URL; and an echo server on its own host, which repeats every request, hands
+    the kernel asterisks where the value was: the kernel sees only placeholders, in its variables, files and answers."""
     operator_value, session_value = f"op-{secrets.token_hex(12)}", f"se-{secrets.token_hex(12)}"
     secrets_file = tmp_path / "secrets.json"
-    secrets_file.write_text(json.dumps({"OP_TOKEN": {"value": operator_value, "hosts": ["api.msb.test"]}}))
+    operator = {"OP_TOKEN": {"value": operator_value, "hosts": ["api.msb.test"], "plain_http": True}}  # the operator's word
+    secrets_file.write_text(json.dumps(operator))
     secrets_file.chmod(0o600)
-    session = {"SESSION_TOKEN": {"value": session_value, "hosts": ["api.msb.test:443", "pypi.msb.test"]}}
+    session = {"SESSION_TOKEN": {"value": session_value, "hosts": ["api.msb.test:443", "pypi.msb.test"], "header": "X-Token"}}
     settings = {"MSB_BACKEND": backend, "MSB_NETWORK_ALLOW": "*.msb.test", "MSB_NETWORK_SECRETS_FILE": str(secrets_file)}
     with network_settings(upstream, MSB_NETWORK_CA_FILE=upstream.ca_file, **settings):
         km, kc = await start_kernel(env={"KERNEL_SECRETS": json.dumps(session)})
-    started = time.time()
     result = await cell(
         kc,
         f"""
@@ -202,7 +205,7 @@ interpreter = {{os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}}  # 
 def search(values):
     found = []
     paths = glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline")
-    for top in ("/run/kernel", "/tmp", "/home/sandbox", "/etc"):
+    for top in ("/run/kernel", "/run/msb", "/tmp", "/home/sandbox", "/etc"):
         for folder, folders, names in os.walk(top):
             folders[:] = [f for f in folders if os.path.realpath(os.path.join(folder, f)) not in interpreter]
             paths += [os.path.join(folder, name) for name in names]
@@ -214,30 +217,48 @@ def search(values):
             continue
         found += [path for value in values if value.encode() in data]
     return found
+answers = []
+def echo(url, **kwargs):
+    response = requests.get(url, **kwargs)
+    answers.append(response.text)
+    return response.status_code
 result = {{
     "env": {{"OP_TOKEN": op, "SESSION_TOKEN": se, "KERNEL_SECRETS": os.environ.get("KERNEL_SECRETS")}},
     "curl https": run("curl", "-sS", "-H", f"Authorization: Bearer {{op}}", "https://api.msb.test/echo?op"),
-    "requests https": attempt(lambda: requests.get("https://api.msb.test/echo?session", headers={{"X-Token": se}}).status_code),
-    "basic http": attempt(lambda: requests.get("http://api.msb.test/echo?basic", auth=("user", op)).status_code),
-    "to another host": attempt(lambda: requests.get("http://other.msb.test/echo?other", headers={{"X-Token": se, "X-Op": op}}).status_code),
-    "session secret on its other host": attempt(lambda: requests.get("http://pypi.msb.test/echo?pypi", headers={{"X-Token": se}}).status_code),
-    "found": search(["{operator_value}", "{session_value}"]),
+    "requests https": attempt(lambda: echo("https://api.msb.test/echo?session", headers={{"X-Token": se}})),
+    "basic http": attempt(lambda: echo("http://api.msb.test/echo?basic", auth=("user", op))),
+    "in the url": attempt(lambda: echo(f"https://api.msb.test/echo?url&token={{op}}&other={{se}}", headers={{"X-Token": se}})),
+    "in another header": attempt(lambda: echo("https://api.msb.test/echo?wrongheader", headers={{"X-Other": se, "X-Api": op}})),
+    "to another host": attempt(lambda: echo("http://other.msb.test/echo?other", headers={{"X-Token": se, "X-Op": op}})),
+    "session secret over http": attempt(lambda: echo("http://pypi.msb.test/echo?pypihttp", headers={{"X-Token": se}})),
+    "session secret on its other host": attempt(lambda: echo("https://pypi.msb.test/echo?pypi", headers={{"X-Token": se}})),
+    "answers": answers,
 }}
+result["found"] = search(["{operator_value}", "{session_value}"])
 """,
     )
     assert result["env"]["OP_TOKEN"].startswith("msb-secret-") and result["env"]["SESSION_TOKEN"].startswith("msb-secret-")
     assert result["env"]["KERNEL_SECRETS"] is None, "the declaration never reaches the kernel"
     assert result["found"] == [], f"a real value is readable inside the sandbox: {result['found']}"
     assert result["curl https"]["rc"] == 0, result["curl https"]
-    for name in ("requests https", "basic http", "to another host", "session secret on its other host"):
+    names = ("requests https", "basic http", "in the url", "in another header", "to another host", "session secret over http")
+    for name in (*names, "session secret on its other host"):
         assert result[name].get("ok") == "200", f"{name}: {result[name]}"
-    seen = {entry["path"].split("?")[1]: entry["headers"] for entry in upstream.requests() if "?" in entry["path"]}
-    lower = {key: {k.lower(): v for k, v in headers.items()} for key, headers in seen.items()}
+    # What the echo server answered reached the kernel with every value masked: the server saw it, the kernel never.
+    answers = [result["curl https"]["out"], *result["answers"]]
+    assert not [a for a in answers if operator_value in a or session_value in a], answers
+    assert '"authorization": "' + "*" * len("Bearer " + operator_value) + '"' in answers[0], answers[0]  # as it went
+    seen = {entry["path"].split("?")[1].split("&")[0]: entry for entry in upstream.requests() if "?" in entry["path"]}
+    lower = {key: {k.lower(): v for k, v in entry["headers"].items()} for key, entry in seen.items()}
     assert lower["op"]["authorization"] == f"Bearer {operator_value}"
     assert lower["session"]["x-token"] == session_value
-    import base64
-
-    assert lower["basic"]["authorization"] == "Basic " + base64.b64encode(f"user:{operator_value}".encode()).decode()
+    assert lower["basic"]["authorization"] == "Basic " + base64.b64encode(f"user:{operator_value}".encode()).decode(), "plain_http"
+    # Never into a URL, another header, another host, or (a session's, whose declaration cannot say plain_http) plain HTTP.
+    assert result["env"]["OP_TOKEN"] in seen["url"]["path"] and operator_value not in seen["url"]["path"]
+    assert session_value not in seen["url"]["path"] and lower["url"]["x-token"] == session_value
+    assert lower["wrongheader"]["x-other"] == result["env"]["SESSION_TOKEN"] and lower["wrongheader"]["x-api"] == result["env"]["OP_TOKEN"]
     assert lower["other"]["x-token"] == result["env"]["SESSION_TOKEN"] and lower["other"]["x-op"] == result["env"]["OP_TOKEN"]
+    assert lower["pypihttp"]["x-token"] == result["env"]["SESSION_TOKEN"], "a session's secret goes over TLS only"
     assert lower["pypi"]["x-token"] == session_value, "a session secret goes to each host it names"
-    assert time.time() - started < 120
+    # An answer to a request that carried a secret is asked for unencoded, so the proxy can read it.
+    assert lower["session"].get("accept-encoding") == "identity"

@@ -110,7 +110,7 @@ async def test_writes_outside_the_allowed_dirs_fail_and_shell_escapes_work(start
     _, kc = await start_kernel()
     venv_file = os.path.join(sys.prefix, "msb-escape")
     code = write_attempts(
-        ["/msb-escape", "/usr/msb-escape", "/etc/msb-escape", "/run/msb-escape", venv_file],
+        ["/msb-escape", "/usr/msb-escape", "/etc/msb-escape", "/run/msb-escape", "/run/msb/msb-escape", venv_file],
         ["/tmp/ok", "~/ok", "/run/kernel/ok", "/dev/shm/ok"],
     )
     blocked, allowed = (await execute(kc, code)).value

@@ -23,6 +23,7 @@ import microsandbox  # a hard dependency: a broken install must fail here, not s
 import pytest
 
 from msb_kernels.backends import choose_backend
+from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.base import SANDBOX_LABEL, SandboxSpec, SharedVolume
 from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.gvisor import GVisorBackend
@@ -154,7 +155,8 @@ def test_create_arguments_from_spec_and_settings(tmp_path, monkeypatch):
     assert kwargs["image"] == "msb-kernels/python:latest" and kwargs["pull_policy"] == PullPolicy.NEVER
     assert kwargs["ports"] == [PortBinding.tcp(p, p, bind="127.0.0.1") for p in ports]
     io_mount, shared_mount = kwargs["volumes"][GUEST_IO_DIR], kwargs["volumes"]["/shared"]
-    assert io_mount.kind == MountKind.BIND and io_mount.bind == str(the_spec.io_dir)
+    # What the host wrote, the one directory a VM is shown (its channels are TCP ports; ipykernel rewrites its file).
+    assert io_mount.kind == MountKind.BIND and io_mount.bind == str(iodir.host_dir(the_spec.io_dir))
     assert (io_mount.override_uid, io_mount.override_gid) == (1000, 1000)
     assert shared_mount.bind == str(tmp_path) and not shared_mount.readonly
     policy = kwargs["network"].policy

@@ -33,7 +33,7 @@ async def test_writes_outside_the_allowed_dirs_fail(shared_kernel):
     _, kc = shared_kernel
     venv_file = os.path.join(sys.prefix, "msb-escape")
     code = write_attempts(
-        ["/msb-escape", "/usr/msb-escape", "/etc/msb-escape", "/root/msb-escape", "/run/msb-escape", venv_file],
+        ["/msb-escape", "/usr/msb-escape", "/etc/msb-escape", "/root/msb-escape", "/run/msb-escape", "/run/msb/msb-escape", venv_file],
         ["/tmp/ok", "~/ok", "/run/kernel/ok", "/dev/shm/ok"],
     )
     blocked, allowed = (await execute(kc, code)).value

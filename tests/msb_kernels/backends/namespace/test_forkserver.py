@@ -228,7 +228,8 @@ async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_
     km, kc = await start_kernel()
     guest_argv = (await execute(kc, "from ipykernel.kernelapp import IPKernelApp; IPKernelApp.instance().argv")).value
     template = TEMPLATES["python"]
-    assert guest_argv == ["-f", "/run/kernel/connection.json", *template.launch_arguments("/run/kernel/msb_startup.py")]
+    # Its own copy of the connection file (ipykernel may rewrite it), the startup file where the host wrote it.
+    assert guest_argv == ["-f", "/run/kernel/connection.json", *template.launch_arguments("/run/msb/msb_startup.py")]
     assert forkserver._provisioner_command_line(guest_argv) is not None, "the provisioner's command line would be parsed by argparse"
 
     fast = forkserver.kernel_app_class()

@@ -225,6 +225,6 @@ def test_doctor_says_scratch_is_ram_without_root(unprivileged_python, nobody_hom
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
-        "disk (namespace backend): /tmp and /home/sandbox are RAM (tmpfs), not disk, because loop-mounted disk images need root"
+        "disk (namespace and gvisor backends): /tmp and /home/sandbox are RAM (tmpfs), not disk, because loop-mounted disk images need root"
     ) in result.stdout, result.stdout
     assert f"{FLAVORS['small'].memory_scratch_mib} MiB" in result.stdout

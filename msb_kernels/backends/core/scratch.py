@@ -1,12 +1,18 @@
-"""Disk for a namespace sandbox's /tmp and home: an ext4 image of the flavor's disk size.
+"""Disk for a sandbox's /tmp and home: an ext4 image of the flavor's disk size, on storage, not memory.
 
 The image is reserved in full with fallocate when the sandbox is made, so sandboxes can
 never fill the host's disk: either the space is there at start or the start fails. With
 MSB_DISK_RESERVE=false the image is sparse instead: each sandbox is still capped at its
-flavor's disk, a start needs that much free, but sandboxes together can outgrow the host. The
-sandbox's init attaches it to a loop device with autoclear and mounts it in the
-sandbox's own mount namespace, so the device lets go when the last sandbox process is
-gone; the host then deletes the file. Where that cannot work (no root, no loop
+flavor's disk, a start needs that much free, but sandboxes together can outgrow the host.
+
+- Namespace: the sandbox's init attaches it to a loop device with autoclear and mounts it in the
+  sandbox's own mount namespace, so the device lets go when the last sandbox process is gone.
+- gVisor: the host mounts it (mount_image) in the sandbox's state directory, and runsc's gofer serves
+  its tmp/ and home/ as the kernel's /tmp and home. The kernel never touches the image's blocks, only
+  files through the gofer, so the host's ext4 driver alone writes its metadata. It stays mounted while
+  the kernel hibernates, so a woken kernel finds its files; the host unmounts it (lazily) at removal.
+
+Either way the host then deletes the file. Where that cannot work (no root, no loop
 devices, no mkfs.ext4) /tmp and home share a RAM tmpfs instead (see memory_scratch_note).
 """
 
@@ -18,6 +24,7 @@ import errno
 import glob
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -159,6 +166,32 @@ class Formatting:
         if self.ready_fd >= 0:
             os.close(self.ready_fd)
             self.ready_fd = -1
+
+
+async def mount_image(image: Path, mountpoint: Path) -> None:
+    """The host's mount of a formatted image (gVisor): loop-attached with autoclear, so the device goes with the
+    mount; nosuid and nodev, since the files are the sandbox's to make."""
+    mountpoint.mkdir(mode=0o700, exist_ok=True)
+    mount = await asyncio.create_subprocess_exec(
+        "mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", str(image), str(mountpoint),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={"PATH": SYSTEM_PATH},
+    )  # fmt: skip
+    output, _ = await mount.communicate()
+    if mount.returncode != 0:
+        raise SandboxError(
+            f"cannot mount the sandbox's disk: {output.decode(errors='replace').strip()[-300:]}",
+            ["run `msb-kernels doctor` to check this host"],
+        )
+
+
+def unmount(mountpoint: Path) -> bool:
+    """Detach a host mount of a sandbox's disk, lazily: a process of the sandbox still inside it (a gofer on its way
+    out) does not keep it. False when nothing was mounted there. Never walks into it."""
+    if not os.path.ismount(mountpoint):
+        return False
+    done = subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, env={"PATH": SYSTEM_PATH}, check=False)
+    return done.returncode == 0
 
 
 def remove_image(path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from msb_kernels.backends.namespace import scratch
+from msb_kernels.backends.core import scratch
 from msb_kernels.config import load_settings
 from msb_kernels.errors import SandboxError
 from msb_kernels.flavors import FLAVORS
@@ -172,4 +172,4 @@ def test_doctor_reports_the_flavors_disks():
     assert f"flavor small: 1 CPU, 1024 MiB memory, {SMALL.disk_mib} MiB disk, {SMALL.shm_mib} MiB /dev/shm" in result.stdout
     reason = scratch.unavailable_reason()
     expected = scratch.memory_scratch_note(reason) if reason else "/tmp and /home/sandbox share an ext4 disk of the flavor's size"
-    assert f"disk (namespace backend): {expected}" in result.stdout
+    assert f"disk (namespace and gvisor backends): {expected}" in result.stdout

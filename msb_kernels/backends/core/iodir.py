@@ -1,0 +1,252 @@
+"""A sandbox's directories on the host, and the one way the host touches what a sandbox can write.
+
+Under the sandbox's state directory (``<runtime>/<backend>/<id>``, the host's alone):
+
+- ``host/``: what the host writes for the kernel (its connection file, startup file and helpers, the egress proxy's
+  socket and CA bundle), shown to the sandbox read-only at its backend's ``guest_host_dir``. The sandbox writes nothing
+  there, so nothing the host writes can be swapped for a link.
+- ``io/``: the sandbox's own, read-write at ``guest_io_dir``: its kernel binds its ipc sockets there and its reaper
+  writes ``exit_status``. As root it is a tmpfs of its own, IO_DIR_MIB in size, charged to the sandbox's memory: a
+  kernel that fills it fills only it, never the host's /run.
+- ``channels/``: the host's names for the kernel's sockets (``kernel-<port>``), links to descriptors this process
+  pinned (pin_channels); what jupyter_client and jupyter_server connect to.
+
+Why: the kernel's own code can replace anything in io/ (a link to a host file or to another sandbox's socket
+through /proc, a FIFO, a directory, a huge file). So the host never follows, blocks on, or connects by path through
+io/. It reads a file there only from a directory descriptor it opened itself, with O_NOFOLLOW|O_NONBLOCK, a regular
+file of bounded size (read_guest_file); it connects to a socket there only through a descriptor it pinned once the
+kernel had bound it, after checking that it is a socket of the sandbox's own uid (pin_channels): a name swapped later
+is never followed, and another sandbox's socket never passes the check; and it removes what a dead sandbox left
+there with unlinkat on that descriptor (clear), while no sandbox runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msb_kernels.errors import SandboxError
+
+HOST_DIR, IO_DIR, CHANNELS_DIR = "host", "io", "channels"
+GUEST_HOST_DIR = "/run/msb"  # where a sandbox sees host/, read-only (a backend's guest_host_dir)
+EXIT_STATUS = "exit_status"  # written by the sandbox's reaper in io/: the kernel's status, as a Popen returncode
+IO_DIR_MIB = 8  # as root, io/ is a tmpfs of this size
+GUEST_FILE_LIMIT = 64  # bytes the host reads of a file the sandbox wrote (exit_status)
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MNT_DETACH = 2, 4, 8, 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_KINDS = {stat.S_IFLNK: "a link", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFREG: "a file"}
+
+
+def host_dir(io_dir: Path) -> Path:
+    return io_dir.parent / HOST_DIR
+
+
+def channels_dir(io_dir: Path) -> Path:
+    return io_dir.parent / CHANNELS_DIR
+
+
+def make_dirs(root: Path, sandbox_id: str, *, bounded: bool) -> Path:
+    """The sandbox's state directory with its host/, io/ and channels/; returns io/. bounded (as root): io/ is a tmpfs
+    of IO_DIR_MIB, mounted once (a restart finds it mounted). Made if missing; the owners and modes are the host's
+    until ``open_to`` gives io/ to the sandbox's user."""
+    state = root / sandbox_id
+    for directory in (state, state / HOST_DIR, state / IO_DIR, state / CHANNELS_DIR):
+        directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    for directory in (state, state / CHANNELS_DIR):
+        os.chmod(directory, 0o700)
+    io = state / IO_DIR
+    if bounded and not os.path.ismount(io):
+        options = f"size={IO_DIR_MIB}m,mode=0700,nr_inodes=4096".encode()
+        if _libc.mount(b"tmpfs", str(io).encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0:
+            code = ctypes.get_errno()
+            raise SandboxError(f"cannot mount the io directory of sandbox {sandbox_id} ({io}): {os.strerror(code)}")
+    return io
+
+
+def open_to(io_dir: Path, uid: int, gid: int) -> None:
+    """io/ is the sandbox's user's to write (uid, gid: the host ids its files are made with); host/ and what the host
+    wrote there are theirs to read. Changed through descriptors of the directories themselves (which only the host can
+    replace) and, in host/, of what the host made there."""
+    for name, mode, owner in ((IO_DIR, 0o700, uid), (HOST_DIR, 0o750, 0)):
+        fd = os.open(io_dir.parent / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if os.geteuid() == 0:
+                os.fchown(fd, owner, gid)
+                if name == HOST_DIR:
+                    for entry in os.listdir(fd):
+                        os.chown(entry, 0, gid, dir_fd=fd, follow_symlinks=False)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+
+def write_host_file(io_dir: Path, name: str, data: bytes | str, mode: int = 0o640) -> Path:
+    """A file the host writes for the kernel, in host/ (readable by the sandbox's group, written by the host alone)."""
+    directory = host_dir(io_dir)
+    path = directory / name
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        if os.geteuid() == 0:
+            os.fchown(handle.fileno(), 0, os.stat(directory).st_gid)
+        os.fchmod(handle.fileno(), mode)
+        handle.write(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def _open_io(io_dir: Path) -> int:
+    """A descriptor of io/ itself, opened through the state directory, which only the host can change."""
+    return os.open(io_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def read_guest_file(io_dir: Path, name: str, limit: int = GUEST_FILE_LIMIT) -> bytes | None:
+    """What the sandbox wrote to io/<name>: a regular file of at most limit bytes, else None. Never follows a link,
+    never blocks on a FIFO, never reads past limit."""
+    try:
+        directory = _open_io(io_dir)
+    except OSError:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=directory)
+    except OSError:
+        return None
+    finally:
+        os.close(directory)
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_size > limit:
+            return None
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def bound_socket(io_dir: Path, name: str, uid: int | None = None) -> bool:
+    """Whether io/<name> is a socket (not a link to one): the kernel has bound it. uid: and it is that uid's by now
+    (gVisor's gofer makes a host socket as root, then gives it to the sandbox's user: pin_channels checks the owner)."""
+    try:
+        directory = _open_io(io_dir)
+    except OSError:
+        return False
+    try:
+        found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        return stat.S_ISSOCK(found.st_mode) and (uid is None or found.st_uid == uid)
+    except OSError:
+        return False
+    finally:
+        os.close(directory)
+
+
+def unsaveable(io_dir: Path, held: tuple[str, ...] = (EXIT_STATUS,)) -> list[str]:
+    """What in io/ a checkpoint of the sandbox cannot carry (gVisor saves the files of its host mounts): anything but
+    regular files, and a file the sandbox's own init holds open (held) that the kernel removed or replaced."""
+    try:
+        directory = _open_io(io_dir)
+    except OSError:
+        return ["its io directory is gone"]
+    found = []
+    try:
+        names = os.listdir(directory)
+        for name in sorted(names):
+            try:
+                mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(mode):
+                found.append(f"{name} ({_KINDS.get(stat.S_IFMT(mode), 'a socket')})")
+        found += [f"no {name} (removed while its init holds it)" for name in held if name not in names]
+    finally:
+        os.close(directory)
+    return found
+
+
+def clear(io_dir: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove what a sandbox left in io/ (links, FIFOs, directories, sockets, files), through a descriptor of io/ and
+    never following anything; called while no sandbox runs there (before a start or a restart)."""
+    try:
+        directory = _open_io(io_dir)
+    except FileNotFoundError:
+        return
+    try:
+        for name in os.listdir(directory):
+            if name in keep:
+                continue
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, dir_fd=directory)
+                else:
+                    os.unlink(name, dir_fd=directory)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(directory)
+
+
+@dataclass
+class ChannelPins:
+    """Descriptors of a kernel's bound sockets, held while it runs, and their names in channels/ (links to them through
+    /proc/self/fd, which resolve in this process only: jupyter_client's and jupyter_server's ZeroMQ sockets here)."""
+
+    channels: Path
+    fds: dict[int, int] = field(default_factory=dict)  # port -> O_PATH descriptor of the socket the kernel bound
+
+    def close(self) -> None:
+        for port, fd in list(self.fds.items()):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.channels / f"kernel-{port}")
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+def pin_channels(io_dir: Path, names: dict[int, str], uid: int | None) -> ChannelPins:
+    """Pin the kernel's sockets (names: port -> the name it bound in io/): each must be a socket, not a link, made by
+    the sandbox's uid (None: not checked, where the host cannot tell); SandboxError names the first that is not. The
+    host connects to channels/kernel-<port>, which reaches the pinned socket whatever io/ holds by then."""
+    pins = ChannelPins(channels_dir(io_dir))
+    directory = _open_io(io_dir)
+    try:
+        for port, name in names.items():
+            try:
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            except OSError as exc:
+                pins.close()
+                raise SandboxError(f"the kernel's channel {name} is not there ({exc.strerror})") from None
+            pins.fds[port] = fd
+            found = os.fstat(fd)
+            # Made in io/ itself (a hard link from elsewhere would be of another device, as a bind mount's is).
+            foreign = found.st_dev != os.fstat(directory).st_dev
+            if not stat.S_ISSOCK(found.st_mode) or foreign or (uid is not None and found.st_uid != uid):
+                what = _KINDS.get(stat.S_IFMT(found.st_mode), "not a socket")
+                if stat.S_ISSOCK(found.st_mode):
+                    what = "a socket made elsewhere" if foreign else f"a socket of uid {found.st_uid}, not the sandbox's {uid}"
+                pins.close()
+                raise SandboxError(
+                    f"the kernel's channel {name} is {what}, not a socket its sandbox bound: refused, as the host never "
+                    "connects through what a sandbox can swap"
+                )
+        for port, fd in pins.fds.items():
+            link = pins.channels / f"kernel-{port}"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)
+            os.symlink(f"/proc/self/fd/{fd}", link)
+    finally:
+        os.close(directory)
+    return pins
+
+
+def remove(state_dir: Path) -> None:
+    """The sandbox's directories, io/'s tmpfs unmounted first (its mount point is then an empty directory)."""
+    io = state_dir / IO_DIR
+    if os.path.ismount(io) and _libc.umount2(str(io).encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        raise SandboxError(f"cannot unmount the io directory {io}: {os.strerror(ctypes.get_errno())}")
+    shutil.rmtree(state_dir, ignore_errors=True)
