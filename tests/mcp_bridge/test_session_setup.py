@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 PROBE = """
 import os, subprocess
 api = subprocess.run(["curl", "-sS", "-v", "http://api.msb.test/echo"], capture_output=True, text=True)
-pypi = subprocess.run(["curl", "-sS", "-H", "X-Token: " + os.environ.get("INDEX_TOKEN", ""), "http://pypi.msb.test/echo?setup"],
+pypi = subprocess.run(["curl", "-sS", "-H", "X-Token: " + os.environ.get("INDEX_TOKEN", ""), "https://pypi.msb.test/echo?setup"],
                       capture_output=True, text=True)
 print(os.environ.get("PROJECT"), os.environ.get("MSB_NETWORK_ALLOW"), os.environ.get("INDEX_TOKEN", "")[:11])
 print(next(line for line in api.stderr.splitlines() if line.startswith("< HTTP/")))
@@ -29,7 +29,12 @@ print(pypi.stdout)
 
 async def test_mcp_sessions_start_with_env_a_narrower_list_and_secrets_and_skip_the_pool(gateway_factory, upstream):
     gateway = await gateway_factory(
-        extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_NETWORK_ALLOW": "*.msb.test", "MSB_NETWORK_DNS": upstream.dns}
+        extra_env={
+            "MSB_POOL_SIZE": "python-small=1",
+            "MSB_NETWORK_ALLOW": "*.msb.test",
+            "MSB_NETWORK_DNS": upstream.dns,
+            "MSB_NETWORK_CA_FILE": upstream.ca_file,  # the proxy trusts the test's upstream, whose HTTPS carries the secret
+        }
     )
 
     async def pool() -> dict:
@@ -45,7 +50,7 @@ async def test_mcp_sessions_start_with_env_a_narrower_list_and_secrets_and_skip_
                 {
                     "env": {"PROJECT": "demo"},
                     "network_allow": ["pypi.msb.test"],
-                    "secrets": {"INDEX_TOKEN": {"value": token, "hosts": ["pypi.msb.test"]}},
+                    "secrets": {"INDEX_TOKEN": {"value": token, "hosts": ["pypi.msb.test"], "header": "X-Token"}},
                 },
             )
             assert not started.is_error, started.content[0].text
@@ -56,7 +61,9 @@ async def test_mcp_sessions_start_with_env_a_narrower_list_and_secrets_and_skip_
             lines = ran.structured_content["stdout"].splitlines()
             assert lines[0] == "demo pypi.msb.test msb-secret-", lines
             assert "not allowed by this session's network_allow (KERNEL_NETWORK_ALLOW) (pypi.msb.test)" in lines[1], lines
-            assert json.loads(lines[2])["headers"]["x-token"] == token
+            assert json.loads(lines[2])["headers"]["x-token"] == "*" * len(token), lines[2]  # masked in the answer
+            (sent,) = [entry for entry in upstream.requests() if entry["path"].endswith("?setup")]
+            assert {k.lower(): v for k, v in sent["headers"].items()}["x-token"] == token  # the real value went out
 
             plain = await client.call_tool("execute_code", {"code": "import os; print(os.environ['MSB_NETWORK_ALLOW'])"})
             assert plain.structured_content["stdout"] == "*.msb.test\n"

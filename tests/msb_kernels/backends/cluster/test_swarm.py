@@ -372,6 +372,8 @@ print(os.environ["MSB_NETWORK_ALLOW"])
 print(fetch("http://{UPSTREAM}:8080/"))
 print(fetch("http://msb_docker-api:2375/version"))
 print(direct({_task_address(upstream)!r}))
+import subprocess  # the image's curl, as a `!curl` line runs it: through the proxy its environment names
+print(subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{{http_code}}", "http://{UPSTREAM}:8080/"], capture_output=True, text=True).stdout)
 """
     socket = await KernelSocket.open(stack, kernel)
     try:
@@ -383,6 +385,7 @@ print(direct({_task_address(upstream)!r}))
     assert lines[:2] == [f"{UPSTREAM}:8080", "200"], (lines, reply.error, stack.log()[-3000:])
     assert "msb_docker-api:2375 is not allowed by MSB_NETWORK_ALLOW" in lines[2], lines
     assert lines[3] != "connected", "the upstream is on no network of the kernel's: only the proxy reaches it"
+    assert lines[4] == "200", lines
 
 
 def _task_address(service) -> str | None:
