@@ -95,6 +95,14 @@ async def notebook_kernel(bridge: Bridge, live: LiveNotebook, start: bool) -> Se
         ) from None
 
 
+async def running_kernel(bridge: Bridge, live: LiveNotebook) -> SessionInfo | None:
+    """The notebook's kernel for a read: None when it has none, or one this gateway does not run (a read still works)."""
+    try:
+        return await notebook_kernel(bridge, live, start=False)
+    except InvalidRequest:
+        return None
+
+
 async def open_cell(bridge: Bridge, notebook: str, cell_id: str | None, cell_index: int | None) -> tuple[LiveNotebook, int, Map]:
     """The live notebook and the cell a call names (by id or index), as the document stands now."""
     live = await open_notebook(bridge, notebook)
@@ -212,7 +220,7 @@ async def read_notebook(
     live = await open_notebook(bridge_of(ctx), notebook)
     chosen = list(enumerate(live.model.ycells))[start : None if limit is None else start + limit]
     cells = [cell_info(i, cell_dict(ycell), include_outputs) for i, ycell in chosen]
-    response = notebook_response(live, None, cells)
+    response = notebook_response(live, await running_kernel(bridge_of(ctx), live), cells)
     return model_result(response, f"{live.path}: {response.cell_count} cells\n{cells_text(cells)}")
 
 

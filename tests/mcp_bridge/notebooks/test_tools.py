@@ -88,6 +88,7 @@ async def test_cells_are_inserted_edited_moved_and_run_by_id(notebook_gateway, l
         await client.call("delete_cell", {"notebook": path, "cell_id": error["cell_id"]})
 
         read = (await client.call("read_notebook", {"notebook": path})).structured_content
+        assert (read["session_id"], read["kernel_name"]) == (opened["session_id"], opened["kernel_name"]), read
         sources = [cell["source"] for cell in code_cells(read)]
         assert sources == ["above = True", "x = 40\nprint('set', x)", "x + 3", "# Renamed é ok"], sources
         by_id = {cell["id"]: cell for cell in read["cells"]}
