@@ -26,16 +26,10 @@ from mcp_bridge.sessions import (
 from msb_kernels import registry
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SandboxError
-from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+from msb_kernels.provisioner import describe_kernel
 from msb_kernels.start_request import StartRequest
 from msb_kernels.status import epoch_seconds, session_status
 from msb_kernels.turns import in_turns
-
-
-def sandbox_of(km: Any) -> SandboxDescription | None:
-    """What the msb provisioner says of this kernel; None for a kernel that is not sandboxed."""
-    provisioner = km.provisioner
-    return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None
 
 
 async def wait_until_connected(kc: Any, timeout: float, is_alive: Callable) -> None:
@@ -91,7 +85,7 @@ class ManagedConnection(KernelConnection):
         # client's own would be one more I/O thread and a few descriptors per session, 500 threads at 500 sessions.
         shared = {"context": km.context} if isinstance(getattr(km, "context", None), zmq.asyncio.Context) else {}
         self.kc = km.client(session=own, **shared)
-        description = sandbox_of(km)
+        description = describe_kernel(km)
         self.sandbox = description.sandbox if description else None  # to tell a restart's new sandbox from it
         self.tasks: list[asyncio.Task] = []
 
@@ -138,7 +132,7 @@ class ManagedConnection(KernelConnection):
         return msg_id
 
     async def death_reason(self) -> str | None:
-        description = sandbox_of(self.km)
+        description = describe_kernel(self.km)
         replaced = description is not None and self.sandbox is not None and description.sandbox is not self.sandbox
         if not replaced and await self.km.is_alive():
             return None
@@ -254,7 +248,7 @@ class ManagedKernelSessions(KernelSessions):
         km = self.kernel_manager.get_kernel(session_id)
         self.first_seen.setdefault(session_id, time.time())
         language, flavor = parse_kernel_name(km.kernel_name)
-        description = sandbox_of(km)
+        description = describe_kernel(km)
         if description is not None and description.template is not None and description.flavor is not None:
             language, flavor = description.template.name, description.flavor.name
         created = (description.created if description else None) or self.first_seen[session_id]

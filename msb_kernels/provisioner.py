@@ -581,3 +581,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         self.flavor = provisioner_info.get("flavor")
         self.template = provisioner_info.get("template", "python")
         self.environment = provisioner_info.get("environment")
+
+
+def describe_kernel(km: Any) -> SandboxDescription | None:
+    """The sandbox side of a kernel manager: its provisioner's describe(); None before its provisioner exists or for a
+    kernel not in a sandbox. The one way the gateway and the MCP bridge look at a kernel's sandbox."""
+    provisioner = getattr(km, "provisioner", None)
+    return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None

@@ -18,8 +18,9 @@ from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.compat import kernels_of
 from msb_kernels.errors import MsbError
-from msb_kernels.gateway.records import BusyFile, KernelRecord, describe, last_activity_of
+from msb_kernels.gateway.records import BusyFile, KernelRecord, last_activity_of
 from msb_kernels.identity.people import SYSTEM, acting_as
+from msb_kernels.provisioner import describe_kernel
 from msb_kernels.start_request import START_REQUEST
 
 RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
@@ -44,7 +45,7 @@ class AdoptionMixin:
     def _kept(self, kernel_id: str) -> tuple[Any, Path] | None:
         """The kernel manager and state dir of a kernel whose sandbox outlives this gateway, else None."""
         km = kernels_of(self).get(kernel_id)
-        described = describe(km)
+        described = describe_kernel(km)
         if kernel_id not in self.records or described is None or described.sandbox is None or not described.sandbox.kept:
             return None
         return km, km.provisioner.io_dir.parent

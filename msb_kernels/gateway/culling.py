@@ -7,6 +7,7 @@ import time
 
 from msb_kernels import metrics
 from msb_kernels.compat import kernels_of, start_culler
+from msb_kernels.identity.people import SYSTEM, set_acting
 from msb_kernels.turns import in_turns
 
 
@@ -25,7 +26,9 @@ class CullingMixin:
 
     async def cull_kernels(self) -> None:
         """jupyter_server's pass over every kernel (cull_kernel_if_idle each, in turn), taking turns with
-        the gateway's other requests (turns.in_turns); a pass that culled nothing is timed (msb_cull_pass_seconds)."""
+        the gateway's other requests (turns.in_turns); a pass that culled nothing is timed (msb_cull_pass_seconds).
+        As the system: its timer runs on in the context of whatever started it, and it looks at every kernel."""
+        set_acting(SYSTEM)
         began = time.monotonic()
         kernel_ids = list(kernels_of(self))
         async for kernel_id in in_turns(kernel_ids):

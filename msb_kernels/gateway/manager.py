@@ -46,12 +46,13 @@ from msb_kernels.gateway.capacity import CapacityMixin
 from msb_kernels.gateway.culling import CullingMixin
 from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import KernelRecord, backend_of, describe, sandbox_of
+from msb_kernels.gateway.records import KernelRecord, backend_of, sandbox_of
 from msb_kernels.gateway.stats import StatsMixin
-from msb_kernels.identity.people import SYSTEM, acting, may_see, set_acting
+from msb_kernels.identity.people import acting, may_see
 from msb_kernels.identity.volumes import volume_of
 from msb_kernels.limits import over_limit, size_zmq_context
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+from msb_kernels.provisioner import describe_kernel
 from msb_kernels.registry import SandboxRegistry
 from msb_kernels.start_request import NOTEBOOK, START_REQUEST, StartRequest
 from msb_kernels.status import iso_utc
@@ -119,12 +120,6 @@ class MsbKernelManager(
     # jupyter_server's handlers, the WebSocket, the session manager and the MCP bridge all find kernels through
     # ``in`` (jupyter_server's _check_kernel_id answers 404 from it) and list_kernel_ids; so this is where a kernel
     # that is not the caller's stops existing for them. The caller is msb_kernels.identity.people.acting().
-
-    async def cull_kernels(self) -> None:
-        """jupyter_server's culler, as the system: its timer runs on in the context of whatever started it, and
-        culling looks at every kernel, not one person's."""
-        set_acting(SYSTEM)
-        await super().cull_kernels()
 
     def visible(self, kernel_id: str) -> bool:
         """Whether the caller may see this kernel: the system and admins every one, a person their own, nobody none."""
@@ -248,7 +243,7 @@ class MsbKernelManager(
         if record is not None:
             record.close()
             reason = record.stop_reason or "shut down"
-            exit_reason = described.last_exit_reason if (described := describe(km)) else None
+            exit_reason = described.last_exit_reason if (described := describe_kernel(km)) else None
             self._record_stop(record, "stopped", f"{reason}: {exit_reason}" if exit_reason else reason, exit_reason)
             how = "died" if reason == "died" else "culled" if reason.startswith("culled after being idle") else "shutdown"
             metrics.KERNEL_STOPS.labels(how).inc()

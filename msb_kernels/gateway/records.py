@@ -19,7 +19,7 @@ from typing import Any
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.identity.people import Owner
-from msb_kernels.provisioner import SandboxDescription, SandboxProvisioner
+from msb_kernels.provisioner import describe_kernel
 from msb_kernels.start_request import StartRequest
 
 
@@ -135,15 +135,9 @@ def last_activity_of(km: Any) -> Any:
         return None
 
 
-def describe(km: Any) -> SandboxDescription | None:
-    """The sandbox side of a kernel manager; None before its provisioner exists or for a kernel not in a sandbox."""
-    provisioner = getattr(km, "provisioner", None)
-    return provisioner.describe() if isinstance(provisioner, SandboxProvisioner) else None
-
-
 def sandbox_of(km: Any) -> Any:
-    """The kernel's Sandbox (msb_kernels.backends.core.base); None where describe() has none."""
-    described = describe(km)
+    """The kernel's Sandbox (msb_kernels.backends.core.base); None where describe_kernel() has none."""
+    described = describe_kernel(km)
     return described.sandbox if described is not None else None
 
 

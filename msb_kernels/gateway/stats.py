@@ -11,8 +11,9 @@ from jupyter_server.utils import ensure_async
 from msb_kernels.compat import connection_counts_of, kernels_of
 from msb_kernels.flavors import FLAVORS
 from msb_kernels.gateway.host import gateway_process_stats, host_cpus
-from msb_kernels.gateway.records import describe, last_activity_of
+from msb_kernels.gateway.records import last_activity_of
 from msb_kernels.identity.people import acting, may_see
+from msb_kernels.provisioner import describe_kernel
 from msb_kernels.status import iso_utc, session_status
 
 
@@ -53,7 +54,7 @@ class StatsMixin:
             if not may_see(person, record.owner):
                 continue  # another person's: not even its id (the totals above count it, naming nobody)
             km = kernels_of(self).get(kernel_id)
-            sandbox = described.sandbox if (described := describe(km)) else None
+            sandbox = described.sandbox if (described := describe_kernel(km)) else None
             info = sandbox.info() if sandbox is not None else {}
             keeper = getattr(sandbox, "keeper", None)
             last = last_activity_of(km)
