@@ -7,6 +7,7 @@ Each test gets a runtime dir of its own, so its backend has its own settings (ke
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import stat
@@ -90,11 +91,22 @@ async def test_a_checkpoint_that_ends_the_sandbox_is_an_error_that_says_why(hibe
         km, kc = await start_kernel()
         sandbox = km.provisioner.sandbox
         assert (await execute(kc, "x = 1")).status == "ok"
-        with pytest.raises(SandboxError, match=r"runsc could not checkpoint the kernel, which ended it: .*no space left") as failed:
+
+        async def nothing_blocks(wait: float = 2.0) -> list[str]:
+            return []  # past the socket check, which on a loaded host can still see a closing connection: the save is tried
+
+        monkeypatch.setattr(sandbox, "_settled_sockets", nothing_blocks)
+        with pytest.raises((SandboxError, HibernationRefused)) as failed:
             await sandbox.hibernate(reconnect_of(km))
         print(failed.value)
         assert not sandbox.hibernated and not (full / sandbox.sandbox_id).exists()
-        assert not await km.is_alive()
+        if isinstance(failed.value, HibernationRefused):
+            # runsc failed before it stopped the kernel: it runs on, as it was
+            assert re.search(r"runsc could not checkpoint it: .*no space left", str(failed.value)), failed.value
+            assert await km.is_alive() and (await execute(kc, "x", timeout=60)).result == "1"
+        else:
+            assert re.search(r"runsc could not checkpoint the kernel, which ended it: .*no space left", str(failed.value)), failed.value
+            assert not await km.is_alive()
         names = netstack.names(sandbox.sandbox_id)
         await km.shutdown_kernel(now=True)
         assert not any(name in netns_names() for name in names)
