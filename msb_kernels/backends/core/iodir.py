@@ -244,9 +244,18 @@ def pin_channels(io_dir: Path, names: dict[int, str], uid: int | None) -> Channe
     return pins
 
 
+def detach(mountpoint: Path, what: str = "") -> bool:
+    """Lazily unmount what is mounted at mountpoint (umount2 with MNT_DETACH): a process still inside does not keep it,
+    and nothing under it is walked. False when nothing was mounted there; SandboxError when it cannot be detached."""
+    if not os.path.ismount(mountpoint):
+        return False
+    if _libc.umount2(str(mountpoint).encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        raise SandboxError(f"cannot unmount {what + ' ' if what else ''}{mountpoint}: {os.strerror(ctypes.get_errno())}")
+    return True
+
+
 def remove(state_dir: Path) -> None:
     """The sandbox's directories, io/'s tmpfs unmounted first (its mount point is then an empty directory)."""
     io = state_dir / IO_DIR
-    if os.path.ismount(io) and _libc.umount2(str(io).encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
-        raise SandboxError(f"cannot unmount the io directory {io}: {os.strerror(ctypes.get_errno())}")
+    detach(io, "the io directory")
     shutil.rmtree(state_dir, ignore_errors=True)

@@ -10,7 +10,7 @@ flavor's disk, a start needs that much free, but sandboxes together can outgrow 
 - gVisor: the host mounts it (mount_image) in the sandbox's state directory, and runsc's gofer serves
   its tmp/ and home/ as the kernel's /tmp and home. The kernel never touches the image's blocks, only
   files through the gofer, so the host's ext4 driver alone writes its metadata. It stays mounted while
-  the kernel hibernates, so a woken kernel finds its files; the host unmounts it (lazily) at removal.
+  the kernel hibernates, so a woken kernel finds its files; the host detaches it (iodir.detach) at removal.
 
 Either way the host then deletes the file. Where that cannot work (no root, no loop
 devices, no mkfs.ext4) /tmp and home share a RAM tmpfs instead (see memory_scratch_note).
@@ -24,7 +24,6 @@ import errno
 import glob
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -183,15 +182,6 @@ async def mount_image(image: Path, mountpoint: Path) -> None:
             f"cannot mount the sandbox's disk: {output.decode(errors='replace').strip()[-300:]}",
             ["run `msb-kernels doctor` to check this host"],
         )
-
-
-def unmount(mountpoint: Path) -> bool:
-    """Detach a host mount of a sandbox's disk, lazily: a process of the sandbox still inside it (a gofer on its way
-    out) does not keep it. False when nothing was mounted there. Never walks into it."""
-    if not os.path.ismount(mountpoint):
-        return False
-    done = subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, env={"PATH": SYSTEM_PATH}, check=False)
-    return done.returncode == 0
 
 
 def remove_image(path: Path) -> None:

@@ -414,7 +414,8 @@ class GVisorBackend(SandboxBackend):
         shutil.rmtree(state_dir / "bundle", ignore_errors=True)
         # Before anything removes the state dir (never walk the kernel's files), and off the event loop: a lazy umount
         # and the unlink of a 2 GiB reserved file each take milliseconds that every other request would wait out.
-        await asyncio.to_thread(scratch.unmount, state_dir / DISK_DIR)
+        with contextlib.suppress(SandboxError):  # removal goes on, as it did when umount(8) failed
+            await asyncio.to_thread(iodir.detach, state_dir / DISK_DIR)
         await asyncio.to_thread(scratch.remove_image, scratch.image_path(self.settings.scratch_root(), sandbox_id))
         remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
 
