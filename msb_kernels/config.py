@@ -178,8 +178,8 @@ class MsbSettings(Configurable):
     ).tag(config=True)
     runsc_platform = Unicode(
         "",
-        help="gVisor's platform: systrap, ptrace or kvm; empty = the runsc's own default (systrap since 2023, ptrace "
-        "before). bench/runsc.py measures each on this host.",
+        help="gVisor's platform: systrap, ptrace or kvm; empty = measured on this host once (the kernel's imports under "
+        "each) and the fastest kept (msb_kernels/backends/gvisor/platform.py).",
     ).tag(config=True)
     hub_proxy_url = Unicode(
         None,
@@ -422,7 +422,7 @@ _ACCEPTED: dict[str, str] = {
     "users_file": "create it with `msb-kernels users add NAME --file PATH` (mode 0600), or leave it unset for the single token",
     "hub_auth_cache_seconds": "use a whole number of seconds >= 0 (0 asks the Hub at every request)",
     "runsc": "name runsc's full path, e.g. /usr/bin/runsc, or leave it unset for this environment's own (./scripts/run installs it)",
-    "runsc_platform": "use systrap, ptrace or kvm, or leave it empty for the runsc's own default",
+    "runsc_platform": "use systrap, ptrace or kvm, or leave it empty to have the fastest measured on this host",
     "hub_proxy_url": "use the URL this host reaches JupyterHub's proxy at, e.g. http://127.0.0.1:8000",
     "max_sessions_per_user": "use a whole number >= 1, or leave it unset for no per-person limit",
     "user_memory_mib": "use a whole number of MiB >= 1, or leave it unset for no per-person share",

@@ -31,7 +31,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
 from msb_kernels import probe_verdicts, registry
-from msb_kernels.backends import SandboxBackend, choose_backend, get_backend
+from msb_kernels.backends import SandboxBackend, backend_classes, choose_backend, get_backend
 from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import ConfigError
 from msb_kernels.start_request import START_REQUEST, StartRequest
@@ -167,6 +167,7 @@ async def _start_once(
     from msb_kernels.flavors import FLAVORS
     from msb_kernels.kernelspecs import kernelspec
 
+    await backend_classes()[backend].prepare(settings or load_settings())
     started = time.monotonic()
     log.info("msb-kernels: start probe of the %s backend: a small kernel from %s", backend, argv[0])
     choice = KernelChoice(TEMPLATES[template], FLAVORS["small"], environment)
@@ -217,8 +218,6 @@ async def _start_once(
                 await km.shutdown_kernel(now=True)
             registry.default().probe_kernel_ids.discard(kernel_id)
     if error is not None:
-        from msb_kernels.backends import backend_classes
-
         hint = backend_classes()[backend].probe_hint(error)
         error = f"{error}; {hint}" if hint else error
     return StartProbe(backend, argv[0], error is None, time.monotonic() - started, error, tail)

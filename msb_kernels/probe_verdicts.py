@@ -108,7 +108,7 @@ def key_for(backend: str, argv: list[str], template: str, settings: MsbSettings,
         "template": template,
         "environment": environment,
         "kernel": os.uname().release,
-        "boot": _boot_id(),
+        "boot": boot_id(),
         "user": os.geteuid(),
         "msb_kernels": f"{msb_kernels.__version__} {Path(msb_kernels.__file__).parent}",
         # hashed: settings include secrets' paths and a token could be among them one day
@@ -116,7 +116,7 @@ def key_for(backend: str, argv: list[str], template: str, settings: MsbSettings,
     }
 
 
-def _boot_id() -> str:
+def boot_id() -> str:
     # A reboot may bring another kernel module set or sysctls: prove once per boot.
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -165,8 +165,9 @@ def load(key: dict[str, Any]) -> dict[str, Any] | None:
     return verdict
 
 
-def save(key: dict[str, Any], seconds: float) -> None:
-    """Keep a pass for key; a cache that cannot be written is left alone (the next process probes)."""
+def save(key: dict[str, Any], seconds: float, found: dict[str, Any] | None = None) -> None:
+    """Keep a pass for key, with what it found (gVisor's platform choice keeps its figures); a cache that cannot be
+    written is left alone (the next process probes)."""
     path = path_for(key)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -175,7 +176,9 @@ def save(key: dict[str, Any], seconds: float) -> None:
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".verdict-")  # mode 0600
         with os.fdopen(fd, "w") as handle:
             json.dump(
-                {"key": key, "ok": True, "seconds": round(seconds, 3), "proven_at": time.time(), "pid": os.getpid()}, handle, default=str
+                {"key": key, "ok": True, "seconds": round(seconds, 3), "found": found or {}, "proven_at": time.time(), "pid": os.getpid()},
+                handle,
+                default=str,
             )
         os.replace(temporary, path)
     except OSError as exc:

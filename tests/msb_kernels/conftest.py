@@ -38,7 +38,10 @@ def runsc_wrapper(tmp_path) -> RunscWrapper:
         textwrap.dedent(f"""\
         #!/bin/sh
         [ "$1" = --version ] && exec {runsc} "$@"
-        [ -e {wrapper.broken} ] && exec {runsc} --platform=no-such-platform "$@"
+        if [ -e {wrapper.broken} ]; then  # a platform runsc lacks, in place of any the backend names
+            for arg; do shift; case "$arg" in --platform=*) ;; *) set -- "$@" "$arg" ;; esac; done
+            exec {runsc} --platform=no-such-platform "$@"
+        fi
         exec {runsc} "$@"
         """)
     )

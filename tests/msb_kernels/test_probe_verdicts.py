@@ -29,6 +29,11 @@ KEPT = "passed its start probe for"
 ARGV = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
 
 
+def start_verdicts(cache) -> list:
+    """The start probes' verdicts in cache, beside which gVisor keeps its platform choice (gvisor-platform-*)."""
+    return [path for path in cache.iterdir() if not path.name.startswith("gvisor-platform-")]
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An empty verdict cache of this test's own, and a process that has probed nothing yet."""
@@ -90,7 +95,7 @@ def test_a_second_process_starts_no_probe_kernel(cache, tmp_path):
     assert backend_of(first) == backend_of(second) == choose_backend("auto")[0]
     assert PROBED in first.stderr and KEPT not in first.stderr, first.stderr[-3000:]
     assert PROBED not in second.stderr and KEPT in second.stderr, second.stderr[-3000:]
-    [kept] = list(cache.iterdir())
+    [kept] = start_verdicts(cache)
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(cache.stat().st_mode) == 0o700
     verdict = json.loads(kept.read_text())
     assert (
@@ -105,7 +110,7 @@ async def test_a_changed_setting_probes_again(cache, caplog):
     assert await start_backend(caplog, MSB_MAX_PROCESSES="200") == (picked, True)  # another key: proven for it
     assert await start_backend(caplog, MSB_MAX_PROCESSES="200") == (picked, False)
     assert await start_backend(caplog, MSB_MAX_SESSIONS="3") == (picked, False)  # how many sessions decides no start
-    assert len(list(cache.iterdir())) == 2
+    assert len(start_verdicts(cache)) == 2
 
 
 @needs_runsc
@@ -127,7 +132,7 @@ async def test_another_runsc_of_the_same_version_probes_again(cache, caplog, run
 def test_a_failed_start_drops_the_pass_and_the_next_start_probes(cache, tmp_path, runsc_wrapper):
     proven = run_notebook(tmp_path, runsc_wrapper.env)
     assert backend_of(proven) == "gvisor" and PROBED in proven.stderr
-    [kept] = list(cache.iterdir())
+    [kept] = start_verdicts(cache)
     runsc_wrapper.break_it()  # what the key cannot see: a runsc.toml, a module gone
     failed = run_notebook(tmp_path, runsc_wrapper.env)
     assert failed.returncode != 0, failed.stdout[-2000:]
@@ -137,7 +142,7 @@ def test_a_failed_start_drops_the_pass_and_the_next_start_probes(cache, tmp_path
     again = run_notebook(tmp_path, runsc_wrapper.env)
     assert backend_of(again) == "namespace"
     assert "start probe of the gvisor backend" in again.stderr and "the gvisor backend failed its start probe" in again.stderr
-    assert [path.name.split("-")[0] for path in cache.iterdir()] == ["namespace"]  # only passes are kept
+    assert [path.name.split("-")[0] for path in start_verdicts(cache)] == ["namespace"]  # only passes are kept
 
 
 async def test_a_corrupt_verdict_is_probed_over(cache, caplog):

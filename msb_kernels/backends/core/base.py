@@ -255,6 +255,20 @@ class SandboxBackend(abc.ABC):
         Called by msb_kernels.probe, whose summary `msb-kernels doctor` prints and auto logs."""
         return None
 
+    def scratch_bytes(self, flavor: Flavor) -> int:
+        """What a kernel's /tmp and home hold together; a write past it fails with ENOSPC. Here a tmpfs of half the
+        flavor's memory; a backend that gives the flavor's disk says so. Called by the contract tests and the docs'
+        figures (bench/disk.py)."""
+        return flavor.memory_scratch_mib * 2**20
+
+    @classmethod
+    async def prepare(cls, settings: MsbSettings) -> None:
+        """What this backend works out once per process before its first start (gVisor: which platform is fastest).
+
+        Called by msb_kernels.probe before its clock starts, so a probe's time is a start's; a backend's create needs
+        it too and does it there when no probe ran."""
+        return None
+
     @classmethod
     def doctor_lines(cls, settings: MsbSettings) -> list[str]:
         """What this backend needs of the host beyond availability (its network, disk, images), one line each.

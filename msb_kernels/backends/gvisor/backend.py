@@ -39,6 +39,7 @@ from typing import Any
 
 import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
+import msb_kernels.backends.gvisor.platform as gvisor_platform
 import msb_kernels.backends.gvisor.runsc as runsc
 from msb_kernels.backends.core import adoption, cgroups, iodir, scratch
 from msb_kernels.backends.core.adoption import KeeperLink
@@ -59,6 +60,7 @@ from msb_kernels.backends.gvisor.runsc import INSTALL_HINT, runsc_path
 from msb_kernels.backends.gvisor.sandbox import GVisorSandbox, checkpoint_error
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.flavors import Flavor
 from msb_kernels.setting_checks import read_key
 
 log = logging.getLogger("msb_kernels")
@@ -174,6 +176,24 @@ class GVisorBackend(SandboxBackend):
             True, f"gVisor ({binary.describe()}); limits by {note}" if hierarchy else f"gVisor ({binary.describe()})", warnings
         )
 
+    def scratch_bytes(self, flavor: Flavor) -> int:
+        return flavor.disk_bytes if self.no_disk is None else super().scratch_bytes(flavor)
+
+    @classmethod
+    async def prepare(cls, settings: MsbSettings) -> None:
+        if cls.availability().ok:
+            choice = await asyncio.to_thread(gvisor_platform.chosen, settings.runsc_platform)
+            log.info("msb-kernels: gVisor kernels run under %s", choice.describe())
+
+    @classmethod
+    def doctor_lines(cls, settings: MsbSettings) -> list[str]:
+        if not cls.availability().ok:
+            return []
+        binary = runsc.current()
+        assert binary is not None
+        old = f"; older than {runsc.FIRST_GOOD_RELEASE}: {INSTALL_HINT}" if binary.known_old else ""
+        return [f"gvisor: {binary.describe()}{old}", f"gvisor: {gvisor_platform.chosen(settings.runsc_platform).describe()}"]
+
     @classmethod
     def probe_hint(cls, error: str) -> str | None:
         try:
@@ -288,11 +308,14 @@ class GVisorBackend(SandboxBackend):
         """runsc run (or restore) with this backend's flags, attached, recorded in record: the sandbox lives as long
         as that process. runsc gets SIGKILL as its parent-death signal, so when its parent dies, even by kill -9, the
         whole sandbox goes with it; its parent is this process, or the sandbox's keeper."""
+        if "platform_flags" not in record:  # a restore runs under the platform its sandbox was saved from
+            choice = await asyncio.to_thread(gvisor_platform.chosen, self.settings.runsc_platform)
+            record["platform_flags"] = choice.flags()
         runsc = [
             runsc_path() or "runsc",
             f"--root={self.runsc_root}",
             f"--network={'sandbox' if self.transport == 'tcp' else 'none'}",
-            *([f"--platform={self.settings.runsc_platform}"] if self.settings.runsc_platform else []),
+            *record["platform_flags"],
             # all: the egress relay connects to the proxy's socket; create: the ipc kernel binds its own
             *(["--host-uds=all"] if spec.egress else ["--host-uds=create"] if self.transport == "ipc" else []),
             *command,

@@ -55,6 +55,7 @@ from msb_kernels.backends.namespace.forkservers import ForkServers, forkable
 from msb_kernels.backends.namespace.sandbox import NamespaceSandbox
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
+from msb_kernels.flavors import Flavor
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -88,9 +89,12 @@ class NamespaceBackend(SandboxBackend):
         self.root = settings.runtime_root()
         self.hierarchy, self.limits_note = cgroups.detect()
         self.rootful = os.geteuid() == 0
-        self.memory_scratch_reason = scratch.unavailable_reason()
+        self.no_disk = scratch.unavailable_reason()
         self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
         self.fork_servers = ForkServers(self.root / "forkservers")
+
+    def scratch_bytes(self, flavor: Flavor) -> int:
+        return flavor.disk_bytes if self.no_disk is None else super().scratch_bytes(flavor)
 
     # -- tcp: host ports -------------------------------------------------------
 
@@ -174,7 +178,7 @@ class NamespaceBackend(SandboxBackend):
         iodir.open_to(spec.io_dir, uid, gid)
 
         image = formatting = None
-        if self.memory_scratch_reason is None:
+        if self.no_disk is None:
             image = scratch.image_path(self.settings.scratch_root(), spec.sandbox_id)
             try:
                 scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve)
@@ -371,7 +375,7 @@ class NamespaceBackend(SandboxBackend):
         if self.rootful:
             with contextlib.suppress(OSError, ValueError):
                 uids.release(json.loads((state_dir / "state.json").read_text()).get("uid"), state_dir.name)
-        if self.memory_scratch_reason is None:
+        if self.no_disk is None:
             # Its loop device lets go once the sandbox's mount namespace is gone; the blocks are freed then.
             scratch.remove_image(scratch.image_path(self.settings.scratch_root(), state_dir.name))
         remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
@@ -387,7 +391,7 @@ class NamespaceBackend(SandboxBackend):
             swept.append(record.sandbox_id)
         if swept:
             log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
-        if self.memory_scratch_reason is None:
+        if self.no_disk is None:
             for image in scratch.sweep_images(self.settings.scratch_root(), older_than=2 * LAUNCH_TIMEOUT):
                 log.info("removed the disk of a sandbox that is gone: %s", image)
         return swept

@@ -23,6 +23,7 @@ import pytest
 from msb_kernels.backends import backend_classes
 from msb_kernels.backends.core import iodir
 from msb_kernels.config import backend_locations
+from msb_kernels.flavors import FLAVORS
 from msb_kernels.provisioner import GUEST_CONNECTION_FILE
 from tests.conftest import REPO, KernelFactory
 from tests.kernel_helpers import (
@@ -230,6 +231,47 @@ async def test_everyday_shell_commands_run_and_print_what_they_should(contract_k
     assert ran["downloaded"] == ["msbeveryday-1.0-py3-none-any.whl"], ran["pip download"]
     assert ran["head"]["out"] == "line 0\nline 1\nline 2\n"
     assert ran["wc -l"]["out"].split()[0] == "1000000", ran["wc -l"]
+
+
+PAST_THE_DISK = """
+import errno, json, os
+sizes = {p: os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ("/tmp", os.path.expanduser("~"))}
+def free_at_home():
+    found = os.statvfs(os.path.expanduser("~"))
+    return found.f_bfree * found.f_frsize
+before = free_at_home()
+with open("/tmp/shared", "wb") as shared:
+    shared.write(b"x" * (32 << 20)); shared.flush(); os.fsync(shared.fileno())
+same = before - free_at_home() >= 30 << 20  # one disk: a write to /tmp takes home's room (gVisor's gofer shows two st_dev)
+os.remove("/tmp/shared")
+df = __import__("subprocess").run(["df", "-h", "/tmp"], capture_output=True, text=True).stdout.splitlines()[-1]
+fd = os.open("/tmp/past-the-disk", os.O_CREAT | os.O_WRONLY, 0o600)
+try:
+    os.posix_fallocate(fd, 0, PROMISE + (64 << 20))
+    refused = None
+except OSError as exc:
+    refused = errno.errorcode.get(exc.errno, str(exc.errno))
+finally:
+    os.close(fd)
+    os.remove("/tmp/past-the-disk")
+open("/tmp/after", "w").write("room"); os.remove("/tmp/after")
+print(json.dumps({"sizes": sizes, "same": same, "df": df, "refused": refused}))
+"""
+
+
+async def test_tmp_and_home_hold_the_backends_promise_and_refuse_past_it(contract_kernel):
+    km, kc = contract_kernel
+    promise = km.provisioner.backend.scratch_bytes(FLAVORS[km.provisioner.flavor])
+    execution = await execute(kc, "marker = 'kept'\n" + PAST_THE_DISK.replace("PROMISE", str(promise)), timeout=120)
+    assert execution.status == "ok", execution.error
+    found = json.loads(execution.stdout)
+    print(f"{km.provisioner.backend.name}: promised {promise >> 20} MiB; df: {found['df']}")
+    if promise == FLAVORS[km.provisioner.flavor].disk_bytes:  # a disk is one file system for both, as the docs say;
+        assert found["same"], found  # the memory fallback may be two tmpfs (Swarm's home and /tmp)
+    for path, size in found["sizes"].items():
+        assert 0.9 * promise < size <= promise, (path, size, promise)
+    assert found["refused"] == "ENOSPC", found
+    assert (await execute(kc, "marker")).result == "'kept'"
 
 
 async def test_host_home_and_checkout_are_invisible(contract_kernel):

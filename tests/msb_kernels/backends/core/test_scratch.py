@@ -53,6 +53,7 @@ async def test_a_write_past_the_flavors_disk_fails_and_the_kernel_keeps_its_stat
     await execute(kc, FILL + "before = 'kept'")
     # More than the flavor's memory: on RAM-backed /tmp this killed the kernel.
     written, error = (await execute(kc, "fill('/tmp/download.bin')", timeout=240)).value
+    print(f"namespace, small: wrote {written} MiB to /tmp before {error}")  # docs/backends/README.md's figure
     assert error == "ENOSPC" and written > SMALL.disk_mib * 0.9, (written, error)
     size = (await execute(kc, size_mib("/tmp"))).value
     assert SMALL.disk_mib * 0.95 < size <= SMALL.disk_mib

@@ -98,9 +98,14 @@ async def test_fork_bomb_is_refused_inside_gvisor_and_never_crashes_the_sandbox(
 @needs_cgroups
 async def test_cpu_time_is_capped_by_the_sandboxs_cgroup(start_kernel):
     km, kc = await start_kernel()
-    stat = km.provisioner.sandbox.cgroup.paths["cpu"] / "cpu.stat" if "cpu" in km.provisioner.sandbox.cgroup.paths else None
-    used = float((await execute(kc, SPINNERS, timeout=60)).stdout)
-    assert used < 1.3, f"two spinning processes got {used:.2f} CPUs in a 1-CPU flavor"
+    cgroup = km.provisioner.sandbox.cgroup
+    stat = cgroup.paths["cpu"] / "cpu.stat" if "cpu" in cgroup.paths else None
+    # Read from the host's cgroup, Sentry included: gVisor's guest over-reports its CPU time on a contended host
+    # (a fresh clone's CI saw 1.44 CPUs by the guest's own rusage).
+    before, started = cgroup.cpu_seconds(), time.monotonic()
+    await execute(kc, SPINNERS, timeout=60)
+    used = (cgroup.cpu_seconds() - before) / (time.monotonic() - started)
+    assert 0.3 < used < 1.15, f"the sandbox's two spinning processes got {used:.2f} CPUs (host cgroup) in a 1-CPU flavor"
     if stat is not None:  # cgroup v1: the quota bit, so the cap and not the host's other load held them
         throttled = dict(line.split() for line in stat.read_text().splitlines())["nr_throttled"]
         assert int(throttled) > 0, "the sandbox was never throttled"

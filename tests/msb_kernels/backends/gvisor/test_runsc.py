@@ -37,6 +37,10 @@ def test_the_environments_own_runsc_is_used_and_runs_ls_in_its_kernels(tmp_path)
     assert lines[gvisor].startswith(f"backend gvisor: ok - gVisor (runsc version 0.0~{own.release}"), lines[gvisor]
     assert f"at {runsc.OWN_RUNSC}, this environment's own" in lines[gvisor], lines[gvisor]
     assert "started, ran ls and stat, and answered 1+1" in lines[gvisor + 1], lines[gvisor + 1]
+    # and the platform it chose, with what it measured (a fresh cache: measured by this doctor's own probe)
+    assert any(line.startswith(f"gvisor: runsc version 0.0~{own.release}") for line in lines), lines
+    chosen = next(line for line in lines if line.startswith("gvisor: platform "))
+    assert "(measured on this host: `import ipykernel.kernelapp` took " in chosen and "ptrace " in chosen, chosen
 
 
 @pytest.mark.skipif(not os.access(HOST_RUNSC, os.X_OK), reason=f"no host runsc at {HOST_RUNSC} to hold to the probe")
