@@ -7,14 +7,23 @@ gateway client logs that start's arguments at INFO: under JupyterHub the environ
 (JUPYTERHUB_API_TOKEN, JPY_API_TOKEN, JUPYTER_GATEWAY_AUTH_TOKEN), which then stood in every log line of a kernel start.
 Here a start is given the notebook's path alone; what the Lab sends the gateway is unchanged (its gateway client picks
 the KERNEL_* variables and its allowed_envs out of its own environment by itself).
+
+``GatewayKernels``: the Lab's kernel manager (``--ServerApp.kernel_manager_class=msb_kernels.jupyterlab.GatewayKernels``,
+set by the shipped JupyterHub config). Lab asks ``/api/resolvePath?path=...&kernel=<id>`` to open a file a kernel
+names; jupyter_server's gateway kernel manager has no provisioner, and jupyter_client's ``resolve_path`` asserts one,
+so Lab's server answered 500. A gateway kernel's files are not this server's, so it resolves nothing in the kernel's
+scope, as jupyter_client's own base provisioner does, and the server's own scope answers. Its servers also drop
+tornado's ping warning (msb_kernels.server_logs), which every kernel connect printed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jupyter_server.gateway.managers import GatewaySessionManager
+from jupyter_server.gateway.managers import GatewayKernelManager, GatewayMappingKernelManager, GatewaySessionManager
+from traitlets import default
 
+from msb_kernels.server_logs import quiet_the_ping_unit_clash
 from msb_kernels.start_request import NOTEBOOK
 
 
@@ -23,3 +32,19 @@ class GatewaySessions(GatewaySessionManager):
         """The notebook's path, as jupyter_server resolves it, and nothing of this server's environment."""
         env = super().get_kernel_env(path, name)
         return {NOTEBOOK: env[NOTEBOOK]} if env.get(NOTEBOOK) else {}
+
+
+class GatewayKernel(GatewayKernelManager):
+    def resolve_path(self, path: str) -> str | None:
+        """Nothing: the kernel runs in a sandbox on the gateway, whose paths are not this server's files."""
+        return None
+
+
+class GatewayKernels(GatewayMappingKernelManager):
+    @default("kernel_manager_class")
+    def _default_kernel_manager_class(self) -> str:
+        return "msb_kernels.jupyterlab.GatewayKernel"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        quiet_the_ping_unit_clash()

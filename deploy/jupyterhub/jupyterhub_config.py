@@ -141,7 +141,12 @@ c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]  # the server of this 
 c.Spawner.default_url = "/lab"
 # A notebook's kernel start is given the notebook's path alone, never the server's environment, which holds its Hub
 # token and which jupyter_server's gateway client logs at INFO with every start (msb_kernels/jupyterlab.py).
-c.Spawner.args = ["--ServerApp.session_manager_class=msb_kernels.jupyterlab.GatewaySessions"]
+# Its kernel manager answers Lab's /api/resolvePath for a gateway kernel (jupyter_server's asserted, a 500), and drops
+# tornado's ping warning of every kernel connect.
+c.Spawner.args = [
+    "--ServerApp.session_manager_class=msb_kernels.jupyterlab.GatewaySessions",
+    "--ServerApp.kernel_manager_class=msb_kernels.jupyterlab.GatewayKernels",
+]
 if knob("ALLOW_ROOT") not in ("", "0", "false"):
     c.Spawner.args.append("--allow-root")
 # A server's own token (JUPYTERHUB_API_TOKEN) gets JupyterHub's defaults for a server (the `server` role's: post

@@ -62,20 +62,11 @@ from msb_kernels.identity.hub import HubService
 from msb_kernels.identity.people import SYSTEM, acting_as, set_acting
 from msb_kernels.identity.tokens import Tokens
 from msb_kernels.limits import open_files_advice, raise_open_files
+from msb_kernels.server_logs import quiet_the_ping_unit_clash
 
 # The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
 # variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.
 JUPYTERLAB_ALLOWED_ENVS = ("JPY_SESSION_NAME", "KERNEL_FLAVOR")
-
-
-def _not_the_ping_unit_clash(record: logging.LogRecord) -> bool:
-    """Drop tornado's "websocket_ping_timeout (90000) cannot be longer than the websocket_ping_interval (30000)",
-    which every start printed about settings no operator set. jupyter_server's WebSocketMixin answers tornado's
-    ping_interval and ping_timeout with its own keepalive's milliseconds (30000, 90000), where tornado 6.5 reads
-    seconds (jupyter_server issue 1612): tornado's own ping would come every 30000 s, so its clamp of the timeout
-    changes nothing, while the mixin's timer pings every 30 s and closes a socket silent for 90 s, as meant. Setting
-    the timeout to the interval instead would have that timer close sockets that answer a little late."""
-    return not str(record.msg).startswith("The websocket_ping_timeout (")
 
 
 def jupyterlab_command(url: str) -> str:
@@ -193,7 +184,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         msb_log.handlers, msb_log.propagate = list(self.log.handlers), False
         for logger in (self.log, logging.getLogger("tornado"), msb_log):
             logger.setLevel(level)
-        logging.getLogger("tornado.general").addFilter(_not_the_ping_unit_clash)
+        quiet_the_ping_unit_clash()
         self.log_limits(open_files)
         if not self.single_token and not people:
             raise ConfigError(

@@ -112,6 +112,13 @@ async def test_alice_logs_in_and_runs_a_cell_in_her_lab(hub: Hub, alice_server: 
     shown = page.wait_for_text(page.run("import os; print('sandbox:', os.environ['MSB_SANDBOX'])"), STDOUT, "sandbox:")
     assert shown.split()[1] in ("namespace", "gvisor", "microsandbox"), shown
     page.wait(lambda: [item for item in page.running_items() if "(sandbox" in item], "her kernel in Lab's running panel")
+    # Lab asks its server to resolve a path a kernel names (opening a file from an output): the server's scope
+    # answers; the kernel's resolves nothing (its files are the sandbox's), where jupyter_server's asserted (a 500).
+    made = await alice_server.request("PUT", "/api/contents/data.csv", {"type": "file", "format": "text", "content": "a,b\n"})
+    assert made.code in (200, 201), (made.code, made.body)
+    resolved = await alice_server.request("GET", f"/api/resolvePath?path=data.csv&kernel={shared['kernel']}")
+    assert resolved.code == 200, (resolved.code, resolved.body)
+    assert [entry["scope"] for entry in resolved.json["resolved"]] == ["server"], resolved.json
 
 
 async def test_bobs_lab_shows_none_of_alices_kernels(hub: Hub, driver: Any, shared: dict) -> None:
@@ -281,6 +288,8 @@ async def test_no_token_of_any_person_service_or_server_is_in_any_log(hub: Hub, 
         if secret in log
     }
     assert not leaked, f"tokens in the Hub run's log: {leaked}"
+    # Nor tornado's warning about jupyter_server's ping units, which every kernel connect in a Lab printed
+    assert "websocket_ping_timeout" not in log, [line for line in log.splitlines() if "websocket_ping_timeout" in line][:2]
 
 
 def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
