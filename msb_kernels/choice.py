@@ -80,6 +80,7 @@ RESERVED_ENVIRONMENT_NAMES = frozenset({DEFAULT_ENVIRONMENT, *TEMPLATES, *FLAVOR
 # The names notebooks from elsewhere carry in their metadata (ipykernel's python3, IJavascript's and tslab's),
 # and the template each means. The gateway serves each as its kernelspec of the default flavor, so such a
 # notebook opens in a sandbox without a kernel-picker dialog. Locally they stay the user's own kernelspecs.
+DEFAULT_TEMPLATE = "python"  # the gateway's default kernel is this template's, of MSB_DEFAULT_FLAVOR
 CONVENTIONAL_NAMES = {"python3": "python", "python": "python", "javascript": "node", "jslab": "node", "nodejs": "node"}
 
 

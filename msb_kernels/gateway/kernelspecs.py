@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 
-from msb_kernels.choice import CONVENTIONAL_NAMES, conventional_choice
+from msb_kernels.choice import CONVENTIONAL_NAMES, DEFAULT_TEMPLATE, conventional_choice
 from msb_kernels.config import load_settings
 from msb_kernels.kernelspecs import PROVISIONER_NAME
 
@@ -19,6 +19,20 @@ def _is_sandboxed(resource_dir: str) -> bool:
     except (OSError, ValueError):
         return False
     return spec.get("metadata", {}).get("kernel_provisioner", {}).get("provisioner_name") == PROVISIONER_NAME
+
+
+def alias_display_name(display_name: str, template: str) -> str:
+    """How a conventional name's card reads: the kernel it stands for, and that it is the default.
+
+    JupyterLab 4 (4.6's kernelOptions), asked to pick a kernel for a notebook that names none (File > New > Notebook,
+    a notebook written by a script), preselects nothing, so the browser shows the first option: the kernelspecs
+    sorted by display name with localeCompare, where "JavaScript (Node.js) (sandbox, large)" came first. Only a Lab
+    whose settings say autoStartDefaultKernel (msb-kernels install writes them where Lab runs from its prefix) skips
+    the question. So python3's card, the gateway's default kernel, reads "Default: Python 3 (sandbox, small)", which
+    sorts first in any Lab; the others say "default" after the flavor, which keeps them out of the first place."""
+    if template == DEFAULT_TEMPLATE:
+        return f"Default: {display_name}"
+    return f"{display_name[:-1]}, default)" if display_name.endswith(")") else f"{display_name} (default)"
 
 
 class MsbKernelSpecManager(KernelSpecManager):
@@ -61,7 +75,7 @@ class MsbKernelSpecManager(KernelSpecManager):
         target = self._conventional(kernel_name)
         if target is not None:
             spec = self.get_kernel_spec(target)
-            spec.display_name = spec.display_name.replace(f", {spec.metadata['msb']['flavor']})", ")")  # "Python 3 (sandbox)"
+            spec.display_name = alias_display_name(spec.display_name, spec.metadata["msb"]["template"])
             spec.metadata["msb"]["stands_for"] = target
             return spec
         spec = super().get_kernel_spec(kernel_name)

@@ -29,7 +29,7 @@ from tornado import web
 from traitlets import default
 
 from msb_kernels import audit, metrics
-from msb_kernels.choice import KernelChoice, conventional_choice, parse_pool_sizes
+from msb_kernels.choice import DEFAULT_TEMPLATE, KernelChoice, conventional_choice, parse_pool_sizes
 from msb_kernels.compat import (
     MappingKernelManagerHooks,
     kernels_of,
@@ -91,7 +91,7 @@ class MsbKernelManager(
 
     @default("default_kernel_name")
     def _default_kernel_name_default(self) -> str:
-        return KernelChoice.of("python", self.msb_settings.default_flavor).kernel_name
+        return KernelChoice.of(DEFAULT_TEMPLATE, self.msb_settings.default_flavor).kernel_name
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

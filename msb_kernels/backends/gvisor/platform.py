@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from msb_kernels import probe_verdicts
-from msb_kernels.backends.gvisor import runsc
+from msb_kernels.backends.gvisor.runsc import runsc_path
 
 CANDIDATES = ("systrap", "ptrace", "kvm")
 DEFAULT = "systrap"  # runsc's own default since 2023
@@ -89,7 +89,7 @@ def forget() -> None:
 
 @functools.cache
 def _measured_or_kept() -> PlatformChoice:
-    binary = runsc.runsc_path()
+    binary = runsc_path()
     if binary is None:
         return PlatformChoice("systrap", "runsc's own default")
     key = _key(binary)

@@ -282,10 +282,13 @@ async def gateway() -> AsyncIterator[Gateway]:
     server.stop()
 
 
-async def launch_jupyter_server(gateway: Gateway, app: str = "server", port: int | None = None, token: str | None = None) -> HttpServer:
+async def launch_jupyter_server(
+    gateway: Gateway, app: str = "server", port: int | None = None, token: str | None = None, our_settings: bool = True
+) -> HttpServer:
     """`jupyter server|lab --gateway-url=...`: jupyter_server's GatewayClient, as the README tells users to run it.
 
-    port and token: where a gateway started before it (MSB_LAB_URL, MSB_LAB_TOKEN) expects it.
+    port and token: where a gateway started before it (MSB_LAB_URL, MSB_LAB_TOKEN) expects it. our_settings=False: a
+    Lab from another environment, without the settings `msb-kernels install` puts beside a Lab of its own prefix.
     """
     port = port or free_port()
     token = token or secrets.token_hex(16)
@@ -309,7 +312,9 @@ async def launch_jupyter_server(gateway: Gateway, app: str = "server", port: int
         f"--GatewayClient.allowed_envs={','.join(JUPYTERLAB_ALLOWED_ENVS)}",
     ]  # as the banner says
     if app == "lab":  # the settings `msb-kernels install` put in the suite's own prefix, as in a user's Lab's app dir
-        argv.append(f"--LabApp.app_settings_dir={TEST_BASE / 'prefix' / 'share' / 'jupyter' / 'lab' / 'settings'}")
+        settings = TEST_BASE / "prefix" / "share" / "jupyter" / "lab" / "settings" if our_settings else root / "no-settings"
+        settings.mkdir(parents=True, exist_ok=True)
+        argv.append(f"--LabApp.app_settings_dir={settings}")
     server = JupyterServer(port, token, _start_process(argv, env, log_path), log_path)
     await _wait_for_http(server, "/api/status", token=token)
     return server

@@ -98,6 +98,33 @@ def test_a_notebook_naming_python3_opens_in_a_sandbox_without_a_kernel_dialog(pa
     assert shown[2:] == ["1000", "small", "3"] and shown[1] in ("namespace", "gvisor", "microsandbox"), shown
 
 
+async def test_a_lab_from_another_environment_preselects_the_default_python(gateway: Gateway, browser) -> None:
+    """A Lab without msb-kernels' settings (another environment's, as the README's `jupyter lab --gateway-url` gives
+    one) asks which kernel a notebook without metadata should use, and preselects the first kernelspec by display
+    name: the default Python's card, not a large Node kernel. Accepting it starts msb-python-small."""
+    import nbformat
+
+    from tests.conftest import TEST_BASE
+
+    foreign = await launch_jupyter_server(gateway, app="lab", our_settings=False)
+    try:
+        page = LabPage(browser, foreign)
+        nbformat.write(
+            nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")]), TEST_BASE / f"js-root-{foreign.port}" / "work" / "bare.ipynb"
+        )
+        page.driver.get(f"{foreign.url}/lab/tree/work/bare.ipynb?reset&token={foreign.token}")
+        select = page.wait(lambda: page.find(".jp-Dialog select"), "Lab's kernel dialog", KERNEL_TIMEOUT)[0]
+        chosen = page.driver.execute_script("return arguments[0].selectedOptions[0].text", select)
+        assert chosen == "Default: Python 3 (sandbox, small)", chosen
+        page.find(".jp-Dialog .jp-mod-accept")[0].click()
+        page.wait_for_kernel("idle")
+        (session,) = (await foreign.request("GET", "/api/sessions")).json
+        assert session["kernel"]["name"] == "msb-python-small", session  # python3 stands for it; the gateway says so
+        await foreign.request("DELETE", f"/api/sessions/{session['id']}", timeout=KERNEL_TIMEOUT)
+    finally:
+        foreign.stop()
+
+
 def test_a_shell_escape_runs_in_the_sandbox(page: LabPage) -> None:
     page.new_notebook(PYTHON)
     cell = page.run("!echo hi from a shell")

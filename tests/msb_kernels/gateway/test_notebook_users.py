@@ -300,12 +300,14 @@ async def test_a_notebook_from_elsewhere_naming_python3_starts_in_a_sandbox(pool
     """Notebooks in the wild name ipykernel's python3 (or javascript, jslab): through the gateway each gets the sandboxed
     kernel of the default flavor, from the pool, and the listing says what it stands for."""
     specs = (await lab.request("GET", "/api/kernelspecs")).json["kernelspecs"]
-    assert specs["python3"]["spec"]["display_name"] == "Python 3 (sandbox)", specs["python3"]
+    # the launcher's card says which kernel it is, and that it is the default (and sorts first: Lab's preselection)
+    assert specs["python3"]["spec"]["display_name"] == "Default: Python 3 (sandbox, small)", specs["python3"]
     assert specs["python3"]["spec"]["metadata"]["msb"]["stands_for"] == "msb-python-small"
     assert specs["python3"]["spec"]["metadata"]["kernel_provisioner"]["provisioner_name"] == "msb-sandbox"
     assert "python" not in specs and "jslab" not in specs, "one listed name per language: no launcher card twice over"
     if TEMPLATES["node"].unavailable_reason() is None:
         assert specs["javascript"]["spec"]["metadata"]["msb"]["stands_for"] == "msb-node-small"
+        assert specs["javascript"]["spec"]["display_name"] == "JavaScript (Node.js) (sandbox, small, default)"
     stats = await pool_ready(pooled_gateway)
     (pooled,) = pooled_ids(pooled_gateway, stats)
     created = await lab.request(
