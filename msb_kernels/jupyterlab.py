@@ -18,6 +18,7 @@ tornado's ping warning (msb_kernels.server_logs), which every kernel connect pri
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from jupyter_server.gateway.managers import GatewayKernelManager, GatewayMappingKernelManager, GatewaySessionManager
@@ -48,3 +49,10 @@ class GatewayKernels(GatewayMappingKernelManager):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         quiet_the_ping_unit_clash()
+
+    async def shutdown_all(self, now: bool = False) -> None:
+        """The server's last act with kernels as it stops (jupyter_server's cleanup); then it exits. The interpreter's
+        teardown collected cycles over Lab's heap for seconds, which JupyterHub waits out, person by person, as it stops:
+        frozen objects are never collected, so the process exits at once (atexit handlers still run)."""
+        await super().shutdown_all(now=now)
+        gc.freeze()

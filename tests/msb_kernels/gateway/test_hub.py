@@ -11,6 +11,7 @@ The tests run in order and share one Hub: alice's kernel, made by the first, is 
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -332,3 +333,25 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
     monkeypatch.setenv("MSB_HUB_PORT", "8123")
     config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
     assert config.JupyterHub.services[0]["environment"]["MSB_HUB_PROXY_URL"] == "http://127.0.0.1:8123"
+
+
+async def test_ctrl_c_stops_the_hub_its_gateway_and_a_persons_lab_within_seconds() -> None:
+    """Ctrl-C on the Hub, with JupyterHub's own timeouts (SIGINT, 10 s, SIGTERM, 5 s): it stops the gateway (which
+    stops every kernel), then each person's Lab. Each process's exit used to wait out the interpreter's collection of
+    its heap (py-spy: gc_collect_main), 2.9 to 4.0 s for the gateway and 4.2 s for a Lab, so a stop took 10.5 s here
+    with one person; now both freeze their heap once stopped (6.2 s with the gateway's alone, 3.1 s with both)."""
+    hub = await launch_hub(users=("alice",), extra_config="c.Spawner.interrupt_timeout = 10\nc.Spawner.term_timeout = 5\n")
+    try:
+        alice = await hub.start_server("alice")
+        started = await alice.request("POST", "/api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
+        assert started.code == 201, (started.code, started.body)
+        began = time.monotonic()
+        assert hub.stop(signal.SIGINT, timeout=60) == 0, hub.log()[-3000:]
+        took = time.monotonic() - began
+    finally:
+        hub.stop()
+    print(f"the Hub stopped in {took:.1f} s")
+    assert took < 8, f"the Hub took {took:.1f} s to stop on SIGINT:\n{hub.log()[-3000:]}"
+    assert not sandbox_records(hub.runtime_dir), sandbox_records(hub.runtime_dir)
+    after = hub.log().split("Received signal SIGINT", 1)[1]
+    assert "Traceback" not in after, after[-3000:]
