@@ -16,6 +16,8 @@ from typing import Any
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
 from pydantic import ValidationError
 
 from mcp_bridge.auth import calling_with, person_of_request
@@ -56,6 +58,14 @@ class BridgeServer(MCPServer):
     without its request acts for nobody, who sees no kernel and may start none."""
 
     local_caller: Person | None = None
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None, context: Context | None = None):
+        """An unknown name is the client's mistake: INVALID_PARAMS and one warning line. The SDK raises ValueError,
+        which its dispatcher logs with a full traceback at ERROR (68 of them in a fuzz run of 13,190 calls)."""
+        if name not in {prompt.name for prompt in await self.list_prompts()}:
+            log.warning("mcp: prompts/get of a prompt this server does not have: %.100r", name)
+            raise MCPError(INVALID_PARAMS, f"no prompt named {name[:100]!r}; prompts/list names the prompts there are")
+        return await super().get_prompt(name, arguments, context)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
         # The tool runs as the person whose token carried this call: the gateway's kernel manager then shows and

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
 
 from msb_kernels import registry
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error
@@ -125,3 +130,17 @@ async def test_out_of_memory_kernel_death_names_the_flavor(mcp_server):
             assert any("flavor='medium'" in s for s in error["suggestions"])
         finally:
             await client.call_tool("stop_session", {"session_id": session_id})
+
+
+async def test_an_unknown_prompt_is_the_clients_mistake_one_warning_and_no_traceback(mcp_server, caplog):
+    """A fuzz run of 13,190 hostile calls left 68 full tracebacks at ERROR in the gateway's log, all for prompts/get
+    of an unknown name, which the MCP SDK raises as ValueError. It is invalid params, and one warning line."""
+    caplog.set_level(logging.DEBUG)
+    async with Client(mcp_server) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.get_prompt("no-such-prompt\n" + "x" * 500)
+        assert refused.value.error.code == INVALID_PARAMS and "prompts/list" in refused.value.error.message, refused.value.error
+        assert (await client.call_tool("list_flavors", {})).is_error is False  # the connection carries on
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [r.getMessage()[:200] for r in caplog.records]
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING and "prompt" in r.getMessage()]
+    assert len(warning.getMessage()) < 200 and "\n" not in warning.getMessage(), warning.getMessage()
