@@ -325,7 +325,10 @@ class GVisorBackend(SandboxBackend):
         # choom: the sandbox's and gofer's host processes inherit the score. util-linux has had it since 2.33 (2018); an
         # older one lacks only the bias, not the sandbox.
         choom = ["choom", "-n", str(SANDBOX_OOM_SCORE_ADJ), "--"] if shutil.which("choom") else []
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", *choom, *runsc]
+        # umask 022: runsc makes the mount points of binds that lie under another mount (an interpreter in a venv under
+        # /tmp lies on the kernel's disk) with the process's umask; a hardened host's 077 made them 0700, so the
+        # kernel's user could not reach its own interpreter (exec: Permission denied).
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", "sh", "-c", 'umask 022 && exec "$@"', "sh", *choom, *runsc]
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
