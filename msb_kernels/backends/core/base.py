@@ -255,11 +255,15 @@ class SandboxBackend(abc.ABC):
         Called by msb_kernels.probe, whose summary `msb-kernels doctor` prints and auto logs."""
         return None
 
+    # Why this backend's kernels get no disk of the flavor's size (core/scratch.py), or None where they get one. A
+    # backend that can give one sets it per host (scratch.unavailable_reason()); the others never do.
+    no_disk: str | None = "this backend gives /tmp and home as tmpfs"
+
     def scratch_bytes(self, flavor: Flavor) -> int:
-        """What a kernel's /tmp and home hold together; a write past it fails with ENOSPC. Here a tmpfs of half the
-        flavor's memory; a backend that gives the flavor's disk says so. Called by the contract tests and the docs'
-        figures (bench/disk.py)."""
-        return flavor.memory_scratch_mib * 2**20
+        """What each of a kernel's /tmp and home holds; a write past it fails with ENOSPC: the flavor's disk, shared by
+        both, or else a tmpfs of half the flavor's memory. Called by the contract tests, whose figures
+        docs/backends/README.md gives."""
+        return flavor.disk_bytes if self.no_disk is None else flavor.memory_scratch_mib * 2**20
 
     @classmethod
     async def prepare(cls, settings: MsbSettings) -> None:

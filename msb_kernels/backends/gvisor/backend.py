@@ -60,7 +60,6 @@ from msb_kernels.backends.gvisor.runsc import INSTALL_HINT, runsc_path
 from msb_kernels.backends.gvisor.sandbox import GVisorSandbox, checkpoint_error
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.flavors import Flavor
 from msb_kernels.setting_checks import read_key
 
 log = logging.getLogger("msb_kernels")
@@ -175,9 +174,6 @@ class GVisorBackend(SandboxBackend):
         return Availability(
             True, f"gVisor ({binary.describe()}); limits by {note}" if hierarchy else f"gVisor ({binary.describe()})", warnings
         )
-
-    def scratch_bytes(self, flavor: Flavor) -> int:
-        return flavor.disk_bytes if self.no_disk is None else super().scratch_bytes(flavor)
 
     @classmethod
     async def prepare(cls, settings: MsbSettings) -> None:

@@ -2,12 +2,12 @@
 
 A kernel's start is mostly Python importing ipykernel under the platform (bench/runsc.py: the sandbox boots in
 0.16-0.21 s, the imports take 0.9-1.2 s), and which platform does that faster depends on the host: systrap is
-runsc's default since 2023 and wins where syscalls are cheap to trap; ptrace won on this project's 2-core VMs
-(2.55 s against 2.86 s a cold start); kvm needs /dev/kvm and wins where it is real hardware. So with
+runsc's default since 2023 and wins where traps are cheap; kvm needs /dev/kvm and hardware virtualization. So with
 MSB_RUNSC_PLATFORM empty the backend times that very import under each platform this runsc offers, once, and keeps
-the fastest, where it beats systrap by more than the few percent that runs differ by. The choice is kept on disk beside the start probe's verdicts (msb_kernels.probe_verdicts), keyed by the
-runsc binary, the interpreter and the host's boot, so a new process does not pay the measurement (about 5 s) again.
-MSB_RUNSC_PLATFORM set is used as is, unmeasured.
+the fastest where it beats systrap by more than the few percent that runs differ by (on this project's 2-core VMs,
+systrap 1.27-1.47 s against ptrace 1.39-1.49 s: systrap kept). The choice is kept on disk beside the start probe's
+verdicts (msb_kernels.probe_verdicts), keyed by the runsc binary, the interpreter and the host's boot, so a new
+process does not pay the measurement (about 7 s) again. MSB_RUNSC_PLATFORM set is used as is, unmeasured.
 """
 
 from __future__ import annotations
@@ -106,13 +106,11 @@ def _measured_or_kept() -> PlatformChoice:
     fastest = min(times, key=times.__getitem__)
     if DEFAULT in times and times[fastest] > times[DEFAULT] * (1 - MARGIN):
         fastest = DEFAULT  # within the noise of one run: keep runsc's own default, the platform gVisor tests most
-    choice = PlatformChoice(
-        fastest,
-        "measured on this host",
-        dict(sorted(measured.items(), key=lambda item: (isinstance(item[1], str), item[1] if isinstance(item[1], float) else 0))),
-    )
-    probe_verdicts.save(key, sum(times.values()), found={"platform": choice.name, "measured": measured})
-    return choice
+    # fastest first, those that did not run last: so doctor prints them, measured now or read back from disk
+    figures = {name: measured[name] for name in sorted(times, key=times.__getitem__)}
+    figures.update((name, value) for name, value in measured.items() if name not in times)
+    probe_verdicts.save(key, sum(times.values()), found={"platform": fastest, "measured": figures})
+    return PlatformChoice(fastest, "measured on this host", figures)
 
 
 def measure(binary: str, platforms: list[str]) -> dict[str, float | str]:

@@ -55,7 +55,6 @@ from msb_kernels.backends.namespace.forkservers import ForkServers, forkable
 from msb_kernels.backends.namespace.sandbox import NamespaceSandbox
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.flavors import Flavor
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -92,9 +91,6 @@ class NamespaceBackend(SandboxBackend):
         self.no_disk = scratch.unavailable_reason()
         self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
         self.fork_servers = ForkServers(self.root / "forkservers")
-
-    def scratch_bytes(self, flavor: Flavor) -> int:
-        return flavor.disk_bytes if self.no_disk is None else super().scratch_bytes(flavor)
 
     # -- tcp: host ports -------------------------------------------------------
 
