@@ -21,6 +21,9 @@ from msb_kernels.backends.core.guest import SANDBOX_HOME
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import FLAVORS, get_flavor
+from msb_kernels.identity.people import acting
+from msb_kernels.identity.volumes import volume_of
+from msb_kernels.labroot import root_path
 from msb_kernels.templates import get_template
 
 CHUNK_BYTES = 1 << 20  # per step: 1.4 MB of base64 in one execute request or one answer
@@ -30,8 +33,10 @@ NO_ROOM, TOO_BIG, SYMLINK_LOOP = 28, 27, 40
 
 
 def roots(settings: MsbSettings) -> list[str]:
-    """Where a session's files may be: its /tmp, its home, and the shared volume when there is one."""
-    return ["/tmp", SANDBOX_HOME, *([settings.shared_volume_guest_path] if settings.shared_volume else [])]
+    """Where a session's files may be: its /tmp, its home, the shared volume when there is one, and the acting
+    person's Lab root (the notebooks' folder their Lab shows) when the sandboxes show one."""
+    lab = root_path(settings, volume_of(acting()))
+    return ["/tmp", SANDBOX_HOME, *([settings.shared_volume_guest_path] if settings.shared_volume else []), *([str(lab)] if lab else [])]
 
 
 def size_limit(info: SessionInfo, settings: MsbSettings) -> tuple[int, str]:

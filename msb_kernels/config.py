@@ -271,8 +271,10 @@ class MsbSettings(Configurable):
     lab_root_path = Unicode(
         None,
         allow_none=True,
-        help="JupyterLab's root directory on this host, shown in every sandbox at the same path; a notebook's kernel starts in "
-        "its notebook's directory. Unset = not shown.",
+        help="JupyterLab's root directory on this host, shown in the sandbox at the same path; a notebook's kernel starts in "
+        "its notebook's directory. With {username} (e.g. /home/{username}), each person's own root, shown read-write to their "
+        "kernels only; without, one Lab's root, shown to the host's own user's kernels only, never to a person of the users "
+        "file or the Hub. Unset = not shown.",
     ).tag(config=True)
     lab_root_writable = Bool(False, help="Let kernels write to lab_root_path (read-only by default).").tag(config=True)
 
@@ -330,7 +332,8 @@ class MsbSettings(Configurable):
 
     @property
     def lab_root(self) -> Path | None:
-        return Path(self.lab_root_path).resolve() if self.lab_root_path else None
+        """The one Lab root (labroot.root_of tells whose root a kernel sees, a person's own among them)."""
+        return Path(self.lab_root_path).resolve() if self.lab_root_path and "{username}" not in self.lab_root_path else None
 
     def runtime_root(self) -> Path:
         """Where sandbox state and sockets live on the host (short, for AF_UNIX's 108-byte limit)."""
@@ -450,7 +453,7 @@ _ACCEPTED: dict[str, str] = {
     "backend": "use one of " + ", ".join(backend_names()),
     "transport": "use one of " + ", ".join(TRANSPORTS),
     "shared_volume_path": "create the directory first, or unset the variable for no shared volume",
-    "lab_root_path": "use the absolute path JupyterLab serves (its --ServerApp.root_dir), not a system directory, /tmp or /home itself",
+    "lab_root_path": "use the absolute path JupyterLab serves (its --ServerApp.root_dir), or a template of each person's such as /home/{username}; not a system directory, /tmp or /home itself",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "runtime_dir": "use a writable directory with a short path",
     "environments_dir": "use an absolute path to a directory (made at the first `msb-kernels env add`), or unset it for the default",

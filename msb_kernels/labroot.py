@@ -1,41 +1,80 @@
-"""JupyterLab's root in the sandboxes (MSB_LAB_ROOT_PATH): what is shown, how, and where a notebook's kernel starts.
+"""JupyterLab's root in the sandboxes (MSB_LAB_ROOT_PATH): whose it is, what is shown, how, and where a notebook's
+kernel starts.
 
-Where JupyterLab and the gateway share a host, a kernel started for ``project/analysis.ipynb`` should
-open ``project/data.csv`` as it would without a sandbox. JupyterLab's gateway client sends the
-notebook's directory as ``KERNEL_WORKING_DIR``, a host path; with the Lab root shown at the same
-path inside every sandbox, that path is the kernel's working directory too.
+Where JupyterLab and the gateway share a host, a kernel started for ``project/analysis.ipynb`` should open
+``project/data.csv`` as it would without a sandbox. JupyterLab's gateway client sends the notebook's directory as
+``KERNEL_WORKING_DIR``, a host path; with the Lab root shown at the same path inside the sandbox, that path is the
+kernel's working directory too.
+
+Whose root a kernel sees follows whose kernel it is (its StartRequest's volume, which the gateway sets from the
+caller): with ``{username}`` in the setting (``/home/{username}``, as JupyterHub's ``Spawner.notebook_dir`` writes it),
+each person's kernels see that person's own server root, read-write, and nobody else's; a root without it is one Lab's,
+the host's own user's, shown only to their kernels (the single token's, a local start's, the pool's), never to a person
+of the users file or the Hub. A root whose owner is a person is shown as the sandbox user's own (core/idmap.py): what a
+kernel writes there is its owner's, and their Lab shows, opens and edits it.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import HostDirectory
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError
+from msb_kernels.identity.volumes import WHOLE_VOLUME, make_own
+
+PERSON = "{username}"  # in MSB_LAB_ROOT_PATH: each person's own root
 
 
-def lab_directories(settings: MsbSettings) -> list[HostDirectory]:
-    """The host directories every sandbox shows: Lab's root, read-only unless MSB_LAB_ROOT_WRITABLE."""
-    root = settings.lab_root
+def root_path(settings: MsbSettings, volume: str | None) -> Path | None:
+    """Where the Lab root of a kernel is, by its StartRequest's volume (whose kernel it is): a person's own where
+    MSB_LAB_ROOT_PATH names {username}; the one root for the host's own user's kernels (volume: the whole volume, or
+    none asked); else none. Whether it exists yet is root_of's business."""
+    template = settings.lab_root_path
+    if not template:
+        return None
+    mine = volume in (None, WHOLE_VOLUME)
+    if PERSON not in template:
+        return settings.lab_root if mine else None
+    return None if mine else Path(template.replace(PERSON, volume))
+
+
+def root_of(settings: MsbSettings, volume: str | None) -> Path | None:
+    """The Lab root a kernel's sandbox shows (root_path), a person's made theirs on first use (as their volume
+    directory is: identity/volumes.py); None where there is none."""
+    root = root_path(settings, volume)
+    if root is None:
+        return None
+    if not root.is_dir() and root.parent.is_dir():
+        make_own(root.parent, root)
+    return root if root.is_dir() else None
+
+
+def lab_directories(settings: MsbSettings, volume: str | None) -> list[HostDirectory]:
+    """The host directories a kernel's sandbox shows: its Lab root (root_of), a person's own read-write, the one root
+    read-only unless MSB_LAB_ROOT_WRITABLE."""
+    root = root_of(settings, volume)
     if root is None:
         return []
     for inner, name in ((settings.runtime_root(), "MSB_RUNTIME_DIR"), (settings.scratch_root(), "MSB_SCRATCH_DIR")):
         inner_path = os.path.realpath(inner)
         if hostpaths.under(inner_path, str(root)):
             raise ConfigError(
-                f"MSB_LAB_ROOT_PATH={root} holds {name} ({inner_path}): every sandbox would see the others' sockets and disks",
+                f"MSB_LAB_ROOT_PATH={settings.lab_root_path} holds {name} ({inner_path}): every sandbox would see the others' sockets and disks",
                 [f"move {name} out of JupyterLab's root, or show a narrower directory"],
             )
-    return [HostDirectory(str(root), settings.lab_root_writable)]
+    return [HostDirectory(str(root), settings.lab_root_writable or PERSON in settings.lab_root_path)]
 
 
-def working_dir(settings: MsbSettings, requested: str | None) -> str | None:
-    """The notebook's directory (a StartRequest's working_dir) as the kernel's working directory, when the sandbox
-    shows it; else None (its home)."""
-    root = settings.lab_root
-    if root is None or not requested:
+def working_dir(settings: MsbSettings, requested: str | None, volume: str | None) -> str | None:
+    """The notebook's directory (a StartRequest's working_dir) as the kernel's working directory, when its sandbox
+    shows it (root_of); else None (its home)."""
+    if not requested:
+        return None
+    root = root_of(settings, volume)
+    if root is None:
         return None
     path = os.path.realpath(requested)
     return path if hostpaths.under(path, str(root)) and os.path.isdir(path) else None

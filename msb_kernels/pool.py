@@ -153,7 +153,7 @@ class KernelPool:
         if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
             return False
         settings = load_settings(getattr(self.manager, "config", None))
-        if labroot.working_dir(settings, request.working_dir) is not None:
+        if labroot.working_dir(settings, request.working_dir, request.volume) is not None:
             return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
         choice = KernelChoice.from_kernel_name(kernel_name)
         flavor = (request.flavor or "").strip().lower()

@@ -43,9 +43,19 @@ _NOT_UNDER = ("/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", 
 
 
 def check_lab_root(value: str) -> str | None:
-    path = os.path.realpath(value)
     if not os.path.isabs(value):
         return "is not an absolute path"
+    if "{" in value.replace("{username}", "") or "}" in value.replace("{username}", ""):
+        return "names a field other than {username}"
+    if "{username}" in value:  # each person's own root (labroot.py): its shape, with the parent of a person's
+        example = value.replace("{username}", "someone")
+        parent = os.path.realpath(os.path.dirname(example))
+        if "{username}" in os.path.dirname(value) or not os.path.isdir(parent):
+            return "must end in a person's directory, /{username}, inside an existing directory"
+        if parent == "/" or _at_or_under(parent, _NOT_UNDER):
+            return "would make a person's root in a system directory"
+        return None
+    path = os.path.realpath(value)
     if not os.path.isdir(path):
         return "is not an existing directory"
     if path in _NOT_LAB_ROOTS or _at_or_under(path, _NOT_UNDER):

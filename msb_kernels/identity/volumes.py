@@ -9,12 +9,19 @@ later start of the kernel finds it; the provisioner mounts it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 from pathlib import Path
 
+from msb_kernels.backends.core.idmap import FIRST_PERSON_UID
 from msb_kernels.identity.people import Person
 
 WHOLE_VOLUME = "."  # a StartRequest's volume: the whole shared volume
+# Host ids for people without a host account of their own: above any login's (60000 at most), below the namespace
+# sandboxes' (backends/namespace/uids.py), and used by no process.
+PERSON_IDS = range(1_000_000_000, 1_001_000_000)
+LAST_LOGIN_UID = 60000  # login.defs' UID_MAX: above it are accounts such as nobody (65534), never a person's
 USER_PACKAGES_DIR = ".python"  # in a kernel's volume: the packages its person installs with `pip install --user`
 
 
@@ -36,8 +43,7 @@ def own_directory(root: Path, slug: str) -> Path:
 
 def volume_for(root: Path | None, volume: str | None) -> Path | None:
     """The host directory a kernel mounts as its shared volume (``volume``: its StartRequest's): none, the whole
-    volume, or its person's own, made on first use with the volume's own owner and mode (so the sandbox's user may
-    write there as in the volume itself)."""
+    volume, or its person's own, made on first use (``_make_own``)."""
     if root is None or volume is None:
         return None
     if volume == WHOLE_VOLUME:
@@ -45,13 +51,48 @@ def volume_for(root: Path | None, volume: str | None) -> Path | None:
     own = own_directory(root, volume)
     if own.resolve().parent != root.resolve():  # a slug is one path component (Person.slug); refuse anything else
         raise ValueError(f"volume={volume!r} is not one directory name")
-    if not own.is_dir():
-        st = root.stat()
-        own.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(own, st.st_mode & 0o7777)
-        if os.geteuid() == 0:
-            os.chown(own, st.st_uid, st.st_gid)
+    if not own.is_dir() or (os.geteuid() == 0 and own.lstat().st_uid == 0):
+        make_own(root, own)
     return own
+
+
+def make_own(root: Path, own: Path) -> None:
+    """A person's directory of the volume (or of a Lab root's parent: labroot.py), theirs alone. As root it is made 0700 and owned by the person's host uid
+    (``person_ids``), whatever the volume's own owner and mode, so each sandbox shows it as its own user's
+    (backends/core/idmap.py): everything any of the person's kernels writes there is theirs on the host. One an
+    earlier version made as the volume's owner (root), with what its sandboxes wrote inside, becomes the person's,
+    without following a link. Not as root, the sandboxes run as this process's own user: the directory is made with
+    the volume's mode."""
+    if os.geteuid() != 0:
+        own.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(own, root.stat().st_mode & 0o7777)
+        return
+    uid, gid = person_ids(root, own.name)
+    own.mkdir(mode=0o700, exist_ok=True)
+    if own.is_symlink() or not own.is_dir():
+        raise ValueError(f"{own} is not a directory")
+    for _, directories, files, fd in os.fwalk(own, follow_symlinks=False):
+        for name in (*directories, *files):
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+    os.chown(own, uid, gid, follow_symlinks=False)
+    os.chmod(own, 0o700)
+
+
+def person_ids(root: Path, slug: str) -> tuple[int, int]:
+    """The host uid and gid a person's files are kept as: their host account's where one of that name is a login's
+    (FIRST_PERSON_UID to LAST_LOGIN_UID: under JupyterHub's LocalProcessSpawner, the person's own), else one of PERSON_IDS that no
+    other directory of the volume is owned by, kept from then on as the owner of their directory."""
+    with contextlib.suppress(KeyError):
+        account = pwd.getpwnam(slug)
+        if FIRST_PERSON_UID <= account.pw_uid <= LAST_LOGIN_UID and account.pw_gid != 0:
+            return account.pw_uid, account.pw_gid
+    own = own_directory(root, slug)
+    with contextlib.suppress(FileNotFoundError):
+        if own.lstat().st_uid in PERSON_IDS:
+            return own.lstat().st_uid, own.lstat().st_uid
+    taken = {entry.stat(follow_symlinks=False).st_uid for entry in os.scandir(root)}
+    uid = next(candidate for candidate in PERSON_IDS if candidate not in taken)
+    return uid, uid
 
 
 def user_base(guest_volume: str, environment: str) -> str:

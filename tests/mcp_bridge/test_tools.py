@@ -17,6 +17,7 @@ from mcp_bridge.server import build_server
 from msb_kernels import registry
 from msb_kernels.config import load_settings
 from msb_kernels.identity.people import local_person
+from tests.conftest import make_persons
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error, wait_until_running
 
 pytestmark = pytest.mark.asyncio
@@ -400,7 +401,7 @@ async def test_get_volume_path_without_and_with_a_shared_volume(mcp_server, tmp_
 
     shared = tmp_path / "shared"
     shared.mkdir()
-    shared.chmod(0o777)  # the sandbox user is not the host user
+    make_persons(shared)
     monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(shared))
     sessions = ManagedKernelSessions(start_timeout=60)
     server = build_server(sessions, load_settings(), TEST_OPTIONS, local_caller=local_person())

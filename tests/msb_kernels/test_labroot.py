@@ -12,6 +12,7 @@ import pytest
 
 from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError
+from msb_kernels.identity.volumes import WHOLE_VOLUME
 from msb_kernels.labroot import lab_directories, working_dir
 from tests.conftest import TEST_BASE
 from tests.kernel_helpers import execute
@@ -84,6 +85,11 @@ def test_bad_lab_roots_are_refused_with_the_setting_named(monkeypatch, tmp_path)
         ("/", "system directory"),
         ("/usr/share", "system directory"),
         ("/home", "system directory"),
+        ("/home/{username}/work", "must end in a person's directory"),
+        (str(tmp_path / "missing" / "{username}"), "must end in a person's directory"),
+        ("/etc/{username}", "system directory"),
+        ("/home/{user}", "names a field other than {username}"),
+        ("/srv/{username}{x}", "names a field other than {username}"),
     ):
         monkeypatch.setenv("MSB_LAB_ROOT_PATH", value)
         with pytest.raises(ConfigError, match="MSB_LAB_ROOT_PATH") as raised:
@@ -94,18 +100,42 @@ def test_bad_lab_roots_are_refused_with_the_setting_named(monkeypatch, tmp_path)
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(tmp_path))
     monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))
     with pytest.raises(ConfigError, match="MSB_RUNTIME_DIR"):
-        lab_directories(load_settings())
+        lab_directories(load_settings(), WHOLE_VOLUME)
 
 
 def test_only_a_directory_inside_the_root_becomes_the_working_dir(monkeypatch, tmp_path):
     root, project, sibling = lab_root()
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(root))
     settings = load_settings()
-    assert working_dir(settings, str(project)) == str(project)
-    assert working_dir(settings, str(root)) == str(root)
-    assert working_dir(settings, str(project / ".." / ".." / "private")) is None
-    assert working_dir(settings, str(sibling)) is None
-    assert working_dir(settings, str(root) + "-evil") is None
+    assert working_dir(settings, str(project), WHOLE_VOLUME) == str(project)
+    assert working_dir(settings, str(root), WHOLE_VOLUME) == str(root)
+    assert working_dir(settings, str(project / ".." / ".." / "private"), WHOLE_VOLUME) is None
+    assert working_dir(settings, str(sibling), WHOLE_VOLUME) is None
+    assert working_dir(settings, str(root) + "-evil", WHOLE_VOLUME) is None
     (root / "link").symlink_to(sibling)
-    assert working_dir(settings, str(root / "link")) is None
-    assert working_dir(settings, None) is None
+    assert working_dir(settings, str(root / "link"), WHOLE_VOLUME) is None
+    assert working_dir(settings, None, WHOLE_VOLUME) is None
+
+
+def test_one_root_is_the_host_users_and_a_persons_root_is_theirs_alone(monkeypatch, tmp_path):
+    """MSB_LAB_ROOT_PATH without {username} is one Lab's: never shown to a person of the users file or the Hub (their
+    kernels' volume is their own directory). With it, each person sees their own root, made theirs on first use, and
+    the host's own user (the whole volume) sees none."""
+    root, project, _ = lab_root()
+    monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(root))
+    settings = load_settings()
+    assert [d.path for d in lab_directories(settings, WHOLE_VOLUME)] == [str(root)]
+    assert lab_directories(settings, "alice") == [] and working_dir(settings, str(project), "alice") is None
+
+    people = tmp_path / "labs"
+    people.mkdir()
+    monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(people / "{username}"))
+    settings = load_settings()
+    assert lab_directories(settings, WHOLE_VOLUME) == []
+    shown = lab_directories(settings, "alice")
+    assert [(d.path, d.writable) for d in shown] == [(str(people / "alice"), True)]
+    if os.geteuid() == 0:  # made as hers: 0700, of her own host ids
+        assert (people / "alice").stat().st_mode & 0o777 == 0o700 and (people / "alice").stat().st_uid >= 1000
+    (people / "alice" / "project").mkdir()
+    assert working_dir(settings, str(people / "alice" / "project"), "alice") == str(people / "alice" / "project")
+    assert working_dir(settings, str(people / "alice" / "project"), "bob") is None

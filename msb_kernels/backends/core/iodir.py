@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -38,9 +40,10 @@ GUEST_HOST_DIR = "/run/msb"  # where a sandbox sees host/, read-only (a backend'
 EXIT_STATUS = "exit_status"  # written by the sandbox's reaper in io/: the kernel's status, as a Popen returncode
 IO_DIR_MIB = 8  # as root, io/ is a tmpfs of this size
 GUEST_FILE_LIMIT = 64  # bytes the host reads of a file the sandbox wrote (exit_status)
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MNT_DETACH = 2, 4, 8, 2
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MNT_DETACH, UMOUNT_NOFOLLOW = 2, 4, 8, 2, 8
 
 _libc = ctypes.CDLL(None, use_errno=True)
+log = logging.getLogger(__name__)
 _KINDS = {stat.S_IFLNK: "a link", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFREG: "a file"}
 
 
@@ -246,16 +249,36 @@ def pin_channels(io_dir: Path, names: dict[int, str], uid: int | None) -> Channe
 
 def detach(mountpoint: Path, what: str = "") -> bool:
     """Lazily unmount what is mounted at mountpoint (umount2 with MNT_DETACH): a process still inside does not keep it,
-    and nothing under it is walked. False when nothing was mounted there; SandboxError when it cannot be detached."""
-    if not os.path.ismount(mountpoint):
+    and nothing under it is walked. False when nothing was mounted there; SandboxError when it cannot be detached.
+    umount2 itself tells: os.path.ismount misses a bind mount of the same filesystem (an idmapped shared volume)."""
+    if _libc.umount2(str(mountpoint).encode(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
         return False
-    if _libc.umount2(str(mountpoint).encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
-        raise SandboxError(f"cannot unmount {what + ' ' if what else ''}{mountpoint}: {os.strerror(ctypes.get_errno())}")
-    return True
+    raise SandboxError(f"cannot unmount {what + ' ' if what else ''}{mountpoint}: {os.strerror(ctypes.get_errno())}")
+
+
+def mounts_under(directory: Path) -> list[Path]:
+    """What this process's mount namespace has mounted at or below directory, deepest first."""
+    top = os.path.realpath(directory)
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as mountinfo:
+        for line in mountinfo:
+            # The fifth field is the mount point, with space, tab, newline and backslash written as octal escapes.
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
+            if point == top or point.startswith(top + "/"):
+                found.append(Path(point))
+    return sorted(set(found), key=lambda path: len(path.parts), reverse=True)
 
 
 def remove(state_dir: Path) -> None:
-    """The sandbox's directories, io/'s tmpfs unmounted first (its mount point is then an empty directory)."""
-    io = state_dir / IO_DIR
-    detach(io, "the io directory")
+    """The sandbox's directories, each mount below them detached first (io/'s tmpfs, gVisor's disk and its idmapped
+    shared volume), so the removal never walks into a mount: left mounted, a person's volume would go with the
+    sandbox. Where a mount cannot be detached, the directories stay, and the log says which."""
+    for mountpoint in mounts_under(state_dir):
+        with contextlib.suppress(SandboxError):  # said below, with what is left
+            detach(mountpoint)
+    if remaining := mounts_under(state_dir):
+        log.warning("left %s in place: %s is still mounted (umount -l it, then remove the directory)", state_dir, remaining[0])
+        return
     shutil.rmtree(state_dir, ignore_errors=True)

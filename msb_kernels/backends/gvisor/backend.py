@@ -41,7 +41,7 @@ import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
 import msb_kernels.backends.gvisor.platform as gvisor_platform
 import msb_kernels.backends.gvisor.runsc as runsc
-from msb_kernels.backends.core import adoption, cgroups, iodir, scratch
+from msb_kernels.backends.core import adoption, cgroups, idmap, iodir, scratch
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.ports import HostListeners, host_ports
@@ -65,6 +65,7 @@ from msb_kernels.setting_checks import read_key
 log = logging.getLogger("msb_kernels")
 
 DISK_DIR = "disk"  # in a sandbox's state dir: the host's mount of its disk
+SHOWN_DIR = "shown"  # in a sandbox's state dir: the host's idmapped mounts of its shared volume and Lab root
 RESTORE_TIMEOUT = 120  # seconds for runsc restore to bring a hibernated kernel back, a large one from a slow disk
 HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks
 SENTRY_THREADS = 512
@@ -256,6 +257,7 @@ class GVisorBackend(SandboxBackend):
                 await netstack.create(spec.sandbox_id)
             ports = [listener.getsockname()[1] for listener in listeners]
             disk = await self._make_disk(spec, state_dir) if self.no_disk is None else None
+            shown = self._shown_as_own(spec, state_dir)
             bundle = write_bundle(
                 spec,
                 state_dir,
@@ -264,6 +266,7 @@ class GVisorBackend(SandboxBackend):
                 self.guest_io_dir,
                 self.guest_host_dir,
                 disk,
+                shown,
             )
             record = new_state(self.name, spec, cgroup=cgroup is not None, ports=ports)
             process, keeper, stderr = await self._start(spec, state_dir, ["run", f"--bundle={bundle}", spec.sandbox_id], record)
@@ -297,6 +300,27 @@ class GVisorBackend(SandboxBackend):
         (disk / DISK_HOME).mkdir(mode=0o700)
         os.chown(disk / DISK_HOME, GUEST_UID, GUEST_UID)
         return disk
+
+    @staticmethod
+    def _shown_as_own(spec: SandboxSpec, state_dir: Path) -> dict[str, Path]:
+        """The shared volume and each host directory whose owner is a person, mounted idmapped at <state dir>/shown/<n>
+        (core/idmap.py), where the owner's files are the guest user's: what the kernel writes there through the gofer is
+        the owner's on the host. By host path; one that is missing is served as it is (a directory of root's)."""
+        shown: dict[str, Path] = {}
+        wanted = [(str(spec.shared_volume.host_path), False)] if spec.shared_volume else []
+        wanted += [(directory.path, not directory.writable) for directory in spec.host_directories if os.path.isdir(directory.path)]
+        for number, (path, readonly) in enumerate(wanted):
+            tree = idmap.shown_as(path, idmap.Owner(GUEST_UID, GUEST_UID), readonly=readonly, keep_root=True)
+            if tree is None:
+                continue
+            try:
+                target = state_dir / SHOWN_DIR / str(number)
+                target.mkdir(mode=0o700, parents=True, exist_ok=True)
+                idmap.attach(tree, str(target))
+            finally:
+                os.close(tree)
+            shown[path] = target
+        return shown
 
     async def _start(
         self, spec: SandboxSpec, state_dir: Path, command: list[str], record: dict
@@ -438,6 +462,8 @@ class GVisorBackend(SandboxBackend):
         # and the unlink of a 2 GiB reserved file each take milliseconds that every other request would wait out.
         with contextlib.suppress(SandboxError):  # removal goes on, as it did when umount(8) failed
             await asyncio.to_thread(iodir.detach, state_dir / DISK_DIR)
+            for mountpoint in iodir.mounts_under(state_dir / SHOWN_DIR):
+                await asyncio.to_thread(iodir.detach, mountpoint, "a person's directory")
         await asyncio.to_thread(scratch.remove_image, scratch.image_path(self.settings.scratch_root(), sandbox_id))
         remove_state_dir(state_dir, keep_io_dir=keep_io_dir)
 

@@ -93,10 +93,14 @@ def write_bundle(
     guest_io_dir: str,
     guest_host_dir: str,
     disk: Path | None = None,
+    shown: dict[str, Path] | None = None,
 ) -> Path:
     """The OCI bundle: a root that holds only generated /etc files and mount points, and the host's
     system directories, the kernel's interpreter and its io dir mounted into it. disk: the host's mount of the
-    sandbox's disk (core/scratch.py), whose tmp/ and home/ are its /tmp and home; None: both are tmpfs."""
+    sandbox's disk (core/scratch.py), whose tmp/ and home/ are its /tmp and home; None: both are tmpfs. shown: the
+    host's idmapped mounts of the shared volume and the host directories (core/idmap.py), by host path, served in their
+    place."""
+    shown = shown or {}
     bundle = state_dir / "bundle"
     root = bundle / "rootfs"
     (root / "etc").mkdir(parents=True, exist_ok=True)
@@ -143,13 +147,14 @@ def write_bundle(
     # After the tmpfs mounts, so what lies under /tmp or /home shows on top of them: Lab's root first, then the
     # kernel's and pid 1's interpreters, read-only even inside a writable Lab root.
     for directory in spec.host_directories:
-        bind(directory.path, directory.path, readonly=not directory.writable)
+        bind(str(shown.get(directory.path, directory.path)), directory.path, readonly=not directory.writable)
     for path in hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}):
         bind(path, path, readonly=True)
     bind(str(spec.io_dir), guest_io_dir, readonly=False)
     bind(str(iodir.host_dir(spec.io_dir)), guest_host_dir, readonly=True)  # what the host wrote: the kernel's to read
     if spec.shared_volume:
-        bind(str(spec.shared_volume.host_path), spec.shared_volume.guest_path, readonly=False)
+        source = str(spec.shared_volume.host_path)
+        bind(str(shown.get(source, source)), spec.shared_volume.guest_path, readonly=False)
 
     template = TEMPLATES[spec.template]
     argv = spec.argv

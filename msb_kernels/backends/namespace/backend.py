@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from msb_kernels.backends.core import adoption, cgroups, hostpaths, iodir, scratch
+from msb_kernels.backends.core import adoption, cgroups, hostpaths, idmap, iodir, scratch
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import (
     Availability,
@@ -196,6 +196,15 @@ class NamespaceBackend(SandboxBackend):
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
 
         keep = spec.adopt_grace > 0  # a keeper holds the lifeline, and the sandbox outlives this process
+        try:
+            shared_fd, shown_fds = self._shown_as_own(spec, uid, gid)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.destroy(timeout=0)
+            if formatting is not None:
+                formatting.close()
+            self.remove_state(state_dir, None, keep_io_dir=True)
+            raise
         lifeline_read, lifeline_write = os.pipe() if (spec.owner_pid or keep) else (None, None)
         template = TEMPLATES[spec.template]
         plan = {
@@ -214,7 +223,8 @@ class NamespaceBackend(SandboxBackend):
             "guest_host_dir": self.guest_host_dir,
             "readonly_paths": hostpaths.binds_for({*spec.readonly_paths, *hostpaths.own_interpreter_paths()}),
             "shared": [str(spec.shared_volume.host_path), spec.shared_volume.guest_path] if spec.shared_volume else None,
-            "host_dirs": [[d.path, d.writable] for d in spec.host_directories],
+            "shared_fd": shared_fd,
+            "host_dirs": [[d.path, d.writable, fd] for d, fd in zip(spec.host_directories, shown_fds, strict=True)],
             "working_dir": spec.working_dir,
             "scratch_mount": str(state_dir / "scratch"),
             "scratch_image": str(image) if image else None,
@@ -277,6 +287,9 @@ class NamespaceBackend(SandboxBackend):
             raise
         finally:
             os.close(stderr_write)  # the sandbox holds its own copy now
+            for fd in (shared_fd, *shown_fds):
+                if fd is not None:
+                    os.close(fd)  # attached in the sandbox by now, or never: either way no longer this process's
         if lifeline_read is not None:
             os.close(lifeline_read)  # init holds its own copy now
         if keeper is not None:
@@ -352,7 +365,29 @@ class NamespaceBackend(SandboxBackend):
     @staticmethod
     def _passed_fds(plan: dict) -> list[int]:
         """The descriptors the launcher gets with the plan, in the order forkserver_program.py takes them."""
-        return [fd for fd in (plan["lifeline_fd"], plan["scratch_ready_fd"]) if fd is not None] + plan["listen_fds"]
+        named = (plan["lifeline_fd"], plan["scratch_ready_fd"], plan["shared_fd"], *(entry[2] for entry in plan["host_dirs"]))
+        return [fd for fd in named if fd is not None] + plan["listen_fds"]
+
+    def _shown_as_own(self, spec: SandboxSpec, uid: int, gid: int) -> tuple[int | None, list[int | None]]:
+        """The shared volume's and each host directory's detached idmapped mount (core/idmap.py), where the owner's
+        files are the sandbox user's, for init to attach; None for each bound as it is (not root: the sandbox runs as
+        this user; or a directory of the system's, root's)."""
+        if not self.rootful:
+            return None, [None] * len(spec.host_directories)
+        seen_as, made = idmap.Owner(uid, gid), []
+        try:
+            if spec.shared_volume is not None:
+                made.append(idmap.shown_as(str(spec.shared_volume.host_path), seen_as))
+            for directory in spec.host_directories:
+                made.append(
+                    idmap.shown_as(directory.path, seen_as, readonly=not directory.writable) if os.path.isdir(directory.path) else None
+                )
+        except BaseException:
+            for fd in made:
+                if fd is not None:
+                    os.close(fd)
+            raise
+        return (made.pop(0) if spec.shared_volume is not None else None), made
 
     @staticmethod
     def _launched(report: dict, io_dir: Path) -> PidfdProcess:

@@ -318,9 +318,12 @@ def _launcher(connection: socket.socket) -> None:
         os.dup2(stderr, 2)  # the sandbox's stderr, which the host reads
         os.dup2(stderr, 1)
         os.close(stderr)
-        for name in ("lifeline_fd", "scratch_ready_fd"):
+        for name in ("lifeline_fd", "scratch_ready_fd", "shared_fd"):
             if plan.get(name) is not None:
                 plan[name] = fds.pop(0)
+        for entry in plan.get("host_dirs") or ():
+            if entry[2] is not None:
+                entry[2] = fds.pop(0)
         plan["listen_fds"] = fds[: len(plan.get("listen_fds") or [])]
         report = nsinit.launch(plan, start_forked_kernel, reap_here)
     except Exception as exc:

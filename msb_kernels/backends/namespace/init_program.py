@@ -58,6 +58,7 @@ MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+SYS_MOVE_MOUNT, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH = 429, -100, 4
 MS_RELATIME = 1 << 21
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
@@ -169,6 +170,13 @@ def _mountpoint(target: str, is_dir: bool) -> None:
         os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
         if not os.path.exists(target):
             open(target, "w").close()
+
+
+def _attach(tree: int, target: str) -> None:
+    """Attach the host's idmapped mount of a directory (core/idmap.py's attach: this script imports nothing of ours)."""
+    _mountpoint(target, True)
+    _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH), f"attach {target}")
+    os.close(tree)
 
 
 def _bind(source: str, target: str, *, readonly: bool) -> None:
@@ -287,8 +295,11 @@ def _build_root(plan: dict) -> None:
     # After the tmpfs mounts, so what lies under /tmp or /home stays visible. Lab's root first: an interpreter
     # inside it is then bound read-only on top, even where the root is writable.
     shown = []
-    for path, writable in plan.get("host_dirs") or ():
-        if os.path.isdir(path):
+    for path, writable, tree in plan.get("host_dirs") or ():
+        if tree is not None:  # the host's idmapped mount of it (core/idmap.py): its owner's files are ours
+            _attach(tree, root + path)
+            shown.append(path + "/")
+        elif os.path.isdir(path):
             _bind(path, root + path, readonly=not writable)
             shown.append(path + "/")
     for path in plan["readonly_paths"]:
@@ -300,7 +311,10 @@ def _build_root(plan: dict) -> None:
     _bind(plan["host_dir"], root + plan["guest_host_dir"], readonly=True)  # what the host wrote: the kernel's to read
     if plan.get("shared"):
         host_path, guest_path = plan["shared"]
-        _bind(host_path, root + guest_path, readonly=False)
+        if plan.get("shared_fd") is not None:  # the host's idmapped mount of it (core/idmap.py): its owner's files are ours
+            _attach(plan["shared_fd"], root + guest_path)
+        else:
+            _bind(host_path, root + guest_path, readonly=False)
 
     os.chdir(root)
     _pivot_root(".", ".")
@@ -645,8 +659,9 @@ def launch(plan: dict, start_kernel: StartKernel = exec_kernel, become_reaper: B
                 pass  # a host whose /proc refuses it: the sandbox still starts, as any process would
         if plan.get("lifeline_fd") is not None:
             os.set_inheritable(plan["lifeline_fd"], False)  # init passes it on to the reaper, never to the kernel
-        if plan.get("scratch_ready_fd") is not None:
-            os.set_inheritable(plan["scratch_ready_fd"], False)
+        for fd in (plan.get("scratch_ready_fd"), plan.get("shared_fd"), *(entry[2] for entry in plan.get("host_dirs") or ())):
+            if fd is not None:
+                os.set_inheritable(fd, False)
         for fd in plan.get("listen_fds") or []:
             os.set_inheritable(fd, False)  # inherited by forks only: the relay's, never an exec's
         # Opened now, while the host's cgroup mounts are in view: init is put in them once it exists (below).

@@ -25,7 +25,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from msb_kernels.environments.store import EnvironmentStore
-from tests.conftest import TEST_BASE
+from tests.conftest import TEST_BASE, make_persons
 from tests.kernel_helpers import execute
 from tests.mcp_bridge.conftest import child_env
 from tests.msb_kernels.environments.conftest import EnvHost, SwarmKernels
@@ -209,7 +209,7 @@ async def test_a_user_install_is_kept_per_environment(probe_env, start_kernel, m
     environment, reads /shared/.python/probe and does not import it (docs/teams.md, "Your own packages")."""
     volume = TEST_BASE / f"env-user-{uuid.uuid4().hex[:8]}"
     volume.mkdir()
-    volume.chmod(0o777)  # the sandbox user is not the host user
+    make_persons(volume)
     wheel = package_wheel(volume, "msbuserpkg", "1.0", {"msbuserpkg/__init__.py": "VALUE = 'kept'\n"})
     wheel.chmod(0o644)
     monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(volume))

@@ -39,8 +39,7 @@ async def team() -> AsyncIterator[Team]:
     tokens = {name: add_user(users_file, name, admin=name == "ops") for name in ("alice", "bob", "ops")}
     # No MSB_TOKEN: with a users file, every token is a person's.
     shared = TEST_BASE / "team-shared"
-    shared.mkdir()
-    shared.chmod(0o777)  # the sandbox user is not the host user
+    shared.mkdir(mode=0o755)  # as an operator makes it: each person's directory in it is made theirs
     gateway = await launch_gateway(
         extra_env={
             "MSB_USERS_FILE": str(users_file),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import glob
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -64,8 +65,8 @@ async def people(request) -> AsyncIterator[People]:
     users_file = TEST_BASE / f"own-packages-{backend}-users.json"
     tokens = {name: add_user(users_file, name) for name in ("alice", "bob")}
     shared = TEST_BASE / f"own-packages-{backend}-shared"
-    shared.mkdir()
-    shared.chmod(0o777)  # the sandbox user is not the host user
+    shared.mkdir(mode=0o755)  # as an operator makes it: root's, 0755, nothing opened up for the sandboxes
+    shared.chmod(0o755)
     gateway = await launch_gateway(
         extra_env={"MSB_USERS_FILE": str(users_file), "MSB_TOKEN": None, "MSB_SHARED_VOLUME_PATH": str(shared), "MSB_BACKEND": backend}
     )
@@ -144,6 +145,13 @@ async def test_a_user_install_is_kept_for_the_persons_next_session_and_for_nobod
     finally:
         await people.end("bob", kernel, bob)
     assert glob.glob(str(people.shared / "bob" / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE))
+    # On the host, everything each person's kernels wrote is that person's alone, whichever sandbox wrote it.
+    for who in ("alice", "bob"):
+        own = people.shared / who
+        owners = {(path.lstat().st_uid, path.lstat().st_gid) for path in [own, *own.rglob("*")]}
+        assert len(owners) == 1 and own.stat().st_mode & 0o777 == 0o700, (who, owners, oct(own.stat().st_mode))
+    assert people.shared.stat().st_mode & 0o777 == 0o755 and people.shared.stat().st_uid == os.geteuid()
+    assert (people.shared / "alice").stat().st_uid != (people.shared / "bob").stat().st_uid
 
 
 async def test_packages_of_another_python_are_not_loaded(people):

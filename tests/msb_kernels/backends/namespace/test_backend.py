@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import host_pids
+from tests.conftest import host_pids, make_persons
 from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, write_attempts
 from tests.skips import needs_cgroups
 
@@ -315,7 +315,7 @@ async def test_cpu_time_is_capped_at_the_flavors_cpus(start_kernel):
 async def test_shared_volume_is_mounted_at_the_guest_path(start_kernel, monkeypatch, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
-    shared.chmod(0o777)
+    make_persons(shared)
     (shared / "from-host.txt").write_text("hello sandbox")
     monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(shared))
     monkeypatch.setenv("MSB_SHARED_VOLUME_GUEST_PATH", "/data")
