@@ -34,6 +34,10 @@
 #                           system users needed, no isolation between them)
 #   MSB_HUB_ALLOW_ROOT      1: single-user servers may run as root             off
 #                           (jupyter's --allow-root; SimpleLocalProcessSpawner as root needs it)
+#
+# MSB_LAB_ROOT_PATH (a gateway setting) defaults to each person's home, /home/{username} (the spawner's homes for
+# "simple"): their kernels see their own server's root there, read-write, as them. Set it to your spawner's
+# notebook_dir, with {username}, where that differs.
 from __future__ import annotations
 
 import os
@@ -98,6 +102,13 @@ if not os.environ.get("MSB_HUB_PUBLIC_URL"):
     # public_url, JupyterHub tells the gateway that one itself.) Never a request's own Host header.
     proxy_host = knob("IP") if knob("IP") not in ("", "0.0.0.0", "::") else "127.0.0.1"
     gateway_env.setdefault("MSB_HUB_PROXY_URL", f"http://{proxy_host}:{c.JupyterHub.port}")
+if "MSB_LAB_ROOT_PATH" not in gateway_env:
+    # Each person's kernels see their own server's root, at the same path, and nobody else's: the spawner's homes.
+    homes = state_dir / "home" if knob("SPAWNER") == "simple" else Path("/home")
+    if knob("SPAWNER") == "simple":
+        homes.mkdir(exist_ok=True)
+    if homes.is_dir():
+        gateway_env["MSB_LAB_ROOT_PATH"] = str(homes / "{username}")
 c.JupyterHub.services = [
     {
         "name": SERVICE,
@@ -137,6 +148,17 @@ if knob("SPAWNER") == "simple":
     # still sandboxed, and still their own, on the gateway.
     c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
     c.SimpleLocalProcessSpawner.home_dir_template = str(state_dir / "home" / "{username}")
+
+    def _home_of_their_own(spawner) -> None:
+        """Each person's home made theirs before their server makes it (as root, root's): as LocalProcessSpawner's
+        homes are their users', so that their kernels write there as them (docs/teams.md, "Your files")."""
+        from msb_kernels.identity.volumes import make_own
+
+        home = Path(spawner.home_dir_template.format(username=spawner.user.name))
+        if not home.exists():
+            make_own(home.parent, home)
+
+    c.Spawner.pre_spawn_hook = _home_of_their_own
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]  # the server of this venv, whatever PATH says
 c.Spawner.default_url = "/lab"
 # A notebook's kernel start is given the notebook's path alone, never the server's environment, which holds its Hub

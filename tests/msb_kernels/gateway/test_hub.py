@@ -11,6 +11,7 @@ The tests run in order and share one Hub: alice's kernel, made by the first, is 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import uuid
@@ -140,6 +141,71 @@ async def test_bobs_lab_shows_none_of_alices_kernels(hub: Hub, driver: Any, shar
     page.wait(lambda: [item for item in page.running_items() if "(sandbox" in item], "his kernel in Lab's running panel")
     assert len([item for item in page.running_items() if "(sandbox" in item]) == 1, page.running_items()
     await bob_server.request("DELETE", f"/api/kernels/{own}")
+
+
+async def lab_kernel(server: UserServer, hub: Hub, path: str) -> tuple[str, KernelSocket]:
+    """A notebook's kernel as Lab starts it (POST /api/sessions: its gateway client sends the notebook's folder), and
+    a socket to it on the gateway as the server's person."""
+    created = await server.request("POST", "/api/sessions", {"path": path, "type": "notebook", "kernel": {"name": "msb-python-small"}})
+    assert created.code == 201, (created.code, created.body)
+    kernel = created.json["kernel"]["id"]
+    url = jupyter_ws.channels_url(hub.gateway_url, kernel, uuid.uuid4().hex)
+    return created.json["id"], KernelSocket(await jupyter_ws.connect(url, hub.tokens[server.user], 60))
+
+
+async def test_alices_kernels_work_in_her_labs_files_as_her_and_bobs_see_none_of_them(hub: Hub, alice_server: UserServer) -> None:
+    """Her server's root is her home; the gateway shows it to her kernels only, at the same path, written as her. (Under
+    the test's SimpleLocalProcessSpawner every server runs as the Hub's user, root, so what her Lab itself makes is
+    root's, which her kernels read but do not write; LocalProcessSpawner's servers run as their person.)"""
+    home = hub.state_dir / "home" / "alice"
+    folder = home / "project"
+    folder.mkdir(exist_ok=True)  # a folder of hers, as LocalProcessSpawner's Lab would make it
+    os.chown(folder, home.stat().st_uid, home.stat().st_gid)
+    # Lab's file browser uploads with this PUT.
+    uploaded = await alice_server.request(
+        "PUT", "/api/contents/project/data.csv", {"type": "file", "format": "text", "content": "a,b\n1,2\n"}
+    )
+    assert uploaded.code in (200, 201), (uploaded.code, uploaded.body)
+    session, alice = await lab_kernel(alice_server, hub, "project/analysis.ipynb")
+    try:
+        ran = await alice.execute(
+            "import os; open('out.csv', 'w').write('x,y\\n3,4\\n'); print(os.getcwd(), open('data.csv').read().split())"
+        )
+        assert ran.error is None and ran.stdout.split() == [str(home / "project"), "['a,b',", "'1,2']"], ran.messages
+    finally:
+        alice.close()
+        await alice_server.request("DELETE", f"/api/sessions/{session}")
+    # Lab lists it and opens it; on the host it is hers, as a file she saved would be.
+    listed = await alice_server.request("GET", "/api/contents/project")
+    assert "out.csv" in {entry["name"] for entry in listed.json["content"]}, listed.json
+    opened = await alice_server.request("GET", "/api/contents/project/out.csv?type=file&format=text")
+    assert opened.json["content"] == "x,y\n3,4\n", opened.json
+    assert (home / "project" / "out.csv").stat().st_uid == home.stat().st_uid != 0
+    saved = await alice_server.request("PUT", "/api/contents/project/out.csv", {"type": "file", "format": "text", "content": "x,y\n5,6\n"})
+    assert saved.code == 200, (saved.code, saved.body)
+    session, alice = await lab_kernel(alice_server, hub, "project/analysis.ipynb")  # her next kernel reads her edit
+    try:
+        assert (await alice.execute("open('out.csv').read()")).result == repr("x,y\n5,6\n")
+    finally:
+        alice.close()
+        await alice_server.request("DELETE", f"/api/sessions/{session}")
+
+    # bob's kernel, even asked to start in her folder, starts in his home and finds nothing of hers.
+    bob_server = await hub.start_server("bob")
+    assert "project" not in {entry["name"] for entry in (await bob_server.request("GET", "/api/contents")).json["content"]}
+    started = await hub.gateway(
+        "POST", "api/kernels", hub.tokens["bob"], {"name": "msb-python-small", "env": {"KERNEL_WORKING_DIR": str(home / "project")}}
+    )
+    assert started.code == 201, (started.code, started.body)
+    bob = KernelSocket(
+        await jupyter_ws.connect(jupyter_ws.channels_url(hub.gateway_url, started.json["id"], uuid.uuid4().hex), hub.tokens["bob"], 60)
+    )
+    try:
+        seen = await bob.execute(f"import os; print(os.getcwd(), os.path.exists({str(home)!r}))")
+        assert seen.stdout.split() == ["/home/sandbox", "False"], seen.messages
+    finally:
+        bob.close()
+        assert (await hub.gateway("DELETE", f"api/kernels/{started.json['id']}", token=hub.tokens["bob"])).code == 204
 
 
 async def test_bobs_token_reaches_none_of_alices_kernel_and_hers_still_runs(hub: Hub, shared: dict) -> None:
