@@ -278,25 +278,43 @@ def dropped_give_up_timer(connection: Any) -> Iterator[None]:
     """Within it, the timers that ``connection`` sets on the current IOLoop with ``add_timeout`` and whose callbacks
     close over it are removed at the end: jupyter_server's ZMQChannelsWebsocketConnection.prepare sets one (give_up,
     after kernel_info_timeout, 60 s), which holds the connection, and through it the WebSocket handler, for that long
-    whatever happens. prepare calls ``IOLoop.current().add_timeout`` with no handle kept, so the loop's method is
-    wrapped for the while."""
+    whatever happens.
+
+    No hook: prepare calls ``IOLoop.current().add_timeout`` and keeps no handle, and jupyter_server offers nothing to
+    cancel it, so the loop's method is wrapped while any connection is in here. One wrapper for all of them (the
+    loop's _WATCHED registry): connections that prepare at once each register and leave alone, and the last one out
+    puts the loop's own method back. A wrapper per connection stacked, and the inner one's exit unwrapped the outer
+    one while it still waited, whose timer then held it."""
     loop = IOLoop.current()
-    original, timers = loop.add_timeout, []
+    watched: dict[int, tuple[Any, list]] | None = loop.__dict__.get(_WATCHED)
+    if watched is None:
+        watched = {}
+        original = loop.add_timeout
 
-    def add_timeout(deadline: float, callback: Any, *args: Any, **kwargs: Any) -> object:
-        handle = original(deadline, callback, *args, **kwargs)
-        if any(cell.cell_contents is connection for cell in getattr(callback, "__closure__", None) or () if _filled(cell)):
-            timers.append(handle)  # prepare's give_up, which closes over this connection
-        return handle
+        def add_timeout(deadline: float, callback: Any, *args: Any, **kwargs: Any) -> object:
+            handle = original(deadline, callback, *args, **kwargs)
+            closure = [cell.cell_contents for cell in getattr(callback, "__closure__", None) or () if _filled(cell)]
+            for watcher, timers in watched.values():
+                if any(value is watcher for value in closure):
+                    timers.append(handle)  # prepare's give_up, which closes over this connection
+            return handle
 
-    loop.add_timeout = add_timeout  # type: ignore[method-assign]
+        loop.add_timeout = add_timeout  # type: ignore[method-assign]
+        setattr(loop, _WATCHED, watched)
+    timers: list = []
+    watched[id(connection)] = (connection, timers)
     try:
         yield
     finally:
-        if loop.__dict__.get("add_timeout") is add_timeout:
-            del loop.add_timeout
+        del watched[id(connection)]
         for handle in timers:
             loop.remove_timeout(handle)
+        if not watched:
+            del loop.add_timeout
+            delattr(loop, _WATCHED)
+
+
+_WATCHED = "_msb_give_up_watched"  # on an IOLoop: the connections dropped_give_up_timer watches now
 
 
 # -- kernels and their clients -----------------------------------------------------------------------------------------

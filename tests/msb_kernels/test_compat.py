@@ -359,6 +359,30 @@ async def test_dropped_give_up_timer_removes_the_timers_that_hold_the_connection
     assert fired == ["other"]
 
 
+async def test_two_websockets_connecting_at_once_each_drop_their_own_timer():
+    """Two connections prepare at once, and the one that came in second leaves first: the first one's timer, set after
+    that, is still dropped (a wrapper per connection let it fire and hold its connection), and the loop's own method is
+    back once both are out."""
+    loop = IOLoop.current()
+    first, second, fired = object(), object(), []
+
+    def give_up_of(connection: object):
+        def give_up() -> None:
+            fired.append(connection)
+
+        return give_up
+
+    outer = compat.dropped_give_up_timer(first)
+    outer.__enter__()
+    with compat.dropped_give_up_timer(second):
+        loop.add_timeout(loop.time() + 0.01, give_up_of(second))
+    loop.add_timeout(loop.time() + 0.01, give_up_of(first))  # the first still waits for its kernel's answer
+    outer.__exit__(None, None, None)
+    assert "add_timeout" not in loop.__dict__
+    await asyncio.sleep(0.05)
+    assert fired == []
+
+
 # -- kernels and their clients -----------------------------------------------------------------------------------------
 
 
