@@ -36,7 +36,12 @@ def roots(settings: MsbSettings) -> list[str]:
     """Where a session's files may be: its /tmp, its home, the shared volume when there is one, and the acting
     person's Lab root (the notebooks' folder their Lab shows) when the sandboxes show one."""
     lab = root_path(settings, volume_of(acting()))
-    return ["/tmp", SANDBOX_HOME, *([settings.shared_volume_guest_path] if settings.shared_volume else []), *([str(lab)] if lab else [])]
+    return [
+        "/tmp",
+        SANDBOX_HOME,
+        *([settings.shared_volume_guest_path] if settings.has_shared_volume else []),
+        *([str(lab)] if lab else []),
+    ]
 
 
 def size_limit(info: SessionInfo, settings: MsbSettings) -> tuple[int, str]:

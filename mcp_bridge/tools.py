@@ -43,7 +43,7 @@ from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import FLAVORS, describe_flavors
 from msb_kernels.identity.people import acting
-from msb_kernels.identity.volumes import has_own_directory, own_directory
+from msb_kernels.identity.volumes import docker_volume, has_own_directory, own_directory, volume_of
 from msb_kernels.templates import LANGUAGE_ALIASES, TEMPLATES, get_template
 
 LANGUAGE_CHOICES = ["python", "node", "javascript"]
@@ -400,6 +400,15 @@ async def get_volume_path(
             available=True,
             description=f"{person.name}'s own directory of the shared volume, mounted at {guest} in each of {person.name}'s "
             f"sandboxes (host: {own_directory(host, person.slug)}); no other person's kernels see it",
+        )
+    elif host is None and bridge.settings.shared_volume_name:
+        named = docker_volume(bridge.settings.shared_volume_name, volume_of(person))
+        whose = f"{person.name}'s own" if has_own_directory(person) else "the whole"
+        response = VolumePathResponse(
+            volume_path=guest,
+            available=True,
+            description=f"{whose} shared volume, the Docker named volume {named}, mounted at {guest} in each of the sandboxes "
+            "it is for; no other person's kernels see a person's own",
         )
     elif host is not None:
         response = VolumePathResponse(

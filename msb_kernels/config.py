@@ -69,6 +69,12 @@ class MsbSettings(Configurable):
     max_sessions = Int(10, help="Most sandboxed kernels one msb-kernels process runs at once.").tag(config=True)
     shared_volume_path = Unicode(None, allow_none=True, help="Host directory mounted into every sandbox (unset = none).").tag(config=True)
     shared_volume_guest_path = Unicode("/shared", help="Where the shared volume appears inside the sandbox.").tag(config=True)
+    shared_volume_name = Unicode(
+        None,
+        allow_none=True,
+        help="On Docker Swarm (no host directory reaches a node): the Docker named volume kernels mount at the guest path, "
+        "msb-<name>; each person's own is <it>-<their name>. Unset = none.",
+    ).tag(config=True)
     backend = Unicode("auto", help="Sandbox backend: auto, namespace, gvisor, microsandbox or swarm (never picked by auto).").tag(
         config=True
     )
@@ -331,6 +337,12 @@ class MsbSettings(Configurable):
         return Path(self.shared_volume_path).resolve() if self.shared_volume_path else None
 
     @property
+    def has_shared_volume(self) -> bool:
+        """Whether kernels mount a shared volume: a host directory (MSB_SHARED_VOLUME_PATH), or on Docker Swarm a
+        named volume (MSB_SHARED_VOLUME_NAME)."""
+        return self.shared_volume is not None or self.shared_volume_name is not None
+
+    @property
     def lab_root(self) -> Path | None:
         """The one Lab root (labroot.root_of tells whose root a kernel sees, a person's own among them)."""
         return Path(self.lab_root_path).resolve() if self.lab_root_path and "{username}" not in self.lab_root_path else None
@@ -398,6 +410,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "shared_volume_path": checks.check_shared_path,
     "lab_root_path": checks.check_lab_root,
     "shared_volume_guest_path": checks.check_guest_path,
+    "shared_volume_name": checks.check_volume_name,
     "port_range": checks.check_port_range,
     "python_image": checks.check_image,
     **egress_checks.CHECKS,
@@ -455,6 +468,7 @@ _ACCEPTED: dict[str, str] = {
     "shared_volume_path": "create the directory first, or unset the variable for no shared volume",
     "lab_root_path": "use the absolute path JupyterLab serves (its --ServerApp.root_dir), or a template of each person's such as /home/{username}; not a system directory, /tmp or /home itself",
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
+    "shared_volume_name": "use a Docker volume name that starts with msb- (letters, digits, _ . -), such as msb-shared",
     "runtime_dir": "use a writable directory with a short path",
     "environments_dir": "use an absolute path to a directory (made at the first `msb-kernels env add`), or unset it for the default",
     "scratch_dir": "use a writable directory on a disk with room for the flavors' disks",

@@ -159,7 +159,7 @@ class KernelPool:
         flavor = (request.flavor or "").strip().lower()
         if flavor and (choice is None or choice.flavor.name != flavor):
             return False
-        volume = settings.shared_volume is not None
+        volume = settings.has_shared_volume
         return request.sandbox_shape(volume) == POOL_REQUEST.sandbox_shape(volume)
 
     def take(self, kernel_name: str, kwargs: dict[str, Any]) -> AsyncKernelManager | None:

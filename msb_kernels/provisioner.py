@@ -43,7 +43,7 @@ from msb_kernels.egress.route import EgressRoute
 from msb_kernels.environments.kernel_images import kernel_image
 from msb_kernels.errors import ConfigError, InvalidRequest, ResourceLimitExceeded, SandboxError
 from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.identity.volumes import user_base, volume_for
+from msb_kernels.identity.volumes import docker_volume, user_base, volume_for
 from msb_kernels.probe import backend_for_start, distrust
 from msb_kernels.registry import SandboxRegistry, registry_of
 from msb_kernels.start_request import START_REQUEST, StartRequest
@@ -382,7 +382,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             "MSB_SANDBOX": self.backend.name,
         }
         guest.update(self.template_spec.kernel_env(self.flavor_spec.memory_mib, self._guest_path(self.template_spec.startup_file)))
-        if self.settings.shared_volume:
+        if self.settings.has_shared_volume:
             guest["MSB_SHARED_VOLUME"] = self.settings.shared_volume_guest_path
         if volume and self.template_spec.user_packages:
             guest["PYTHONUSERBASE"] = user_base(self.settings.shared_volume_guest_path, self.environment or DEFAULT_ENVIRONMENT)
@@ -413,10 +413,20 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             egress, self.egress = self.egress, None
             await egress.close()
 
+    def _shared_volume(self, volume: str | None) -> SharedVolume | None:
+        """The part of the shared volume this kernel mounts (its StartRequest's volume: its person's own, or the whole
+        one): a host directory; on a cluster with MSB_SHARED_VOLUME_NAME, a Docker named volume (a host directory there
+        is refused by the backend, by name)."""
+        guest = self.settings.shared_volume_guest_path
+        if self.backend.runs_on_cluster and self.settings.shared_volume_name and volume is not None:
+            return SharedVolume(None, guest, docker_volume(self.settings.shared_volume_name, volume))
+        shared = volume_for(self.settings.shared_volume, volume)
+        return SharedVolume(shared, guest) if shared else None
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
         request = self.start_request
-        shared = volume_for(self.settings.shared_volume, request.volume)  # its person's own directory of it, or none
+        shared = self._shared_volume(request.volume)
         env = self._guest_env(argv[0], volume=shared is not None)
         registry = self.sandbox_registry
         try:
@@ -433,7 +443,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             env=env,
             io_dir=self.io_dir,
             readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
-            shared_volume=SharedVolume(shared, self.settings.shared_volume_guest_path) if shared else None,
+            shared_volume=shared,
             host_directories=labroot.lab_directories(self.settings, request.volume),
             working_dir=labroot.working_dir(self.settings, request.working_dir, request.volume),
             copies=self._copies(),

@@ -4,6 +4,7 @@ None. Pure functions of the value, so the settings class stays the one list of s
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -70,6 +71,14 @@ def check_shared_path(value: str) -> str | None:
     if not path.is_dir():
         return "is not a directory"
     return None
+
+
+# A Docker volume name the gateway may mount (backends/cluster/api_rules.py): of this project's, never another's.
+VOLUME_NAME = re.compile(r"^msb-[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+
+
+def check_volume_name(value: str) -> str | None:
+    return None if VOLUME_NAME.match(value) else "is not a Docker volume name that starts with msb-"
 
 
 def parse_port_range(value: str) -> tuple[int, int]:

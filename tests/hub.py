@@ -1,7 +1,7 @@
 """A real JupyterHub in front of the gateway, for tests: deploy/jupyterhub/jupyterhub_config.py as shipped.
 
 The Hub runs from a temp dir on free loopback ports, with configurable-http-proxy from npm (``scripts/test``
-installs it into ``.venv/share/msb-kernels/chp``), ``DummyAuthenticator`` with a shared password, and
+installs it into ``.venv/share/msb-kernels/chp``), JupyterHub's ``SharedPasswordAuthenticator`` (one password), and
 ``SimpleLocalProcessSpawner`` (``--allow-root`` where the suite runs as root); the Hub starts and stops
 ``msb-kernels serve`` as its managed service ``msb-kernels``. Everything test-only is in an overlay config that
 loads the deploy config first: the proxy's path, and an admin service whose token drives the Hub's REST API.
@@ -41,7 +41,7 @@ from tests.skips import CHP
 
 DEPLOY_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
 SERVICE = "msb-kernels"
-PASSWORD = "msb-tests-shared-password"  # DummyAuthenticator's one password, for every user
+PASSWORD = "msb-tests-shared-password"  # SharedPasswordAuthenticator's one password, for every user
 SERVER_TIMEOUT = 120.0  # a single-user server's start: JupyterLab and its extensions, on a loaded 2-core machine
 ADMIN_SERVICE = "msb-tests"
 # What the Hub puts in its processes' environments that lets one act as someone: servers', services' and the proxy's.

@@ -26,7 +26,10 @@
 #   MSB_HUB_STATE_DIR       the Hub's database, cookie secret and pid files    the current directory
 #   MSB_HUB_AUTHENTICATOR   the authenticator ("dummy", or a class or name     JupyterHub's (PAM: the host's users)
 #                           JupyterHub knows, e.g. "github")
-#   MSB_HUB_PASSWORD        the shared password, for MSB_HUB_AUTHENTICATOR=dummy only (tests)
+#   MSB_HUB_PASSWORD        the shared password, for MSB_HUB_AUTHENTICATOR=dummy only (tests; JupyterHub 5.3+'s
+#                           SharedPasswordAuthenticator.user_password: 8 characters at least)
+#   MSB_HUB_ADMIN_PASSWORD  with dummy: the admins' own password (32 characters at least);      unset: admins log in
+#                           JupyterHub lets no admin in with the shared one                      some other way
 #   MSB_HUB_ALLOWED_USERS   comma-separated names who may log in               the authenticator's own rule
 #   MSB_HUB_ADMIN_USERS     comma-separated Hub admins, who are the gateway's  none
 #                           admins too (they see and manage every kernel)
@@ -54,7 +57,7 @@ VENV_BIN = Path(sys.executable).parent  # the venv running this Hub, which msb-k
 
 # This config's own knobs (the table above), which stay with the Hub; the gateway's MSB_HUB_* settings pass on.
 KNOBS = {"IP", "PORT", "API_PORT", "PROXY_API_PORT", "GATEWAY_PORT", "GATEWAY_URL", "STATE_DIR", "AUTHENTICATOR"}
-KNOBS |= {"PASSWORD", "ALLOWED_USERS", "ADMIN_USERS", "SPAWNER", "ALLOW_ROOT"}
+KNOBS |= {"PASSWORD", "ADMIN_PASSWORD", "ALLOWED_USERS", "ADMIN_USERS", "SPAWNER", "ALLOW_ROOT"}
 
 
 def knob(name: str, default: str = "") -> str:
@@ -136,9 +139,20 @@ if knob("ALLOWED_USERS"):
 
 authenticator = knob("AUTHENTICATOR")
 if authenticator == "dummy":
-    # Tests only: anyone allowed logs in with the one shared password.
-    c.JupyterHub.authenticator_class = "jupyterhub.auth.DummyAuthenticator"
-    c.DummyAuthenticator.password = knob("PASSWORD")
+    # Tests and demos only: anyone allowed logs in with the one shared password. JupyterHub 5.3+ has
+    # SharedPasswordAuthenticator for this (its DummyAuthenticator.password is deprecated); an older Hub keeps the dummy.
+    try:
+        from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
+    except ImportError:
+        c.JupyterHub.authenticator_class = "jupyterhub.auth.DummyAuthenticator"
+        c.DummyAuthenticator.password = knob("PASSWORD")
+    else:
+        c.JupyterHub.authenticator_class = SharedPasswordAuthenticator
+        c.SharedPasswordAuthenticator.user_password = knob("PASSWORD")  # 8 characters at least
+        if knob("ADMIN_PASSWORD"):  # admins log in with their own, 32 characters at least, or not at all
+            c.SharedPasswordAuthenticator.admin_password = knob("ADMIN_PASSWORD")
+        if not knob("ALLOWED_USERS"):
+            c.SharedPasswordAuthenticator.allow_all = True  # as the dummy let anyone with the password in
 elif authenticator:
     c.JupyterHub.authenticator_class = authenticator
 

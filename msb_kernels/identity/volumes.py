@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 from pathlib import Path
 
 from msb_kernels.backends.core.idmap import FIRST_PERSON_UID
@@ -22,6 +23,7 @@ WHOLE_VOLUME = "."  # a StartRequest's volume: the whole shared volume
 # sandboxes' (backends/namespace/uids.py), and used by no process.
 PERSON_IDS = range(1_000_000_000, 1_001_000_000)
 LAST_LOGIN_UID = 60000  # login.defs' UID_MAX: above it are accounts such as nobody (65534), never a person's
+DOCKER_NAME_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 USER_PACKAGES_DIR = ".python"  # in a kernel's volume: the packages its person installs with `pip install --user`
 
 
@@ -93,6 +95,16 @@ def person_ids(root: Path, slug: str) -> tuple[int, int]:
     taken = {entry.stat(follow_symlinks=False).st_uid for entry in os.scandir(root)}
     uid = next(candidate for candidate in PERSON_IDS if candidate not in taken)
     return uid, uid
+
+
+def docker_volume(base: str, volume: str) -> str:
+    """The Docker named volume of a StartRequest's volume on a cluster (MSB_SHARED_VOLUME_NAME=base): base itself for
+    the whole volume, ``base-<name>`` for a person's own; ``base--<slug in hex>`` where the slug holds a character
+    Docker's names lack (Person.slug escapes as %XX), which no plain one can be (it starts with a letter or digit), so
+    no two people share one."""
+    if volume == WHOLE_VOLUME:
+        return base
+    return f"{base}-{volume}" if DOCKER_NAME_CHARS.match(volume) else f"{base}--{volume.encode().hex()}"
 
 
 def user_base(guest_volume: str, environment: str) -> str:

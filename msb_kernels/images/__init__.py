@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 GUEST_USER = "sandbox"  # the images' unprivileged user (uid 1000, home /home/sandbox)
 GUEST_UID = 1000
 GUEST_HOME = "/home/sandbox"
+IMAGE_SHARED_DIR = "/shared"  # the kernel user's, empty: a named volume mounted there first takes its owner and mode
 GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
 LOCAL_IMAGE_PREFIX = "msb-kernels/"  # images `msb-kernels image build` tags
 IMAGE_CURVE_LABEL = "org.msb-kernels.curve"  # "true" when the image's kernel speaks CurveZMQ

@@ -14,13 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from msb_kernels.errors import SandboxError
-from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, GUEST_USER, IMAGE_CURVE_LABEL, TEMPLATE_LABEL
+from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, GUEST_USER, IMAGE_CURVE_LABEL, IMAGE_SHARED_DIR, TEMPLATE_LABEL
 from msb_kernels.images.rootfs import ipykernel_speaks_curve
 from msb_kernels.templates import TEMPLATES
 
 
 def _owned_by_root_unless_home(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    if info.name == GUEST_HOME.lstrip("/") or info.name.startswith(GUEST_HOME.lstrip("/") + "/"):
+    if (
+        info.name == GUEST_HOME.lstrip("/")
+        or info.name.startswith(GUEST_HOME.lstrip("/") + "/")
+        or info.name == IMAGE_SHARED_DIR.lstrip("/")
+    ):
         info.uid = info.gid = GUEST_UID
         info.uname = info.gname = GUEST_USER
     return info

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from msb_kernels.errors import SandboxError
-from msb_kernels.images import GUEST_HOME, GUEST_UID, GUEST_USER
+from msb_kernels.images import GUEST_HOME, GUEST_UID, GUEST_USER, IMAGE_SHARED_DIR
 
 # Beyond the interpreter, what a notebook user types first in a `!` line (tests/msb_kernels/backends/test_contract.py's
 # everyday battery): minbase has coreutils, findutils, tar and gzip; git, sqlite3, curl and `python -m venv` are added.
@@ -173,6 +173,11 @@ def add_sandbox_user(rootfs: Path) -> None:
     # Open to all: Docker puts a tmpfs over it (MSB_BACKEND=swarm, a read-only image) with the image directory's mode
     # but root as its owner, and the kernel's user must write there. The kernel's user is the image's only one.
     os.chmod(home, 0o777)
+    # The shared volume's mount point (MSB_SHARED_VOLUME_NAME on Swarm): a named volume the engine makes there copies
+    # its owner (the archive makes it the kernel user's) and mode, so a person's volume is theirs alone to write.
+    shared = rootfs / IMAGE_SHARED_DIR.lstrip("/")
+    shared.mkdir(exist_ok=True)
+    os.chmod(shared, 0o700)
     (rootfs / "tmp").mkdir(exist_ok=True)
     os.chmod(rootfs / "tmp", 0o1777)
     (rootfs / "run" / "kernel").mkdir(parents=True, exist_ok=True)

@@ -150,9 +150,28 @@ def test_a_user_without_root_bootstraps_from_their_home_and_runs_the_demo(nobody
 
 
 @pytest.mark.slow
+def test_the_run_script_installs_only_when_asked_and_says_what_its_arguments_do(nobody_checkout):
+    """`./scripts/run --install-only` installs (again: idempotent) and says how to start the gateway, without starting
+    it; `--help` says what the script's arguments do, then serve's own options, which the rest go to."""
+    checkout, env = nobody_checkout
+    installed = subprocess.run(
+        [*AS_NOBODY, "./scripts/run", "--install-only"], cwd=checkout, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert f"msb-kernels is installed in {checkout}/.venv" in installed.stdout and "./scripts/run [serve options]" in installed.stdout
+    helped = subprocess.run(
+        [*AS_NOBODY, str(checkout / "scripts" / "run"), "--help"], cwd="/", env=env, capture_output=True, text=True, timeout=60
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "--install-only" in helped.stdout and "usage: msb-kernels serve" in helped.stdout and "--port PORT" in helped.stdout
+
+
+@pytest.mark.slow
 async def test_a_user_without_root_serves_a_team_from_a_users_file(nobody_checkout):
     """The operator without root: `msb-kernels users add` twice, `msb-kernels serve` with the users file, and each
-    person sees only their own kernels."""
+    person sees only their own kernels, and their own files: their volume and their Lab root, made by the operator
+    with mkdir and default modes, read and written by each of their kernels, all of it the operator's on the host (the
+    sandboxes run as the operator's own user), and none of it in the other person's kernels."""
     from tests.msb_kernels.gateway.conftest import HttpServer, KernelSocket, free_port, wait_until
 
     checkout, env = nobody_checkout
@@ -166,7 +185,18 @@ async def test_a_user_without_root_serves_a_team_from_a_users_file(nobody_checko
     assert oct(users.stat().st_mode & 0o777) == "0o600" and users.stat().st_uid == 65534
     port = free_port()
     log_path = checkout.parent / "serve.log"
-    serve_env = {**env, "MSB_USERS_FILE": str(users), "MSB_RUNTIME_DIR": str(checkout.parent / "rt"), "MSB_POOL_SIZE": "0"}
+    shared, labs = checkout.parent / "shared", checkout.parent / "labs"
+    for directory in (shared, labs):
+        made = subprocess.run([*AS_NOBODY, "mkdir", str(directory)], capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+    serve_env = {
+        **env,
+        "MSB_USERS_FILE": str(users),
+        "MSB_RUNTIME_DIR": str(checkout.parent / "rt"),
+        "MSB_POOL_SIZE": "0",
+        "MSB_SHARED_VOLUME_PATH": str(shared),
+        "MSB_LAB_ROOT_PATH": str(labs / "{username}"),
+    }
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [*AS_NOBODY, program, "serve", "--port", str(port)], env=serve_env, stdout=log, stderr=subprocess.STDOUT, cwd=checkout.parent
@@ -185,6 +215,25 @@ async def test_a_user_without_root_serves_a_team_from_a_users_file(nobody_checko
         assert kernel not in (await server.request("GET", "/api/kernels", token=tokens["bob"])).body.decode()
         assert (await server.request("DELETE", f"/api/kernels/{kernel}", token=tokens["bob"])).code == 404
         assert (await server.request("DELETE", f"/api/kernels/{kernel}")).code == 204
+
+        lab = labs / "alice"
+        probe = f"import os; open('/shared/kept.txt', 'a').write('x'); open({str(lab / 'out.txt')!r}, 'a').write('y'); print(os.getcwd())"
+        for who, code, expected in (
+            ("alice", probe, str(lab)),
+            ("alice", f"print(open('/shared/kept.txt').read(), open({str(lab / 'out.txt')!r}).read())", "x y"),
+            ("bob", f"import os; print(os.listdir('/shared'), os.path.exists({str(lab)!r}))", "[] False"),
+        ):
+            body = {"name": "msb-python-small", "env": {"KERNEL_WORKING_DIR": str(lab)}}
+            started = await server.request("POST", "/api/kernels", body, token=tokens[who])
+            assert started.code == 201, (started.body, server.log()[-2000:])
+            socket = await KernelSocket.open(server, started.json["id"], token=tokens[who])
+            try:
+                assert (await socket.execute(code)).stdout.strip() == expected, who
+            finally:
+                socket.close()
+            assert (await server.request("DELETE", f"/api/kernels/{started.json['id']}", token=tokens[who])).code == 204
+        written = [shared / "alice" / "kept.txt", lab / "out.txt", shared / "alice", lab]
+        assert {path.stat().st_uid for path in written} == {65534}, [(path, path.stat().st_uid) for path in written]
         assert "Traceback" not in server.log(), server.log()[-3000:]
     finally:
         server.stop()

@@ -27,6 +27,7 @@ _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _IMAGE = r"[A-Za-z0-9][A-Za-z0-9_.:/@-]*"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_VOLUME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,250}$")
 
 READS: tuple[tuple[frozenset[str], re.Pattern[str]], ...] = tuple(
     (frozenset(methods), re.compile(pattern))
@@ -166,11 +167,33 @@ class Policy:
     allow_network: bool = False
     # Environments' images are this repository with "-NAME" added (`msb-kernels image build python --env NAME`), any tag.
     environments_of: str | None = None
+    # MSB_SHARED_VOLUME_NAME: the named volumes a kernel may mount (it, or a person's, "<it>-..."), at volume_target only.
+    volume_name: str | None = None
+    volume_target: str = "/shared"
 
     @classmethod
     def from_settings(cls, settings: MsbSettings) -> Policy:
         images = (settings.python_image, settings.node_image)
-        return cls(settings.swarm_network, images, settings.allow_network, image_reference(settings.python_image)[0])
+        return cls(
+            settings.swarm_network,
+            images,
+            settings.allow_network,
+            image_reference(settings.python_image)[0],
+            settings.shared_volume_name,
+            settings.shared_volume_guest_path,
+        )
+
+    def volume_mount(self, mount: dict[str, Any]) -> bool:
+        """A mount of one of the shared volume's named volumes at its guest path: the volume, or a person's own. Any
+        other volume (a database's, one an operator made with a host path) is never a kernel's to mount; no options
+        ride along (VolumeOptions is not a field a kernel's mount may have), so the engine makes it plain if missing."""
+        source, name = mount.get("Source"), self.volume_name
+        return (
+            name is not None
+            and isinstance(source, str)
+            and (source == name or (source.startswith(name + "-") and bool(_VOLUME.match(source))))
+            and mount.get("Target") == self.volume_target
+        )
 
     def kernel_image(self, ref: str) -> bool:
         """One of the kernel images; with a digest it is the image that tag named when it was pinned (as the Docker CLI
@@ -225,8 +248,13 @@ class Policy:
             raise Refused(f"Isolation {container.get('Isolation')!r} is not the default")
         for index, item in enumerate(_list(container.get("Mounts"), "Mounts")):
             mount = _object(item, f"Mounts[{index}]", MOUNT_FIELDS)
+            if mount.get("Type") == "volume" and self.volume_mount(mount):
+                continue
             if mount.get("Type") != "tmpfs" or mount.get("Source"):
-                raise Refused(f"Mounts[{index}] is a {mount.get('Type')!r} mount of {mount.get('Source')!r}: only tmpfs mounts are allowed")
+                raise Refused(
+                    f"Mounts[{index}] is a {mount.get('Type')!r} mount of {mount.get('Source')!r}: only tmpfs mounts are allowed, "
+                    "and the shared volume's own (MSB_SHARED_VOLUME_NAME) at its guest path"
+                )
         secret_ids = []
         for index, item in enumerate(_list(container.get("Secrets"), "Secrets")):
             reference = _object(item, f"Secrets[{index}]", SECRET_REF_FIELDS)

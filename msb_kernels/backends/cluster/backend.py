@@ -42,7 +42,7 @@ from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.route import RELAY_LAUNCHER, relay_source
 from msb_kernels.environments.kernel_images import kernel_argv, kernel_image, missing_image_advice
 from msb_kernels.errors import BackendUnavailable, ResourceLimitExceeded, SandboxError
-from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, IMAGE_CURVE_LABEL, image_for
+from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, IMAGE_CURVE_LABEL, IMAGE_SHARED_DIR, image_for
 from msb_kernels.templates import TEMPLATES
 
 log = logging.getLogger("msb_kernels")
@@ -355,17 +355,30 @@ class ClusterBackend(SandboxBackend):
             user=f"{GUEST_UID}:{GUEST_UID}",
             home=GUEST_HOME,
             workdir=GUEST_HOME,
+            volume=(spec.shared_volume.docker_name, spec.shared_volume.guest_path)
+            if spec.shared_volume and spec.shared_volume.docker_name
+            else None,
         )
 
     async def create(self, spec: SandboxSpec) -> ClusterSandbox:
         availability = self.availability()
         if not availability.ok:
             raise BackendUnavailable(f"the {self.name} backend cannot run here: {availability.reason}", ["run `msb-kernels doctor`"])
-        if spec.shared_volume is not None or spec.host_directories:
+        if spec.host_directories or (spec.shared_volume is not None and spec.shared_volume.docker_name is None):
             raise SandboxError(
                 f"the {self.name} backend shows no host directory to its kernels (MSB_SHARED_VOLUME_PATH, MSB_LAB_ROOT_PATH): "
                 "they run on other nodes",
-                ["unset those settings for this gateway", "upload and download files with the MCP file tools"],
+                [
+                    "unset those settings for this gateway",
+                    "set MSB_SHARED_VOLUME_NAME=msb-shared for a Docker named volume per person",
+                    "upload and download files with the MCP file tools",
+                ],
+            )
+        if spec.shared_volume is not None and spec.shared_volume.guest_path != IMAGE_SHARED_DIR:
+            raise SandboxError(
+                f"MSB_SHARED_VOLUME_GUEST_PATH={spec.shared_volume.guest_path}: on {self.name} a named volume takes its owner "
+                f"from the kernel image's {IMAGE_SHARED_DIR}, which no other path of the image has",
+                [f"unset MSB_SHARED_VOLUME_GUEST_PATH (it is {IMAGE_SHARED_DIR})"],
             )
         await asyncio.to_thread(self._check_on_kernel_network)
         owner = self.owner_for(spec)

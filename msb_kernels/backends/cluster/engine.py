@@ -31,6 +31,7 @@ class KernelService:
     user: str  # uid:gid
     home: str
     workdir: str
+    volume: tuple[str, str] | None = None  # (named volume, where): the shared volume's, a person's own or the whole one
 
 
 @dataclass

@@ -262,6 +262,8 @@ class DockerSwarm(Engine):
             scratch += [
                 Mount(target, None, type="tmpfs", tmpfs_size=service.scratch_bytes, tmpfs_mode=0o777) for target in (service.home, "/tmp")
             ]
+            if service.volume is not None:  # made by the engine at its first mount, from the image's (the kernel user's) /shared
+                scratch.append(Mount(service.volume[1], service.volume[0], type="volume"))
             client.services.create(
                 service.image,
                 command=command,

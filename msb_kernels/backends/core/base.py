@@ -28,8 +28,12 @@ SANDBOX_LABEL = "msb-kernels"  # every sandbox we create carries this label, for
 
 @dataclass(frozen=True)
 class SharedVolume:
-    host_path: Path
+    """The shared volume a kernel mounts at guest_path: host_path, the host directory where the backend shows one; on a
+    cluster (whose kernels run on other nodes), the named volume docker_name, a person's own or the whole one's."""
+
+    host_path: Path | None
     guest_path: str
+    docker_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from msb_kernels.backends.core import iodir
 from msb_kernels.config import backend_locations
 from msb_kernels.flavors import FLAVORS
 from msb_kernels.provisioner import GUEST_CONNECTION_FILE
-from tests.conftest import REPO, KernelFactory
+from tests.conftest import REPO, TEST_BASE, KernelFactory
 from tests.kernel_helpers import (
     HostListener,
     assert_unanswered_without_keys,
@@ -347,3 +347,43 @@ async def test_curve_encryption_over_tcp_or_when_asked(variant, start_kernel):
     assert guest_file["curve_publickey"] == km.curve_publickey.decode()
     assert (await execute(kc, "6 * 7")).result == "42"
     await assert_unanswered_without_keys(km)
+
+
+VOLUME_PROBE = """
+import json, os
+seen = {"listing": sorted(os.listdir("/shared"))}
+if WRITE:
+    os.makedirs("/shared/notes", exist_ok=True)
+    with open("/shared/notes/today.txt", "a") as notes:
+        notes.write("WHO was here\\n")
+if os.path.exists("/shared/notes/today.txt"):
+    seen["notes"] = open("/shared/notes/today.txt").read()
+print(json.dumps(seen))
+"""
+
+
+async def test_a_persons_volume_is_theirs_in_each_of_their_kernels_and_no_one_elses(variant, start_kernel, monkeypatch):
+    """A person's part of the shared volume (a StartRequest's volume, which the gateway sets from the caller): a host
+    directory made with default modes on this host's backends (MSB_SHARED_VOLUME_PATH), a Docker named volume on a
+    cluster's (MSB_SHARED_VOLUME_NAME). alice's next kernel reads and adds to what her first one wrote; bob's sees
+    none of it (docs/teams.md, "Your files")."""
+    from msb_kernels.start_request import StartRequest
+
+    backend, _ = variant
+    if backend_classes()[backend].runs_on_cluster:
+        monkeypatch.setenv("MSB_SHARED_VOLUME_NAME", f"msb-t{uuid.uuid4().hex[:8]}")
+    else:
+        root = TEST_BASE / f"volume-{uuid.uuid4().hex[:8]}"
+        root.mkdir(mode=0o755)  # as an operator makes it: nothing opened up for the sandboxes
+        root.chmod(0o755)
+        monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(root))
+
+    async def run(who: str, write: bool) -> dict:
+        _, kc = await start_kernel(env={"MSB_BACKEND": backend}, start_request=StartRequest(volume=who))
+        reply = await execute(kc, VOLUME_PROBE.replace("WRITE", str(write)).replace("WHO", who))
+        assert reply.error is None, reply.traceback
+        return json.loads(reply.stdout)
+
+    assert await run("alice", write=True) == {"listing": [], "notes": "alice was here\n"}
+    assert await run("alice", write=True) == {"listing": ["notes"], "notes": "alice was here\nalice was here\n"}
+    assert await run("bob", write=False) == {"listing": []}

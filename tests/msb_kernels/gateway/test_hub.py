@@ -1,6 +1,6 @@
 """The gateway under JupyterHub, as a team runs it: deploy/jupyterhub/jupyterhub_config.py, two people, one gateway.
 
-JupyterHub 6 from PyPI with configurable-http-proxy from npm (tests/hub.py), DummyAuthenticator with a shared
+JupyterHub 6 from PyPI with configurable-http-proxy from npm (tests/hub.py), SharedPasswordAuthenticator with one
 password, SimpleLocalProcessSpawner (``--allow-root`` as root), and the gateway as the Hub's managed service. Each
 person's JupyterLab sends the gateway its own server token. Chromium logs in and runs a cell as a person does; bob's
 tries at alice's kernel are refused as if it did not exist, and name neither her nor it.
@@ -370,7 +370,9 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
 
     knobs = {
         "MSB_HUB_STATE_DIR": str(tmp_path),
-        "MSB_HUB_PASSWORD": "pw",
+        "MSB_HUB_PASSWORD": "a shared password",
+        "MSB_HUB_ADMIN_PASSWORD": "an admin's own password, 32 characters long",
+        "MSB_HUB_AUTHENTICATOR": "dummy",
         "MSB_HUB_AUTH_CACHE_SECONDS": "7",
         "MSB_HUB_PUBLIC_URL": "https://hub.example",
     }
@@ -381,7 +383,16 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
     assert service["command"] == [str(VENV_BIN / "msb-kernels"), "serve"] and service["url"] == "http://127.0.0.1:8765"
     assert service["environment"]["MSB_HUB_AUTH_CACHE_SECONDS"] == "7"
     assert config.JupyterHub.public_url == service["environment"]["MSB_HUB_PUBLIC_URL"] == "https://hub.example"  # both read it
-    assert not [name for name in service["environment"] if name in ("MSB_HUB_PASSWORD", "MSB_HUB_STATE_DIR")]
+    assert not [name for name in service["environment"] if name in ("MSB_HUB_PASSWORD", "MSB_HUB_ADMIN_PASSWORD", "MSB_HUB_STATE_DIR")]
+    # The shared password is JupyterHub 5.3+'s SharedPasswordAuthenticator's (DummyAuthenticator.password is deprecated).
+    assert config.JupyterHub.authenticator_class.__name__ == "SharedPasswordAuthenticator"
+    assert config.SharedPasswordAuthenticator.user_password == "a shared password"
+    assert config.SharedPasswordAuthenticator.admin_password == knobs["MSB_HUB_ADMIN_PASSWORD"]
+    # Each person's kernels see their own server's root (LocalProcessSpawner's homes), unless the operator says otherwise.
+    assert service["environment"]["MSB_LAB_ROOT_PATH"] == "/home/{username}"
+    monkeypatch.setenv("MSB_LAB_ROOT_PATH", "/srv/labs/{username}")
+    again = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
+    assert again.JupyterHub.services[0]["environment"]["MSB_LAB_ROOT_PATH"] == "/srv/labs/{username}"
     assert "access:services!service=msb-kernels" in config.Spawner.server_token_scopes
     environment = config.Spawner.environment
     assert environment["JUPYTER_GATEWAY_URL"] == "http://127.0.0.1:8765/services/msb-kernels/"

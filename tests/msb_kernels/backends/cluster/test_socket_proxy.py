@@ -181,6 +181,35 @@ def test_a_kernel_shaped_service_passes_and_each_escape_names_its_rule():
         assert rule in refusal(lambda bad=bad: POLICY.check_service(bad)), case
 
 
+def test_only_the_shared_volumes_named_volumes_are_mounted_and_only_at_its_guest_path():
+    """MSB_SHARED_VOLUME_NAME=msb-shared: the whole volume and a person's own (msb-shared-alice) at /shared, plain; never
+    another volume (an operator's database), another place, options that make a host path of it, or a bind."""
+    policy = Policy(NETWORK, (IMAGE,), volume_name="msb-shared", volume_target="/shared")
+    tmp = kernel_spec()["TaskTemplate"]["ContainerSpec"]["Mounts"]
+    for source in ("msb-shared", "msb-shared-alice", "msb-shared--616c696365"):
+        mount = {"Target": "/shared", "Source": source, "Type": "volume", "ReadOnly": False}
+        assert policy.check_service(kernel_spec(Mounts=[*tmp, mount])), source
+    refused = {
+        "db-data": {"Target": "/shared", "Source": "db-data", "Type": "volume"},
+        "msb-sharedX": {"Target": "/shared", "Source": "msb-sharedX", "Type": "volume"},
+        "msb-other": {"Target": "/shared", "Source": "msb-other", "Type": "volume"},
+        "path in name": {"Target": "/shared", "Source": "msb-shared-../../etc", "Type": "volume"},
+        "elsewhere": {"Target": "/etc", "Source": "msb-shared-alice", "Type": "volume"},
+        "options": {
+            "Target": "/shared",
+            "Source": "msb-shared-alice",
+            "Type": "volume",
+            "VolumeOptions": {"DriverConfig": {"Name": "local", "Options": {"type": "none", "o": "bind", "device": "/"}}},
+        },
+        "bind": {"Target": "/shared", "Source": "msb-shared-alice", "Type": "bind"},
+        "spelling": {"Target": "/shared", "Source": "msb-shared-alice", "Type": "Volume"},
+    }
+    for case, mount in refused.items():
+        assert refusal(lambda mount=mount: policy.check_service(kernel_spec(Mounts=[*tmp, mount]))), case
+    plain = {"Target": "/shared", "Source": "msb-shared", "Type": "volume"}
+    assert "only tmpfs" in refusal(lambda: POLICY.check_service(kernel_spec(Mounts=[plain])))  # no MSB_SHARED_VOLUME_NAME: none
+
+
 def test_networks_secrets_and_configs_must_be_the_kernels():
     good = {"Name": NETWORK, "Driver": "overlay", "Internal": True, "Attachable": True, "Labels": {"msb-kernels": "1"}, "Scope": "swarm"}
     POLICY.check_network(good)
