@@ -171,6 +171,8 @@ async def resolve_session(
                 f"session {session_id} runs the {info.environment} environment, but environment={environment!r} was asked for",
                 ["omit environment to use this session", f"omit session_id to start a new session in {environment}"],
             )
+        if info.status == "error" and await sessions.restarted_after_death(session_id):
+            info = await sessions.info(session_id)  # its fresh kernel: the supervisor says what became of the old one
         if info.status == "error":
             reason = await sessions.death_reason(session_id)
             raise SandboxError(

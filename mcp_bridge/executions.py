@@ -118,6 +118,7 @@ class Execution:
         self.timed_out = False
         self.interrupted_by_request = False  # interrupt_session, not a timeout
         self.restarted_by_request = False  # restart_session, not a death
+        self.died = False  # the kernel died while this ran, and its answer says so
         self.submitted = time.monotonic()
         self.started: float | None = None  # when the request was sent
         self.kernel_began: float | None = None  # when the kernel started on it (it may finish someone else's cell first)

@@ -305,6 +305,8 @@ class ManagedKernelSessions(KernelSessions):
                 return connection
             if connection is not None:
                 await connection.close()
+            if km.ready.done() and not await km.is_alive():
+                await self._restart_begun(km)  # dead, and perhaps about to be started again: then wait for that one
             if not km.ready.done():  # a start or a restart under way
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(km.ready)), self.start_timeout)
@@ -321,6 +323,32 @@ class ManagedKernelSessions(KernelSessions):
                 ) from None
             self.connections[session_id] = connection
             return connection
+
+    async def restarted_after_death(self, session_id: str) -> bool:
+        km = self._km(session_id)
+        if await km.is_alive():
+            return False
+        if not await self._restart_begun(km):
+            return False
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(km.ready)), self.start_timeout)
+        return True
+
+    @staticmethod
+    async def _restart_begun(km: Any) -> bool:
+        """Whether jupyter_client's restarter has begun to start this dead kernel again, waiting for it up to two of
+        its polls (time_to_dead, 3 s by default): between a kernel's death and the restarter's next poll the kernel is
+        neither alive nor starting, and a call then was told to give up a session whose next kernel was coming."""
+        restarter = getattr(km, "_restarter", None)
+        if not getattr(km, "autorestart", False) or restarter is None:
+            return False
+        ready = km.ready
+        deadline = time.monotonic() + 2 * float(getattr(restarter, "time_to_dead", 3.0)) + 1
+        while time.monotonic() < deadline:
+            if km.ready is not ready or await km.is_alive():
+                return True
+            await asyncio.sleep(0.1)
+        return False
 
     async def stop(self, session_id: str) -> None:
         self._km(session_id)

@@ -140,6 +140,12 @@ class KernelSessions(abc.ABC):
         connection = self.connections.get(session_id)
         return await connection.death_reason() if connection is not None else None
 
+    async def restarted_after_death(self, session_id: str) -> bool:
+        """Whether the session's dead kernel is being started again by its kernel manager's restarter (waiting for the
+        restart to begin): its next kernel is coming, and a call may wait for it instead of giving the session up.
+        False where this bridge cannot tell (a remote gateway's kernels)."""
+        return False
+
     def forget(self, session_id: str) -> None:
         """Let go of what this bridge keeps for a session that is gone (stopped, culled, deleted by its notebook user)."""
         self.started.discard(session_id)

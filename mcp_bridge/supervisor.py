@@ -41,6 +41,9 @@ class SessionState:
         self.lock = asyncio.Lock()
         self.executions: collections.OrderedDict[str, Execution] = collections.OrderedDict()
         self.kept = kept
+        # The session's kernel died and a call has said so (to whichever client made it): the next calls, from any
+        # client, wait for its fresh kernel and run there, instead of being told again.
+        self.death_told = False
 
     def add(self, execution: Execution) -> None:
         self.executions[execution.id] = execution
@@ -109,11 +112,21 @@ class Bridge:
             async with state.lock:
                 connection = await self.sessions.connection(execution.session_id)
                 reason = await connection.death_reason()
+                if reason and state.death_told:
+                    # Told already: this call runs in the fresh kernel, once the restarter has started it.
+                    await self.sessions.drop_connection(execution.session_id)
+                    await self.sessions.restarted_after_death(execution.session_id)
+                    connection = await self.sessions.connection(execution.session_id)
+                    reason = await connection.death_reason()
+                elif reason and await self.sessions.restarted_after_death(execution.session_id):
+                    reason = await connection.death_reason()  # now with its fresh kernel: the session is not lost
                 if reason:
                     # Died since the last call (and perhaps restarted): say so once, instead of running the
                     # code in a fresh kernel that lacks the state it expects.
                     await self.sessions.drop_connection(execution.session_id)
+                    state.death_told = True
                     raise self._death_error(execution, reason, ran=False)
+                state.death_told = False
                 execution.start()
                 msg_id = await connection.execute(code, execution.handle, silent=silent, store_history=store_history)
                 try:
@@ -124,6 +137,9 @@ class Bridge:
                     # A request sent to a dying kernel can be answered by its restarted successor.
                     await self.sessions.drop_connection(execution.session_id)
                     execution.fail(self._death_error(execution, reason, ran=True))
+                    execution.died = True
+                if execution.died:
+                    state.death_told = True
                 if (execution.reply or {}).get("status") != "ok" and (pause := get_template(execution.language).pause_after_error_seconds):
                     await asyncio.sleep(pause)
         except MsbError as exc:
@@ -182,7 +198,10 @@ class Bridge:
                 return
             reason = await connection.death_reason()
             if reason:
+                if await self.sessions.restarted_after_death(execution.session_id):
+                    reason = await connection.death_reason()  # and its fresh kernel is there: say so, not "restart it"
                 execution.fail(self._death_error(execution, reason, ran=True))
+                execution.died = True
                 return
 
     @classmethod

@@ -427,6 +427,34 @@ async def test_mcp_over_the_gateway_streams_progress_to_the_official_client(gate
         await client.call_tool("stop_session", {"session_id": ticking.structured_content["session_id"]})
 
 
+async def test_after_a_kernels_death_an_assistant_is_told_once_and_its_next_call_runs_in_the_fresh_kernel(gateway: Gateway) -> None:
+    """The gateway's kernel manager restarts a dead kernel at its restarter's next poll (up to 3 s later); meanwhile the
+    kernel is neither alive nor starting. The call it died in says so; every later call, from this client or another,
+    waits for the fresh kernel and runs there: the session is kept, and never "stop_session and start a new one"."""
+
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=httpx2.Timeout(120)) as http,
+        Client(streamable_http_client(gateway.url + "/mcp", http_client=http)) as client,
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {gateway.token}"}, timeout=httpx2.Timeout(120)) as other_http,
+        Client(streamable_http_client(gateway.url + "/mcp", http_client=other_http)) as other,
+    ):
+        first = await client.call_tool("execute_code", {"code": "x = 41"})
+        session = first.structured_content["session_id"]
+        try:
+            died = await client.call_tool("execute_code", {"code": "import os; os._exit(3)", "session_id": session})
+            assert died.is_error and "died" in died.structured_content["error"]["message"], died.content[0].text
+            # At once, before the restarter's poll, from another client: it waits, and runs in the fresh kernel.
+            fresh = await other.call_tool("execute_code", {"code": "'x' in dir()", "session_id": session})
+            assert not fresh.is_error, fresh.content[0].text
+            assert fresh.structured_content["results"][0]["data"]["text/plain"] == "False"
+            again = await client.call_tool("execute_code", {"code": "x = 1; x + 1", "session_id": session})
+            assert again.structured_content["results"][0]["data"]["text/plain"] == "2", again.content[0].text
+            listed = await client.call_tool("get_sessions", {"session_id": session})
+            assert listed.structured_content["sessions"][0]["status"] != "error", listed.structured_content
+        finally:
+            await client.call_tool("stop_session", {"session_id": session})
+
+
 async def test_a_new_session_is_served_from_the_warm_pool(gateway_factory) -> None:
     gateway = await gateway_factory(extra_env={"MSB_POOL_SIZE": "python-small=1", "MSB_MAX_SESSIONS": "1"})
 
