@@ -350,8 +350,10 @@ async def test_curve_encryption_over_tcp_or_when_asked(variant, start_kernel):
 
 
 VOLUME_PROBE = """
-import json, os
+import json, os, subprocess
 seen = {"listing": sorted(os.listdir("/shared"))}
+listed = subprocess.run(["ls", "-la", "/shared"], capture_output=True, text=True)  # once "Invalid argument" on gVisor
+assert listed.returncode == 0 and listed.stdout.startswith("total"), listed
 if WRITE:
     os.makedirs("/shared/notes", exist_ok=True)
     with open("/shared/notes/today.txt", "a") as notes:
