@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from typing import Any
 
@@ -193,25 +192,17 @@ class GatewayKernelSessions(KernelSessions):
 
     def _describe(self, model: dict, paths: dict[str, str], stats: dict[str, dict]) -> SessionInfo:
         session_id = model["id"]
-        self.first_seen.setdefault(session_id, time.time())
         language, flavor = parse_kernel_name(model.get("name"))
         msb = stats.get(session_id) or {}
-        language = msb.get("template", language) if language else language
-        flavor = msb.get("flavor", flavor) if flavor else flavor
-        created = epoch_seconds(msb.get("created")) or self.first_seen[session_id]
-        accessed = [t for t in (self.last_accessed.get(session_id), epoch_seconds(model.get("last_activity"))) if t]
-        state = model.get("execution_state")
-        status = session_status(state)
-        return SessionInfo(
-            id=session_id,
-            language=language,
-            flavor=flavor,
-            status=status,
-            created_at=created,
-            last_accessed=max(accessed) if accessed else created,
+        return self.session_info(
+            session_id,
+            language=msb.get("template", language) if language else language,
+            flavor=msb.get("flavor", flavor) if flavor else flavor,
+            status=session_status(model.get("execution_state")),
+            created=epoch_seconds(msb.get("created")),
+            kernel_active=epoch_seconds(model.get("last_activity")),
             kernel_name=model.get("name"),
-            notebook_path=paths.get(session_id),
-            started_by="mcp" if session_id in self.started else "other",
+            paths=paths,
             network=msb.get("network"),
         )
 

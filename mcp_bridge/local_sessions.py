@@ -246,15 +246,10 @@ class ManagedKernelSessions(KernelSessions):
 
     async def _describe(self, session_id: str, paths: dict[str, str]) -> SessionInfo:
         km = self.kernel_manager.get_kernel(session_id)
-        self.first_seen.setdefault(session_id, time.time())
         language, flavor = parse_kernel_name(km.kernel_name)
         description = describe_kernel(km)
         if description is not None and description.template is not None and description.flavor is not None:
             language, flavor = description.template.name, description.flavor.name
-        created = (description.created if description else None) or self.first_seen[session_id]
-        # last_activity and execution_state: what jupyter_server's kernel manager adds; a standalone one lacks them.
-        accessed = [t for t in (self.last_accessed.get(session_id), epoch_seconds(getattr(km, "last_activity", None))) if t]
-        state = getattr(km, "execution_state", None)
         try:
             alive = await km.is_alive()
         except Exception:
@@ -263,17 +258,17 @@ class ManagedKernelSessions(KernelSessions):
             # A kernel being restarted (after a death, by jupyter_client's restarter) is not alive for a moment.
             status = "creating" if not km.ready.done() else "error"
         else:
-            status = session_status(state)
-        return SessionInfo(
-            id=session_id,
+            # execution_state and last_activity: what jupyter_server's kernel manager adds; a standalone one lacks them.
+            status = session_status(getattr(km, "execution_state", None))
+        return self.session_info(
+            session_id,
             language=language,
             flavor=flavor,
             status=status,
-            created_at=created,
-            last_accessed=max(accessed) if accessed else created,
+            created=description.created if description else None,
+            kernel_active=epoch_seconds(getattr(km, "last_activity", None)),
             kernel_name=km.kernel_name,
-            notebook_path=paths.get(session_id),
-            started_by="mcp" if session_id in self.started else "other",
+            paths=paths,
             network=description.network if description is not None else None,
         )
 

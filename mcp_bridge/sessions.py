@@ -135,6 +135,37 @@ class KernelSessions(abc.ABC):
     def touch(self, session_id: str) -> None:
         self.last_accessed[session_id] = time.time()
 
+    def session_info(
+        self,
+        session_id: str,
+        *,
+        language: str | None,
+        flavor: str | None,
+        status: str,
+        created: float | None,
+        kernel_active: float | None,
+        kernel_name: str | None,
+        paths: dict[str, str],
+        network: str | None,
+    ) -> SessionInfo:
+        """One kernel's SessionInfo, whichever manager told its facts: created (else when this bridge first saw it), last
+        accessed (this bridge's call or the kernel's own activity, the later), its notebook, and who started it."""
+        first_seen = self.first_seen.setdefault(session_id, time.time())
+        created = created or first_seen
+        accessed = [t for t in (self.last_accessed.get(session_id), kernel_active) if t]
+        return SessionInfo(
+            id=session_id,
+            language=language,
+            flavor=flavor,
+            status=status,
+            created_at=created,
+            last_accessed=max(accessed) if accessed else created,
+            kernel_name=kernel_name,
+            notebook_path=paths.get(session_id),
+            started_by="mcp" if session_id in self.started else "other",
+            network=network,
+        )
+
     async def death_reason(self, session_id: str) -> str | None:
         """Why the kernel died, as this bridge's connection to it saw it; None when it lives or there is none."""
         connection = self.connections.get(session_id)
