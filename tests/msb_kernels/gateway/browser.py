@@ -132,6 +132,18 @@ class LabPage:
         self.wait(lambda: self.find("#jp-running-sessions .jp-RunningSessions-section"), "the running-sessions panel")
         return [item.text for item in self.find("#jp-running-sessions .jp-RunningSessions-item")]
 
+    def file_browser_names(self, refresh: bool = False) -> list[str]:
+        """The names Lab's file browser lists (its tab opened first); refresh: press its refresh button, as a person does
+        when a file a kernel wrote has not shown yet (Lab polls the folder only every so often)."""
+        tab = self.wait(lambda: self.find('.lm-TabBar-tab[data-id="filebrowser"]'), "the file browser's tab")[0]
+        if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+            tab.click()
+        if refresh:
+            buttons = [b for b in self.find('#filebrowser jp-button[data-command="filebrowser:refresh"]') if b.is_displayed()]
+            if buttons:
+                buttons[0].click()
+        return [item.text for item in self.find("#filebrowser .jp-DirListing-itemText")]
+
     def prompt(self, cell: WebElement) -> str:
         return cell.find_element(By.CSS_SELECTOR, ".jp-InputPrompt").text
 

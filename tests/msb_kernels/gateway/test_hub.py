@@ -121,6 +121,12 @@ async def test_alice_logs_in_and_runs_a_cell_in_her_lab(hub: Hub, alice_server: 
     resolved = await alice_server.request("GET", f"/api/resolvePath?path=data.csv&kernel={shared['kernel']}")
     assert resolved.code == 200, (resolved.code, resolved.body)
     assert [entry["scope"] for entry in resolved.json["resolved"]] == ["server"], resolved.json
+    # Her notebook's kernel works in her server's root, her home: it reads the file her Lab saved, and what it writes
+    # shows in her Lab's file browser (docs/teams.md, "Your files").
+    cell = page.run("import os; open('from-her-kernel.txt', 'w').write('hers'); print(os.getcwd(), open('data.csv').read().strip())")
+    shown = page.wait_for_text(cell, STDOUT, "a,b")
+    assert shown.split() == [str(hub.state_dir / "home" / "alice"), "a,b"], shown
+    page.wait(lambda: "from-her-kernel.txt" in page.file_browser_names(refresh=True), "her kernel's file in Lab's file browser")
 
 
 async def test_bobs_lab_shows_none_of_alices_kernels(hub: Hub, driver: Any, shared: dict) -> None:
