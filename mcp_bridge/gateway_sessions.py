@@ -202,7 +202,7 @@ class GatewayKernelSessions(KernelSessions):
             created=epoch_seconds(msb.get("created")),
             kernel_active=epoch_seconds(model.get("last_activity")),
             kernel_name=model.get("name"),
-            paths=paths,
+            notebook_path=paths.get(session_id),
             network=msb.get("network"),
         )
 

@@ -268,7 +268,7 @@ class ManagedKernelSessions(KernelSessions):
             created=description.created if description else None,
             kernel_active=epoch_seconds(getattr(km, "last_activity", None)),
             kernel_name=km.kernel_name,
-            paths=paths,
+            notebook_path=paths.get(session_id),
             network=description.network if description is not None else None,
         )
 

@@ -145,7 +145,7 @@ class KernelSessions(abc.ABC):
         created: float | None,
         kernel_active: float | None,
         kernel_name: str | None,
-        paths: dict[str, str],
+        notebook_path: str | None,
         network: str | None,
     ) -> SessionInfo:
         """One kernel's SessionInfo, whichever manager told its facts: created (else when this bridge first saw it), last
@@ -161,7 +161,7 @@ class KernelSessions(abc.ABC):
             created_at=created,
             last_accessed=max(accessed) if accessed else created,
             kernel_name=kernel_name,
-            notebook_path=paths.get(session_id),
+            notebook_path=notebook_path,
             started_by="mcp" if session_id in self.started else "other",
             network=network,
         )

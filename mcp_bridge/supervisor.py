@@ -113,9 +113,9 @@ class Bridge:
                 connection = await self.sessions.connection(execution.session_id)
                 reason = await connection.death_reason()
                 if reason and state.death_told:
-                    # Told already: this call runs in the fresh kernel, once the restarter has started it.
+                    # Told already: this call runs in the fresh kernel. A new connection waits for the restarter to
+                    # start it (KernelSessions.connection), as it waits for any start under way.
                     await self.sessions.drop_connection(execution.session_id)
-                    await self.sessions.restarted_after_death(execution.session_id)
                     connection = await self.sessions.connection(execution.session_id)
                     reason = await connection.death_reason()
                 elif reason and await self.sessions.restarted_after_death(execution.session_id):

@@ -345,7 +345,7 @@ class MsbSettings(Configurable):
     @property
     def lab_root(self) -> Path | None:
         """The one Lab root (labroot.root_of tells whose root a kernel sees, a person's own among them)."""
-        return Path(self.lab_root_path).resolve() if self.lab_root_path and "{username}" not in self.lab_root_path else None
+        return Path(self.lab_root_path).resolve() if self.lab_root_path and checks.PERSON_FIELD not in self.lab_root_path else None
 
     def runtime_root(self) -> Path:
         """Where sandbox state and sockets live on the host (short, for AF_UNIX's 108-byte limit)."""

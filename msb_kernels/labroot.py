@@ -24,8 +24,7 @@ from msb_kernels.backends.core.base import HostDirectory
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError
 from msb_kernels.identity.volumes import WHOLE_VOLUME, make_own
-
-PERSON = "{username}"  # in MSB_LAB_ROOT_PATH: each person's own root
+from msb_kernels.setting_checks import PERSON_FIELD
 
 
 def root_path(settings: MsbSettings, volume: str | None) -> Path | None:
@@ -36,9 +35,9 @@ def root_path(settings: MsbSettings, volume: str | None) -> Path | None:
     if not template:
         return None
     mine = volume in (None, WHOLE_VOLUME)
-    if PERSON not in template:
+    if PERSON_FIELD not in template:
         return settings.lab_root if mine else None
-    return None if mine else Path(template.replace(PERSON, volume))
+    return None if mine else Path(template.replace(PERSON_FIELD, volume)).resolve()  # as the one root is
 
 
 def root_of(settings: MsbSettings, volume: str | None) -> Path | None:
@@ -65,15 +64,16 @@ def lab_directories(settings: MsbSettings, volume: str | None) -> list[HostDirec
                 f"MSB_LAB_ROOT_PATH={settings.lab_root_path} holds {name} ({inner_path}): every sandbox would see the others' sockets and disks",
                 [f"move {name} out of JupyterLab's root, or show a narrower directory"],
             )
-    return [HostDirectory(str(root), settings.lab_root_writable or PERSON in settings.lab_root_path)]
+    return [HostDirectory(str(root), settings.lab_root_writable or PERSON_FIELD in settings.lab_root_path)]
 
 
 def working_dir(settings: MsbSettings, requested: str | None, volume: str | None) -> str | None:
     """The notebook's directory (a StartRequest's working_dir) as the kernel's working directory, when its sandbox
-    shows it (root_of); else None (its home)."""
+    shows it (inside root_path: a directory there exists, so its root does); else None (its home). Makes nothing: the
+    pool asks it of every start."""
     if not requested:
         return None
-    root = root_of(settings, volume)
+    root = root_path(settings, volume)
     if root is None:
         return None
     path = os.path.realpath(requested)

@@ -38,6 +38,7 @@ def check_guest_path(value: str) -> str | None:
     return None
 
 
+PERSON_FIELD = "{username}"  # in MSB_LAB_ROOT_PATH: each person's own root (labroot.py), as JupyterHub's notebook_dir
 # Directories a Lab root may not be, nor lie under: the sandbox's own system, or a whole tree of homes.
 _NOT_LAB_ROOTS = ("/", "/tmp", "/home", "/root", "/var", "/opt", "/srv", "/mnt", "/media")
 _NOT_UNDER = ("/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot")
@@ -46,12 +47,12 @@ _NOT_UNDER = ("/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", 
 def check_lab_root(value: str) -> str | None:
     if not os.path.isabs(value):
         return "is not an absolute path"
-    if "{" in value.replace("{username}", "") or "}" in value.replace("{username}", ""):
+    rest = value.replace(PERSON_FIELD, "")
+    if "{" in rest or "}" in rest:
         return "names a field other than {username}"
-    if "{username}" in value:  # each person's own root (labroot.py): its shape, with the parent of a person's
-        example = value.replace("{username}", "someone")
-        parent = os.path.realpath(os.path.dirname(example))
-        if "{username}" in os.path.dirname(value) or not os.path.isdir(parent):
+    if PERSON_FIELD in value:  # each person's own root (labroot.py): its shape, with the parent of a person's
+        parent = os.path.realpath(os.path.dirname(value.replace(PERSON_FIELD, "someone")))
+        if PERSON_FIELD in os.path.dirname(value) or not os.path.isdir(parent):
             return "must end in a person's directory, /{username}, inside an existing directory"
         if parent == "/" or _at_or_under(parent, _NOT_UNDER):
             return "would make a person's root in a system directory"

@@ -88,10 +88,9 @@ def person_ids(root: Path, slug: str) -> tuple[int, int]:
         account = pwd.getpwnam(slug)
         if FIRST_PERSON_UID <= account.pw_uid <= LAST_LOGIN_UID and account.pw_gid != 0:
             return account.pw_uid, account.pw_gid
-    own = own_directory(root, slug)
     with contextlib.suppress(FileNotFoundError):
-        if own.lstat().st_uid in PERSON_IDS:
-            return own.lstat().st_uid, own.lstat().st_uid
+        if (kept := own_directory(root, slug).lstat().st_uid) in PERSON_IDS:
+            return kept, kept
     taken = {entry.stat(follow_symlinks=False).st_uid for entry in os.scandir(root)}
     uid = next(candidate for candidate in PERSON_IDS if candidate not in taken)
     return uid, uid
