@@ -64,6 +64,17 @@ async def call_with_progress(client: Any, arguments: dict) -> tuple[Any, list[st
     return await client.call_tool("execute_code", arguments, progress_callback=on_progress), progress
 
 
+async def until_finished(client: Any, result: Any) -> Any:
+    """Follow an execution that answered "running" with get_execution_output until it finishes, as an assistant does:
+    on a busy host its end (a death, say, and the restart it waits for) can come after the short wait of TEST_OPTIONS."""
+    while not result.is_error and result.structured_content.get("status") == "running":
+        content = result.structured_content
+        result = await client.call_tool(
+            "get_execution_output", {"session_id": content["session_id"], "execution_id": content["execution_id"]}
+        )
+    return result
+
+
 async def wait_until_running(client: Any, session_id: str, timeout: float, what: str) -> None:
     """Wait until get_sessions reports the session busy: an execution holds it (an event, not a sleep)."""
 

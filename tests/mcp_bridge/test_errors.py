@@ -10,7 +10,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
 
 from msb_kernels import registry
-from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error
+from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error, until_finished
 from tests.mcp_bridge.test_tools import call
 from tests.skips import needs_cgroups
 
@@ -95,8 +95,11 @@ async def test_a_kernel_that_dies_is_a_system_error(mcp_server):
         first = await client.call_tool("execute_code", {"code": "x = 1"})
         session_id = first.structured_content["session_id"]
         try:
-            died = await client.call_tool(
-                "execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id}
+            died = await until_finished(
+                client,
+                await client.call_tool(
+                    "execute_code", {"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "session_id": session_id}
+                ),
             )
             error = result_error(died)
             # jupyter_client's restarter starts it again; the call it died in waits for that, and says so once.
@@ -121,11 +124,7 @@ async def test_out_of_memory_kernel_death_names_the_flavor(mcp_server):
         result = await client.call_tool("execute_code", {"code": code, "timeout": 50})
         session_id = result.structured_content["session_id"]
         try:
-            if result.structured_content.get("status") == "running":
-                result = await client.call_tool(
-                    "get_execution_output", {"session_id": session_id, "execution_id": result.structured_content["execution_id"]}
-                )
-            error = result_error(result)
+            error = result_error(await until_finished(client, result))
             assert error["type"] == "SystemError"
             assert "out of memory for flavor small (1024 MiB); try medium" in error["message"]
             assert any("flavor='medium'" in s for s in error["suggestions"])

@@ -23,6 +23,7 @@ from tests.mcp_bridge.conftest import (
     child_env,
     gateway_process,
     result_error,
+    until_finished,
 )
 from tests.mcp_bridge.test_transports import TOKEN, JupyterWebsocket
 from tests.msb_kernels.gateway.conftest import wait_until
@@ -217,11 +218,9 @@ async def test_a_kernel_killed_for_memory_behind_the_gateway_names_the_flavor_an
             for how, assistant in assistants.items():
                 first = await assistant.call_tool("execute_code", {"code": "x_before = 1"})
                 session_id = first.structured_content["session_id"]
-                result = await assistant.call_tool("execute_code", {"code": code, "session_id": session_id, "timeout": 50})
-                while result.structured_content.get("status") == "running":
-                    result = await assistant.call_tool(
-                        "get_execution_output", {"session_id": session_id, "execution_id": result.structured_content["execution_id"]}
-                    )
+                result = await until_finished(
+                    assistant, await assistant.call_tool("execute_code", {"code": code, "session_id": session_id, "timeout": 50})
+                )
                 stopped = await wait_for_stop_record(url, session_id)
                 assert stopped["status"] == "restarted" and "out of memory for flavor small" in stopped["reason"], stopped
                 error = result_error(result)
