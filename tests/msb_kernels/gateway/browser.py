@@ -144,6 +144,49 @@ class LabPage:
                 buttons[0].click()
         return [item.text for item in self.find("#filebrowser .jp-DirListing-itemText")]
 
+    def open_with(self, name: str, factory: str) -> None:
+        """Right-click a file in the file browser and pick Open With > factory (e.g. "Editor"); wait for its tab."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        self.file_browser_names()
+        item = self.wait(
+            lambda: [e for e in self.find("#filebrowser .jp-DirListing-item") if e.get_attribute("title") and name in e.text.split("\n")],
+            f"{name!r} in the file browser",
+        )[0]
+        ActionChains(self.driver).context_click(item).perform()
+        opener = self.wait(lambda: [e for e in self.find(".lm-Menu-item") if e.text.strip() == "Open With"], "Open With in the menu")[0]
+        ActionChains(self.driver).move_to_element(opener).click().perform()
+        choice = self.wait(lambda: [e for e in self.find(".lm-Menu-item") if e.text.strip() == factory], f"{factory} under Open With")[0]
+        ActionChains(self.driver).move_to_element(choice).click().perform()
+        self.wait(
+            lambda: [t for t in self.find(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current") if name in t.text], f"{name!r} opened"
+        )
+
+    def type_in_editor(self, text: str, save: bool = False) -> None:
+        """Type at the end of the current file editor's text; save: press Ctrl+S and wait until Lab shows it saved."""
+        editor = self.wait(lambda: [e for e in self.find(".jp-FileEditor .cm-content") if e.is_displayed()], "the file editor")[0]
+        editor.click()
+        editor.send_keys(Keys.CONTROL, Keys.END)
+        editor.send_keys(text)
+        if save:
+            editor.send_keys(Keys.CONTROL, "s")
+            self.wait(
+                lambda: (
+                    not [
+                        t
+                        for t in self.find(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
+                        if "jp-mod-dirty" in t.get_attribute("class")
+                    ]
+                ),
+                "the editor's file saved",
+            )
+
+    def activate_tab(self, text: str) -> None:
+        """Bring the main area's tab whose label holds text to the front."""
+        tab = self.wait(lambda: [t for t in self.find(".lm-DockPanel-tabBar .lm-TabBar-tab") if text in t.text], f"a tab named {text!r}")[0]
+        tab.click()
+        self.wait(lambda: "lm-mod-current" in (tab.get_attribute("class") or ""), f"the tab {text!r} in front")
+
     def prompt(self, cell: WebElement) -> str:
         return cell.find_element(By.CSS_SELECTOR, ".jp-InputPrompt").text
 
