@@ -311,6 +311,25 @@ def _msb_user_site():
     return user_site
 """
 
+# What a pooled kernel does when the pool hands it out (msb_kernels.pool), once its person's volume is shown: their
+# own packages as the startup would have put them (PYTHON_USER_PACKAGES), and the notebook's folder as its working dir.
+PYTHON_HAND_OUT = (
+    PYTHON_USER_SITE
+    + r"""
+def hand_out(working_dir):
+    import importlib, os, site, sys
+
+    user_site = _msb_user_site()
+    if user_site is not None:
+        sys.path_importer_cache.pop(user_site, None)  # noted missing while the pool held the kernel
+        if os.path.isdir(user_site):
+            site.addsitedir(user_site)
+    importlib.invalidate_caches()
+    if working_dir is not None:
+        os.chdir(working_dir)
+"""
+)
+
 # A person's own packages (msb_kernels/identity/volumes.py, "user packages"): `pip install --user` into
 # PYTHONUSERBASE, a directory of the person's own volume that the provisioner names per environment. Run as
 # `python msb_pip.py ARGS` by the %pip magic below, for --user and for what must see the user's site (uninstall,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import HostDirectory
+from msb_kernels.backends.core.guest import SYSTEM_DIRS
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError
 from msb_kernels.identity.volumes import WHOLE_VOLUME, make_own
@@ -78,3 +79,17 @@ def working_dir(settings: MsbSettings, requested: str | None, volume: str | None
         return None
     path = os.path.realpath(requested)
     return path if hostpaths.under(path, str(root)) and os.path.isdir(path) else None
+
+
+def hand_out_places(settings: MsbSettings) -> list[str]:
+    """Where a pooled kernel's hand-out may show a Lab root (core/handout.py): the directory each person's root is made
+    in, or the one root. A pooled sandbox shows an empty directory there from its start, in which the hand-out makes
+    and mounts the taker's; none that is / or a system directory, which it would hide (those hand-outs fail, and the
+    start is a fresh one)."""
+    template = settings.lab_root_path
+    if not template:
+        return []
+    place = Path(template.replace(PERSON_FIELD, "_")).resolve().parent if PERSON_FIELD in template else settings.lab_root
+    if place is None or place.parent == place or (len(place.parts) == 2 and place.name in (*SYSTEM_DIRS, "etc", "proc", "dev", "run")):
+        return []
+    return [str(place)]

@@ -37,8 +37,10 @@ from msb_kernels.start_request import START_REQUEST, StartRequest
 
 log = logging.getLogger("msb_kernels")
 
-# What the pool's kernels are started for: the system's, with the whole shared volume and nothing of a session's.
-POOL_REQUEST = StartRequest(volume=WHOLE_VOLUME)
+# What the pool's kernels are started for: the system's, with nothing of a session's. On a backend that hands out
+# (SandboxBackend.hands_out), with nothing of anyone's: each is shown its taker's volume and Lab root at hand-out, so the
+# pool serves people too. Elsewhere with the whole shared volume, for starts that mount it (the host's own user's).
+POOL_REQUEST = StartRequest(volume=WHOLE_VOLUME, for_pool=True)
 READY_TIMEOUT = 120.0
 RETRY_SECONDS = 10.0
 
@@ -51,6 +53,12 @@ async def run_silently(client: Any, code: str) -> None:
         reply = await client.get_shell_msg(timeout=remaining)
         if reply["parent_header"].get("msg_id") == msg_id:
             return
+
+
+def hands_out(km: AsyncKernelManager) -> bool:
+    """Whether a pooled kernel's sandbox waits for its taker's directories (SandboxSpec.handout)."""
+    sandbox = getattr(getattr(km, "provisioner", None), "sandbox", None)
+    return sandbox is not None and sandbox.spec.handout
 
 
 def request_of(kwargs: dict[str, Any]) -> StartRequest:
@@ -74,6 +82,7 @@ class KernelPool:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self.handed_out = 0
+        self.hand_outs_failed = 0  # kernels that could not be shown their taker's directories: each start went on fresh
         self.reserved: dict[str, AsyncKernelManager] = {}
 
     @property
@@ -153,12 +162,19 @@ class KernelPool:
         if self._closed or not self.ready.get(kernel_name) or kwargs.get("kernel_id"):
             return False
         settings = load_settings(getattr(self.manager, "config", None))
-        if labroot.working_dir(settings, request.working_dir, request.volume) is not None:
-            return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
         choice = KernelChoice.from_kernel_name(kernel_name)
         flavor = (request.flavor or "").strip().lower()
         if flavor and (choice is None or choice.flavor.name != flavor):
             return False
+        if hands_out(self.ready[kernel_name][0]):
+            # Its volume, Lab root and working directory come at hand-out: any request's, a person's or the host's
+            # user's. Only one without a volume where the host has one is left to a fresh start (its kernel has no
+            # PYTHONUSERBASE, which a waiting one has).
+            if request.volume is None and settings.shared_volume is not None:
+                return False
+            return request.sandbox_shape(False) == POOL_REQUEST.sandbox_shape(False)
+        if labroot.working_dir(settings, request.working_dir, request.volume) is not None:
+            return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
         volume = settings.has_shared_volume
         return request.sandbox_shape(volume) == POOL_REQUEST.sandbox_shape(volume)
 
@@ -189,6 +205,21 @@ class KernelPool:
         self.reserved[km.kernel_id] = km
         return km.kernel_id
 
+    async def hand_out(self, km: AsyncKernelManager, request: StartRequest) -> None:
+        """Show a waiting kernel what a fresh start of request would: its volume and Lab root (the provisioner's
+        hand_out), then its working directory and the person's own packages, in the kernel (Template.hand_out_code)."""
+        began = time.monotonic()
+        working_dir = await km.provisioner.hand_out(request)
+        template = getattr(km.provisioner, "template_spec", None)
+        if template is not None and (code := template.hand_out_code(working_dir)):
+            client = km.client()
+            client.start_channels()
+            try:
+                await run_silently(client, code)
+            finally:
+                client.stop_channels()
+        log.info("warm pool: kernel %s handed out with its directories in %.0f ms", km.kernel_id, (time.monotonic() - began) * 1000)
+
     async def release(self, kernel_id: str) -> None:
         """A reserved kernel whose start failed: stop it."""
         km = self.reserved.pop(kernel_id, None)
@@ -211,6 +242,7 @@ class KernelPool:
             "waiting": {name: len(k) for name, k in self.ready.items()},
             "starting": dict(self.starting),
             "handed_out": self.handed_out,
+            "hand_outs_failed": self.hand_outs_failed,
             "counts_as_sessions": self.counts_as_sessions,
         }
 
@@ -241,7 +273,17 @@ async def start_from_pool(
         km = pool.reserved.pop(kwargs.get("kernel_id"), None) or pool.take(name, kwargs)
     if km is None:
         return await start(manager, kernel_name=kernel_name, **kwargs)
-    use_start_request(km, request_of(kwargs))  # the requester's from now on: a restart starts the kernel it asked for
+    request = request_of(kwargs)
+    use_start_request(km, request)  # the requester's from now on: a restart starts the kernel it asked for
+    if hands_out(km):
+        try:
+            await pool.hand_out(km, request)  # type: ignore[union-attr]
+        except Exception as exc:  # that kernel goes; the request starts its own, as without a pool
+            pool.hand_outs_failed += 1  # type: ignore[union-attr]
+            log.warning("warm pool: kernel %s could not be handed out (%s); starting a fresh one", km.kernel_id, exc)
+            with contextlib.suppress(Exception):
+                await km.shutdown_kernel(now=True)
+            return await start(manager, kernel_name=kernel_name, **kwargs)
     kernels_of(manager)[km.kernel_id] = km
     return km.kernel_id
 

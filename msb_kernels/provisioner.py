@@ -23,7 +23,7 @@ import os
 import signal
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -426,8 +426,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
         request = self.start_request
-        shared = self._shared_volume(request.volume)
-        env = self._guest_env(argv[0], volume=shared is not None)
+        handout = request.for_pool and self.backend.hands_out  # its volume and Lab root come at hand-out (hand_out)
+        shared = None if handout else self._shared_volume(request.volume)
+        env = self._guest_env(argv[0], volume=shared is not None or (handout and self.settings.shared_volume is not None))
         registry = self.sandbox_registry
         try:
             egress = await self._open_egress(env) if self.network.proxied else None
@@ -444,8 +445,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             io_dir=self.io_dir,
             readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
             shared_volume=shared,
-            host_directories=labroot.lab_directories(self.settings, request.volume),
-            working_dir=labroot.working_dir(self.settings, request.working_dir, request.volume),
+            host_directories=[] if handout else labroot.lab_directories(self.settings, request.volume),
+            working_dir=None if handout else labroot.working_dir(self.settings, request.working_dir, request.volume),
             copies=self._copies(),
             max_processes=self.settings.max_processes,
             allow_network=self.network.public,
@@ -456,6 +457,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             # any sandbox: only the gateway's own environment is trusted that far. Another environment's packages came
             # from a requirements file, so its kernels start afresh, each inside its sandbox from the first instruction.
             fork=self.settings.fork_kernels and not self.environment,
+            handout=handout,
+            placeholders=[
+                *labroot.hand_out_places(self.settings),
+                *([self.settings.shared_volume_guest_path] if self.settings.shared_volume is not None else []),
+            ]
+            if handout
+            else [],
         )
         if registry.adoptions.pop(self.kernel_id, None) is not None:
             try:
@@ -504,6 +512,20 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             self.flavor_spec.memory_mib,
         )
         return self.connection_info
+
+    async def hand_out(self, request: StartRequest) -> str | None:
+        """Show this pooled kernel's sandbox (SandboxSpec.handout) the volume and Lab root a fresh start of request would
+        have shown; the directory its kernel should work in, or None for its home. SandboxError where it cannot: the
+        pool then stops the kernel and the request starts its own. Called by the warm pool as it hands the kernel out."""
+        sandbox = self.sandbox
+        if sandbox is None or not sandbox.spec.handout:
+            raise SandboxError("this kernel was not started for a hand-out")
+        shared = self._shared_volume(request.volume)
+        directories = labroot.lab_directories(self.settings, request.volume)
+        working_dir = labroot.working_dir(self.settings, request.working_dir, request.volume)
+        await sandbox.hand_out(shared, directories)
+        sandbox.spec = replace(sandbox.spec, shared_volume=shared, host_directories=directories, working_dir=working_dir)
+        return working_dir
 
     def _distrust_backend(self) -> None:
         """This start failed in its backend: whatever start probe passed for it is proven again (msb_kernels.probe)."""

@@ -115,6 +115,9 @@ class StartRequest:
     volume: str | None = None  # which part of MSB_SHARED_VOLUME_PATH it mounts: WHOLE_VOLUME, a person's directory, none
     working_dir: str | None = None  # a host path under MSB_LAB_ROOT_PATH (JupyterLab's KERNEL_WORKING_DIR)
     notebook_path: str | None = None  # the notebook it runs for (JPY_SESSION_NAME)
+    # The warm pool's own start: on a backend that hands out, a sandbox with nothing of anyone's and empty slots, shown
+    # its taker's volume and Lab root when the pool hands it out (SandboxSpec.handout); elsewhere the volume above.
+    for_pool: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(check_env(dict(self.env), "env", kernel_variables=True)))

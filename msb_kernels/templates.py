@@ -108,6 +108,12 @@ class Template(abc.ABC):
         to run nothing. Called by msb_kernels.pool."""
         return None
 
+    def hand_out_code(self, working_dir: str | None) -> str | None:
+        """A silent cell that the warm pool runs in a kernel it hands out, once the person's directories are shown:
+        what a fresh start of theirs would have had from its first instruction (its working directory). None to run
+        nothing. Called by msb_kernels.pool."""
+        return None
+
     @abc.abstractmethod
     def command_code(self, argv: list[str], marker: str) -> str:
         """Code for an execute request that runs ``argv`` and prints ``marker:<exit status>`` last.
@@ -171,6 +177,12 @@ class PythonTemplate(Template):
         # IPython builds its display formatters at the first result it shows: 9 ms of a first `1+1` here.
         return "get_ipython().display_formatter.format(None)"
 
+    def hand_out_code(self, working_dir: str | None) -> str:
+        # The person's own packages too: the startup put their site on sys.path, but read its .pth files only where it
+        # was there, and the import system noted it missing. Its own globals, as command_code's.
+        source = kernel_code.PYTHON_HAND_OUT + f"\nhand_out({working_dir!r})\n"
+        return f"exec(compile({source!r}, '<msb-hand-out>', 'exec'), {{'__name__': '__msb_hand_out__'}})"
+
     def command_code(self, argv: list[str], marker: str) -> str:
         # Its own globals dict, so the runner's names never land in the user's namespace.
         source = kernel_code.PYTHON_COMMAND_RUNNER + f"\nrun({list(argv)!r}, {marker!r})\n"
@@ -200,6 +212,9 @@ JS_ERROR_LINE = re.compile(r"^(?:Uncaught )?([A-Z]\w*(?:Error|Exception)|Error)\
 
 
 class NodeTemplate(Template):
+    def hand_out_code(self, working_dir: str | None) -> str | None:
+        return f"process.chdir({json.dumps(working_dir)});" if working_dir is not None else None
+
     def argv(self) -> list[str]:
         return [node_binary() or "node", str(tslab_entry()), "kernel", "--config-path", "{connection_file}", "--js"]
 

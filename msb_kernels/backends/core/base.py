@@ -80,6 +80,12 @@ class SandboxSpec:
     # its connection file when curve keys are in it), copied into its own io dir as its user, before it starts.
     copies: list[tuple[str, str]] = field(default_factory=list)
     fork: bool = False  # the kernel may be forked from a server that imported it already (MSB_FORK_KERNELS), where the backend can
+    # Started for the warm pool on a backend that hands out (SandboxBackend.hands_out): no volume or host directory of
+    # anyone's, and empty slots that Sandbox.hand_out fills with the directories of whoever takes it (core/handout.py).
+    handout: bool = False
+    # With handout: guest paths shown as empty directories (a tmpfs of root's) from the start, where a hand-out mounts
+    # the taker's volume, or makes and mounts their Lab root: the guest's root filesystem is read-only.
+    placeholders: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -192,6 +198,12 @@ class Sandbox(abc.ABC):
 
         Called by the start probe (msb_kernels.probe) and cleanup's log line, to say why a kernel died at once."""
         return []
+
+    async def hand_out(self, shared_volume: SharedVolume | None, host_directories: list[HostDirectory]) -> None:
+        """Show this volume and these directories to the kernel of a sandbox started with SandboxSpec.handout, where a fresh start would
+        have shown them, and take its slots away; SandboxError where it cannot (the pool then stops it). Called by the
+        warm pool when it hands the kernel to a request (msb_kernels.pool)."""
+        raise SandboxError(f"{type(self).__name__} cannot show directories to a running kernel")
 
     def info(self) -> dict:
         """What the provisioner's get_provisioner_info persists and the gateway's stats report."""
@@ -310,6 +322,9 @@ class SandboxBackend(abc.ABC):
     # True where SIGINT cannot reach the kernel (it runs on another machine): the provisioner interrupts it with an
     # interrupt_request on the control channel instead, as jupyter_client does for kernelspecs with interrupt_mode "message".
     interrupt_by_message: ClassVar[bool] = False
+    # Its sandboxes can be started with empty slots and shown a person's directories at hand-out (Sandbox.hand_out): the
+    # warm pool then serves people too, where it could serve only starts with nothing of a person's.
+    hands_out: ClassVar[bool] = False
     runs_images: ClassVar[bool] = False  # kernels run an image (an environment's own, built for it), not the host's interpreter
     runs_on_cluster: ClassVar[bool] = False  # kernels run on a cluster's nodes: this host's memory bounds nothing (gateway capacity)
     host_ip: ClassVar[str] = "127.0.0.1"  # tcp: where the host connects to the kernel's published ports

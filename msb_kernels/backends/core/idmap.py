@@ -130,6 +130,22 @@ def shown_as(path: str, seen_as: Owner, *, readonly: bool = False, keep_root: bo
     return detached(path, owner, seen_as, readonly=readonly, keep_root=keep_root) if owner else None
 
 
+def cloned(path: str, *, readonly: bool = False) -> int:
+    """A descriptor of a detached clone of the directory at path, as it is (no idmap), nosuid and nodev; ``attach`` it."""
+    tree = _check(
+        _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW),
+        f"open_tree {path}",
+    )
+    try:
+        flags = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0)
+        attributes = struct.pack("QQQQ", flags, 0, 0, 0)
+        _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, attributes, len(attributes)), "mount_setattr")
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
 def attach(tree: int, target: str) -> None:
     """Attach a detached mount (``detached``'s) at target, in this process's mount namespace."""
     _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH), f"move_mount to {target}")

@@ -41,7 +41,7 @@ import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
 import msb_kernels.backends.gvisor.platform as gvisor_platform
 import msb_kernels.backends.gvisor.runsc as runsc
-from msb_kernels.backends.core import adoption, cgroups, idmap, iodir, scratch
+from msb_kernels.backends.core import adoption, cgroups, handout, idmap, iodir, scratch
 from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.ports import HostListeners, host_ports
@@ -79,6 +79,7 @@ class GVisorBackend(SandboxBackend):
     # (netstack.py), which hibernation needs, so auto means tcp where MSB_HIBERNATE_AFTER_SECONDS is set.
     transports = ("ipc", "tcp")
     egress_routes = "socket"
+    hands_out = True  # the host mounts under a shared slot that the gofer sees, the guest's root binds (core/handout.py)
     guest_io_dir = "/run/kernel"
     guest_host_dir = iodir.GUEST_HOST_DIR
     guest_sockets = f"{netstack.GUEST_SOCKETS}/kernel"
@@ -258,6 +259,7 @@ class GVisorBackend(SandboxBackend):
             ports = [listener.getsockname()[1] for listener in listeners]
             disk = await self._make_disk(spec, state_dir) if self.no_disk is None else None
             shown = self._shown_as_own(spec, state_dir)
+            slots = handout.open_slots(state_dir) if spec.handout else None
             bundle = write_bundle(
                 spec,
                 state_dir,
@@ -267,6 +269,7 @@ class GVisorBackend(SandboxBackend):
                 self.guest_host_dir,
                 disk,
                 shown,
+                slots,
             )
             record = new_state(self.name, spec, cgroup=cgroup is not None, ports=ports)
             process, keeper, stderr = await self._start(spec, state_dir, ["run", f"--bundle={bundle}", spec.sandbox_id], record)
@@ -462,7 +465,7 @@ class GVisorBackend(SandboxBackend):
         # and the unlink of a 2 GiB reserved file each take milliseconds that every other request would wait out.
         with contextlib.suppress(SandboxError):  # removal goes on, as it did when umount(8) failed
             await asyncio.to_thread(iodir.detach, state_dir / DISK_DIR)
-            for mountpoint in iodir.mounts_under(state_dir / SHOWN_DIR):
+            for mountpoint in [*iodir.mounts_under(state_dir / SHOWN_DIR), *iodir.mounts_under(state_dir / handout.SLOTS_DIR)]:
                 await asyncio.to_thread(iodir.detach, mountpoint, "a person's directory")
         await asyncio.to_thread(scratch.remove_image, scratch.image_path(self.settings.scratch_root(), sandbox_id))
         remove_state_dir(state_dir, keep_io_dir=keep_io_dir)

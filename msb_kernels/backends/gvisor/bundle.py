@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import msb_kernels.backends.gvisor.netstack as netstack
-from msb_kernels.backends.core import hostpaths, iodir
+from msb_kernels.backends.core import handout, hostpaths, iodir
 from msb_kernels.backends.core.base import SandboxSpec
 from msb_kernels.backends.core.guest import ETC_ENTRIES, PIP_ENV, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.egress.route import relay_source
@@ -94,12 +94,13 @@ def write_bundle(
     guest_host_dir: str,
     disk: Path | None = None,
     shown: dict[str, Path] | None = None,
+    slots: Path | None = None,
 ) -> Path:
     """The OCI bundle: a root that holds only generated /etc files and mount points, and the host's
     system directories, the kernel's interpreter and its io dir mounted into it. disk: the host's mount of the
     sandbox's disk (core/scratch.py), whose tmp/ and home/ are its /tmp and home; None: both are tmpfs. shown: the
     host's idmapped mounts of the shared volume and the host directories (core/idmap.py), by host path, served in their
-    place."""
+    place. slots: a pooled sandbox's (core/handout.py), served at handout.GUEST_SLOTS until its hand-out."""
     shown = shown or {}
     bundle = state_dir / "bundle"
     root = bundle / "rootfs"
@@ -144,6 +145,10 @@ def write_bundle(
         if destination in (SANDBOX_HOME, netstack.GUEST_SOCKETS):
             options += ["uid=1000", "gid=1000"]
         mounts.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
+    if slots is not None:  # under /run's tmpfs: nothing of the host's path shows, and the hand-out detaches it
+        bind(str(slots), handout.GUEST_SLOTS, readonly=False)
+    for place in spec.placeholders:
+        mounts.append({"destination": place, "type": "tmpfs", "source": "tmpfs", "options": ["size=64k", "mode=0755", "nosuid", "nodev"]})
     # After the tmpfs mounts, so what lies under /tmp or /home shows on top of them: Lab's root first, then the
     # kernel's and pid 1's interpreters, read-only even inside a writable Lab root.
     for directory in spec.host_directories:
@@ -202,7 +207,12 @@ def write_bundle(
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": "sandbox",
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *mounts],
+        # Parents before what lies in them (a placeholder under /tmp after /tmp's disk, an interpreter's binds under a
+        # placeholder after it), in the order given otherwise: the order mounts are made in.
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            *sorted(mounts, key=lambda m: len(Path(m["destination"]).parts)),
+        ],
         "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")]},
     }
     if ports:  # gVisor's network stack takes the veth of the namespace made for it

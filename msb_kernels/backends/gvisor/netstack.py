@@ -60,8 +60,10 @@ def netns_path(name: str) -> str:
 
 
 def in_sandbox_netns(sandbox_id: str, argv: list[str]) -> list[str]:
-    """argv (a runsc command) run in the sandbox's network namespace, past runsc's root-namespace check."""
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", ENTER, "sh", netns_path(names(sandbox_id)[0]), *argv]
+    """argv (a runsc command) run in the sandbox's network namespace, past runsc's root-namespace check. Its mount
+    namespace is the host's slave: what ENTER mounts stays in it, and what the host mounts in a pooled sandbox's slots
+    at hand-out reaches its gofer (core/handout.py)."""
+    return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", ENTER, "sh", netns_path(names(sandbox_id)[0]), *argv]
 
 
 async def _ip(*args: str) -> str | None:

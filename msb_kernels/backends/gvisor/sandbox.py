@@ -10,15 +10,16 @@ import logging
 import re
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import msb_kernels.backends.gvisor.hibernation as hibernation
 import msb_kernels.backends.gvisor.netstack as netstack
-from msb_kernels.backends.core import cgroups, iodir
+from msb_kernels.backends.core import cgroups, handout, idmap, iodir
 from msb_kernels.backends.core.adoption import KeeperLink
-from msb_kernels.backends.core.base import Reconnect, SandboxSpec
+from msb_kernels.backends.core.base import HostDirectory, Reconnect, SandboxSpec, SharedVolume
 from msb_kernels.backends.core.processes import PidfdProcess
 from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
 from msb_kernels.backends.gvisor.bundle import GUEST_UID
@@ -56,6 +57,17 @@ class GVisorSandbox(HostCgroupSandbox):
         self._woken = asyncio.Event()  # set while it runs: wait() follows a process that hibernation ends
         self._woken.set()
         self._probe: socket.socket | None = None
+
+    async def hand_out(self, shared_volume: SharedVolume | None, host_directories: list[HostDirectory]) -> None:
+        """The host attaches each directory under the sandbox's slots (as the guest user's where a person owns it), and
+        the guest's root, by `runsc exec` with CAP_SYS_ADMIN, binds each at its guest path and detaches the slots."""
+        slots = self.state_dir / handout.SLOTS_DIR
+        mounts = await asyncio.to_thread(handout.fill_slots, slots, shared_volume, host_directories, idmap.Owner(GUEST_UID, GUEST_UID))
+        argv = handout.guest_mount_argv(sys.executable, mounts)
+        result = await self.backend.runsc("exec", "--user=0:0", "--cap=CAP_SYS_ADMIN", self.sandbox_id, *argv, sandbox_id=self.sandbox_id)
+        if result.returncode != 0:
+            said = (result.stderr or result.stdout).strip().splitlines()
+            raise SandboxError(f"cannot show the kernel its directories: {said[-1] if said else f'runsc exec exited {result.returncode}'}")
 
     @property
     def init_pid(self) -> int:

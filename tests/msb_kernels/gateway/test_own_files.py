@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import sysconfig
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from msb_kernels.backends.core import handout, iodir
+from msb_kernels.identity.volumes import make_own
 from tests.conftest import TEST_BASE
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, launch_gateway, mcp_client
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, init_pids, launch_gateway, mcp_client, wait_until
 from tests.skips import needs_runsc
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a person's own host ids need a root gateway")]
@@ -49,29 +52,36 @@ def as_alices_lab(path: Path, text: str) -> None:
     os.chown(path, ALICE_UID, ALICE_UID)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-async def team(request) -> AsyncIterator[Team]:
-    backend = request.param
-    users_file = TEST_BASE / f"own-files-{backend}-users.json"
-    tokens = {name: add_user(users_file, name) for name in ("alice", "bob")}
-    labs, shared = TEST_BASE / f"own-files-{backend}-labs", TEST_BASE / f"own-files-{backend}-shared"
+async def launch_team(name: str, env: dict[str, str]) -> Team:
+    """alice and bob of a users file, each with a Lab root under MSB_LAB_ROOT_PATH's ``<labs>/{username}`` and a
+    volume under ``<shared>``, made by root with default modes. alice's root and its project/ are hers (0700), as the
+    Hub's spawner makes them; bob's is made at his first start."""
+    users_file = TEST_BASE / f"{name}-users.json"
+    tokens = {who: add_user(users_file, who) for who in ("alice", "bob")}
+    labs, shared = TEST_BASE / f"{name}-labs", TEST_BASE / f"{name}-shared"
     for directory in (labs, shared):
         directory.mkdir(mode=0o755)
-    (labs / "alice" / "project").mkdir(parents=True)  # her server's root, as the Hub's spawner made it: hers, 0700
+    (labs / "alice" / "project").mkdir(parents=True)
     for directory in (labs / "alice", labs / "alice" / "project"):
         os.chown(directory, ALICE_UID, ALICE_UID)
     os.chmod(labs / "alice", 0o700)
     gateway = await launch_gateway(
         extra_env={
-            "MSB_BACKEND": backend,
             "MSB_USERS_FILE": str(users_file),
             "MSB_TOKEN": None,
             "MSB_SHARED_VOLUME_PATH": str(shared),
             "MSB_LAB_ROOT_PATH": str(labs / "{username}"),
+            **env,
         }
     )
-    yield Team(gateway, tokens, labs, shared)
-    gateway.stop()
+    return Team(gateway, tokens, labs, shared)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+async def team(request) -> AsyncIterator[Team]:
+    made = await launch_team(f"own-files-{request.param}", {"MSB_BACKEND": request.param})
+    yield made
+    made.gateway.stop()
 
 
 PROBE = """
@@ -135,3 +145,125 @@ async def test_an_assistants_file_tools_see_the_persons_lab_and_volume_as_theirs
     assert (own / "notes" / "from-assistant.txt").read_text() == "from the assistant\n"
     assert {p.stat().st_uid for p in (own, own / "notes", own / "notes" / "from-assistant.txt")} == {own.stat().st_uid}
     assert own.stat().st_uid != 0 and own.stat().st_mode & 0o777 == 0o700 and team.shared.stat().st_mode & 0o777 == 0o755
+
+
+# -- the warm pool, for people ---------------------------------------------------------------------------------------
+
+POOLED_PROBE = """
+import json, os, sys
+import handed_mod  # her own package, in her volume's user site
+open("pooled-out.csv", "w").write("p\\n")
+open("/shared/from-pooled.txt", "w").write("p\\n")
+print(json.dumps({"cwd": os.getcwd(), "data": open("data.csv").read(), "shared": sorted(os.listdir("/shared")),
+                  "slots": os.path.exists("/run/msb-slots"), "mod": handed_mod.WHO}))
+"""
+
+
+HIBERNATE_AFTER = 3  # seconds idle
+
+
+@pytest.fixture(scope="module", params=["ipc", "tcp, hibernating"])
+async def pooled_team(request) -> AsyncIterator[Team]:
+    """alice and bob on gVisor with a warm pool of one: its kernels are started with nothing of anyone's. Over ipc, and
+    over tcp (gVisor's own network stack, in a network namespace of the sandbox's) with kernels that hibernate."""
+    hibernating = "hibernating" in request.param
+    env = {"MSB_BACKEND": "gvisor", "MSB_POOL_SIZE": "python-small=1"}
+    env.update({"MSB_HIBERNATE_AFTER_SECONDS": str(HIBERNATE_AFTER)} if hibernating else {"MSB_TRANSPORT": "ipc"})
+    made = await launch_team("pooled-" + request.param.split(",")[0], env)
+    yield made
+    made.gateway.stop()
+
+
+async def pooled_kernel_waiting(team: Team, as_who: str) -> int:
+    """How many kernels the pool has handed out, once it holds one waiting (the gateway's stats)."""
+
+    async def waiting() -> dict | None:
+        pool = (await team.gateway.request("GET", "/api/msb/stats", token=team.tokens[as_who])).json["pool"]
+        return pool if pool["waiting"].get("msb-python-small") == 1 else None
+
+    return (await wait_until(waiting, 180, "the pool to hold a kernel"))["handed_out"]
+
+
+def slotted_state_dirs(gateway: Gateway) -> list[Path]:
+    """The state dirs of the gateway's sandboxes that were started for the pool (core/handout.py's slots)."""
+    return [slots.parent for slots in gateway.runtime_dir.glob(f"*/{handout.SLOTS_DIR}")]
+
+
+@needs_runsc
+async def test_a_pooled_kernel_is_handed_to_a_person_with_their_folder_and_volume_and_nothing_of_anyone_elses(pooled_team) -> None:
+    team = pooled_team
+    project = team.labs / "alice" / "project"
+    as_alices_lab(project / "data.csv", "a,b\n")
+    handed = await pooled_kernel_waiting(team, "alice")
+    # While it waits, its slots hold nothing: the host has mounted no one's directory there.
+    (state,) = slotted_state_dirs(team.gateway)
+    assert iodir.mounts_under(state / "slots") == [state / "slots"]
+    # Her own package, as `%pip install --user` left it in her volume by an earlier kernel.
+    volume = team.shared / "alice"
+    make_own(team.shared, volume)
+    site_dir = Path(sysconfig.get_path("purelib", "posix_user", vars={"userbase": str(volume / ".python" / "default")}))
+    site_dir.mkdir(parents=True)
+    (site_dir / "handed_mod.py").write_text("WHO = 'hers'\n")
+    for path in [volume / ".python", *(volume / ".python").rglob("*")]:
+        os.chown(path, volume.stat().st_uid, volume.stat().st_gid)
+
+    init_pid = init_pids(team.gateway)[state.name]
+    kernel, alice = await team.kernel("alice", project)
+    try:
+        # The pool's kernel, in the sandbox that waited: not a fresh one under its id (what a failed hand-out starts).
+        assert kernel == state.name and init_pids(team.gateway)[kernel] == init_pid
+        stats = (await team.gateway.request("GET", "/api/msb/stats", token=team.tokens["alice"])).json
+        assert stats["pool"]["handed_out"] == handed + 1 and stats["pool"]["hand_outs_failed"] == 0, stats["pool"]
+        reply = await alice.execute(POOLED_PROBE)
+        assert reply.error is None, reply.messages
+        assert json.loads(reply.stdout) == {
+            "cwd": str(project),
+            "data": "a,b\n",
+            "shared": [".python", "from-pooled.txt"],
+            "slots": False,
+            "mod": "hers",
+        }
+    finally:
+        await team.end("alice", kernel, alice)
+    assert (project / "pooled-out.csv").stat().st_uid == ALICE_UID
+    assert (volume / "from-pooled.txt").stat().st_uid == volume.stat().st_uid != 0
+
+    # The next one goes to bob: his own volume and home, nothing of hers.
+    await pooled_kernel_waiting(team, "bob")
+    kernel, bob = await team.kernel("bob", project)
+    try:
+        code = f"import os; print(os.getcwd(), os.path.exists({str(team.labs / 'alice')!r}), sorted(os.listdir('/shared')))"
+        assert (await bob.execute(code)).stdout.split(" ", 2) == ["/home/sandbox", "False", "[]\n"]
+    finally:
+        await team.end("bob", kernel, bob)
+
+
+@needs_runsc
+@pytest.mark.parametrize("pooled_team", ["tcp, hibernating"], indirect=True)
+async def test_a_kernel_handed_out_by_the_pool_hibernates_and_wakes_with_its_persons_files(pooled_team) -> None:
+    team = pooled_team
+    project = team.labs / "alice" / "project"
+    as_alices_lab(project / "before.txt", "before\n")
+    await pooled_kernel_waiting(team, "alice")
+    (state,) = slotted_state_dirs(team.gateway)
+    init_pid = init_pids(team.gateway)[state.name]
+    kernel, alice = await team.kernel("alice", project)
+    try:
+        assert kernel == state.name and init_pids(team.gateway)[kernel] == init_pid
+        assert (await alice.execute("kept = open('before.txt').read()")).error is None
+        alice.close()
+
+        async def hibernated() -> bool:
+            model = await team.gateway.request("GET", f"/api/kernels/{kernel}", token=team.tokens["alice"])
+            return model.json["execution_state"] == "hibernated"
+
+        await wait_until(hibernated, 120, "her handed-out kernel to hibernate")
+        alice = await KernelSocket.open(team.gateway, kernel, token=team.tokens["alice"])  # wakes it
+        code = (
+            "import os; open('/shared/after-wake.txt', 'w').write('w'); print(kept.strip(), os.getcwd(), open('before.txt').read().strip())"
+        )
+        assert (await alice.execute(code)).stdout.split() == ["before", str(project), "before"]
+    finally:
+        await team.end("alice", kernel, alice)
+    volume = team.shared / "alice"
+    assert (volume / "after-wake.txt").stat().st_uid == volume.stat().st_uid != 0
