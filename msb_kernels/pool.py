@@ -209,7 +209,9 @@ class KernelPool:
         """Show a waiting kernel what a fresh start of request would: its volume and Lab root (the provisioner's
         hand_out), then its working directory and the person's own packages, in the kernel (Template.hand_out_code)."""
         began = time.monotonic()
-        working_dir = await km.provisioner.hand_out(request)
+        shown, working_dir = await km.provisioner.hand_out(request)
+        if not shown:
+            return  # its home, as a fresh start's, and no volume of packages: nothing changes in the kernel
         template = getattr(km.provisioner, "template_spec", None)
         if template is not None and (code := template.hand_out_code(working_dir)):
             client = km.client()

@@ -513,19 +513,21 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         )
         return self.connection_info
 
-    async def hand_out(self, request: StartRequest) -> str | None:
+    async def hand_out(self, request: StartRequest) -> tuple[bool, str | None]:
         """Show this pooled kernel's sandbox (SandboxSpec.handout) the volume and Lab root a fresh start of request would
-        have shown; the directory its kernel should work in, or None for its home. SandboxError where it cannot: the
-        pool then stops the kernel and the request starts its own. Called by the warm pool as it hands the kernel out."""
+        have shown: whether it showed any, and the directory its kernel should work in (None: its home). SandboxError
+        where it cannot: the pool then stops the kernel and the request starts its own. Called by the warm pool as it
+        hands the kernel out."""
         sandbox = self.sandbox
         if sandbox is None or not sandbox.spec.handout:
             raise SandboxError("this kernel was not started for a hand-out")
         shared = self._shared_volume(request.volume)
         directories = labroot.lab_directories(self.settings, request.volume)
         working_dir = labroot.working_dir(self.settings, request.working_dir, request.volume)
-        await sandbox.hand_out(shared, directories)
+        if shared is not None or directories:  # else nothing to show: no helper, no exec
+            await sandbox.hand_out(shared, directories)
         sandbox.spec = replace(sandbox.spec, shared_volume=shared, host_directories=directories, working_dir=working_dir)
-        return working_dir
+        return shared is not None or bool(directories), working_dir
 
     def _distrust_backend(self) -> None:
         """This start failed in its backend: whatever start probe passed for it is proven again (msb_kernels.probe)."""

@@ -324,7 +324,7 @@ class SandboxBackend(abc.ABC):
     interrupt_by_message: ClassVar[bool] = False
     # Its sandboxes can be started with empty slots and shown a person's directories at hand-out (Sandbox.hand_out): the
     # warm pool then serves people too, where it could serve only starts with nothing of a person's.
-    hands_out: ClassVar[bool] = False
+    hands_out: bool = False
     runs_images: ClassVar[bool] = False  # kernels run an image (an environment's own, built for it), not the host's interpreter
     runs_on_cluster: ClassVar[bool] = False  # kernels run on a cluster's nodes: this host's memory bounds nothing (gateway capacity)
     host_ip: ClassVar[str] = "127.0.0.1"  # tcp: where the host connects to the kernel's published ports

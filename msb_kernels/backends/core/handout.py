@@ -49,25 +49,41 @@ def open_slots(state_dir: Path) -> Path:
     return slots
 
 
-def fill_slots(slots: Path, shared_volume: SharedVolume | None, host_directories: list[HostDirectory], seen_as: idmap.Owner) -> list[list]:
-    """Attach the volume and each directory under the slots, as ``seen_as``'s where its owner is a person (idmapped),
-    else as it is; the arguments of ``GUEST_MOUNT``: [guest slot, guest path, writable], one per directory. In the order
-    a fresh start mounts them (core/base.SandboxSpec): a Lab root, then the volume."""
+def detached_trees(
+    shared_volume: SharedVolume | None, host_directories: list[HostDirectory], seen_as: idmap.Owner, *, keep_root: bool = False
+) -> list[tuple[int, str, bool]]:
+    """A detached mount of the volume and of each directory, as ``seen_as``'s where its owner is a person (idmapped),
+    else as it is, with where the guest sees it and whether it may write there: (descriptor, guest path, writable). In
+    the order a fresh start mounts them (core/base.SandboxSpec): a Lab root, then the volume. The caller closes them."""
     shown = [(d.path, d.path, d.writable) for d in host_directories if os.path.isdir(d.path)]
     if shared_volume is not None and shared_volume.host_path is not None:
         shown.append((str(shared_volume.host_path), shared_volume.guest_path, True))
-    mounts = []
-    for number, (host_path, guest_path, writable) in enumerate(shown):
-        target = slots / str(number)
-        target.mkdir(mode=0o700, exist_ok=True)
-        tree = idmap.shown_as(host_path, seen_as, readonly=not writable, keep_root=True)
-        if tree is None:
-            tree = idmap.cloned(host_path, readonly=not writable)
-        try:
-            idmap.attach(tree, str(target))
-        finally:
+    trees: list[tuple[int, str, bool]] = []
+    try:
+        for host_path, guest_path, writable in shown:
+            tree = idmap.shown_as(host_path, seen_as, readonly=not writable, keep_root=keep_root)
+            trees.append((tree if tree is not None else idmap.cloned(host_path, readonly=not writable), guest_path, writable))
+    except BaseException:
+        for tree, _, _ in trees:
             os.close(tree)
-        mounts.append([f"{GUEST_SLOTS}/{number}", guest_path, writable])
+        raise
+    return trees
+
+
+def fill_slots(slots: Path, shared_volume: SharedVolume | None, host_directories: list[HostDirectory], seen_as: idmap.Owner) -> list[list]:
+    """Attach each of ``detached_trees`` under the slots (gVisor: its gofer makes root's files first, so root's stay
+    root's); the arguments of ``GUEST_MOUNT``: [guest slot, guest path, writable], one per directory."""
+    mounts = []
+    trees = detached_trees(shared_volume, host_directories, seen_as, keep_root=True)
+    try:
+        for number, (tree, guest_path, writable) in enumerate(trees):
+            target = slots / str(number)
+            target.mkdir(mode=0o700, exist_ok=True)
+            idmap.attach(tree, str(target))
+            mounts.append([f"{GUEST_SLOTS}/{number}", guest_path, writable])
+    finally:
+        for tree, _, _ in trees:
+            os.close(tree)
     return mounts
 
 
@@ -96,3 +112,23 @@ os.rmdir(sys.argv[2])  # its mount point, in /run's tmpfs: not even the name is 
 def guest_mount_argv(python: str, mounts: list[list]) -> list[str]:
     """The command that runs GUEST_MOUNT for these mounts inside the sandbox, with its interpreter."""
     return [python, "-I", "-S", "-c", GUEST_MOUNT, json.dumps(mounts), GUEST_SLOTS]
+
+
+# Run on the host by a fresh interpreter (-I -S, one thread: setns into a mount namespace needs that), as root, with
+# the sandbox's mount namespace and the detached mounts as inherited descriptors: argv[1] is the namespace's,
+# argv[2] [[descriptor, guest path], ...]. Each guest path is made (0755) where missing, in a placeholder's tmpfs.
+ATTACH_IN_NAMESPACE = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, SYS_MOVE_MOUNT, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH = 0x20000, 429, -100, 4
+
+def call(result, what):
+    if result != 0:
+        sys.exit(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+call(libc.setns(int(sys.argv[1]), CLONE_NEWNS), "setns")
+os.chdir("/")
+for tree, guest in json.loads(sys.argv[2]):
+    os.makedirs(guest, mode=0o755, exist_ok=True)
+    call(libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, guest.encode(), MOVE_MOUNT_F_EMPTY_PATH), f"attach {guest}")
+"""

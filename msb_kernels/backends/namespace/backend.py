@@ -88,6 +88,7 @@ class NamespaceBackend(SandboxBackend):
         self.root = settings.runtime_root()
         self.hierarchy, self.limits_note = cgroups.detect()
         self.rootful = os.geteuid() == 0
+        self.hands_out = self.rootful  # a hand-out enters the sandbox's mount namespace and attaches idmapped mounts
         self.no_disk = scratch.unavailable_reason()
         self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
         self.fork_servers = ForkServers(self.root / "forkservers")
@@ -226,6 +227,7 @@ class NamespaceBackend(SandboxBackend):
             "shared_fd": shared_fd,
             "host_dirs": [[d.path, d.writable, fd] for d, fd in zip(spec.host_directories, shown_fds, strict=True)],
             "working_dir": spec.working_dir,
+            "placeholders": spec.placeholders,
             "scratch_mount": str(state_dir / "scratch"),
             "scratch_image": str(image) if image else None,
             "scratch_bytes": spec.flavor.memory_scratch_mib * 1024 * 1024,

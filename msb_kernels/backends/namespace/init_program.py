@@ -237,6 +237,17 @@ def _mount_scratch(plan: dict, root: str) -> None:
         _bind(place, root + target, readonly=False)
 
 
+def _placeholders(plan: dict, root: str, *, before_scratch: bool) -> None:
+    """A pooled sandbox's empty directories where its hand-out mounts (core/handout.py): a tmpfs of root's each, for
+    the host to make and attach its taker's in (the root is read-only). Those under /tmp or home after those, the others
+    before, so that home shows in a /home of them."""
+    for path in plan.get("placeholders") or ():
+        late = any(path == top or path.startswith(top + "/") for top in ("/tmp", SANDBOX_HOME))
+        if late != before_scratch:
+            os.makedirs(root + path, mode=0o755, exist_ok=True)
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+
+
 def _build_root(plan: dict) -> None:
     root = plan["root_dir"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -289,7 +300,9 @@ def _build_root(plan: dict) -> None:
     os.makedirs(root + "/dev/shm")
     _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={plan['shm_bytes']}")
 
+    _placeholders(plan, root, before_scratch=True)
     _mount_scratch(plan, root)
+    _placeholders(plan, root, before_scratch=False)
     os.makedirs(root + "/run")
     _mount("tmpfs", root + "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
     # After the tmpfs mounts, so what lies under /tmp or /home stays visible. Lab's root first: an interpreter

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import sys
 from pathlib import Path
 
-from msb_kernels.backends.core import cgroups
+from msb_kernels.backends.core import cgroups, handout, idmap
 from msb_kernels.backends.core.adoption import KeeperLink
-from msb_kernels.backends.core.base import SandboxBackend, SandboxSpec
+from msb_kernels.backends.core.base import HostDirectory, SandboxBackend, SandboxSpec, SharedVolume
 from msb_kernels.backends.core.processes import PidfdProcess
 from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
+from msb_kernels.backends.namespace import uids
+from msb_kernels.errors import SandboxError
 
 
 class NamespaceSandbox(HostCgroupSandbox):
@@ -38,6 +42,31 @@ class NamespaceSandbox(HostCgroupSandbox):
         self.keeper = keeper
         self.stderr = stderr
         self.forked = forked  # the kernel is a fork of a fork server (forkservers.py), not an exec
+
+    async def hand_out(self, shared_volume: SharedVolume | None, host_directories: list[HostDirectory]) -> None:
+        """The host makes a detached mount of each directory (idmapped as the sandbox's user where a person owns it)
+        and attaches it in the sandbox's mount namespace, at its guest path, by a helper that enters it
+        (core/handout.py's ATTACH_IN_NAMESPACE); the placeholders hold what it makes."""
+        seen_as = idmap.Owner(self.channel_uid if self.channel_uid is not None else os.geteuid(), uids.SANDBOX_GID)
+        trees = await asyncio.to_thread(handout.detached_trees, shared_volume, host_directories, seen_as)
+        namespace = os.open(f"/proc/{self.init_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            argv = [sys.executable, "-I", "-S", "-c", handout.ATTACH_IN_NAMESPACE, str(namespace)]
+            argv.append(json.dumps([[tree, guest_path] for tree, guest_path, _ in trees]))
+            helper = await asyncio.create_subprocess_exec(
+                *argv,
+                pass_fds=[namespace, *(tree for tree, _, _ in trees)],
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, said = await asyncio.wait_for(helper.communicate(), 30)
+        finally:
+            os.close(namespace)
+            for tree, _, _ in trees:
+                os.close(tree)
+        if helper.returncode != 0:
+            lines = said.decode(errors="replace").strip().splitlines()
+            raise SandboxError(f"cannot show the kernel its directories: {lines[-1] if lines else f'exit status {helper.returncode}'}")
 
     async def poll(self) -> int | None:
         return self.process.returncode

@@ -162,14 +162,18 @@ print(json.dumps({"cwd": os.getcwd(), "data": open("data.csv").read(), "shared":
 HIBERNATE_AFTER = 3  # seconds idle
 
 
-@pytest.fixture(scope="module", params=["ipc", "tcp, hibernating"])
+POOLED = ["namespace", pytest.param("gvisor, ipc", marks=needs_runsc), pytest.param("gvisor, tcp, hibernating", marks=needs_runsc)]
+
+
+@pytest.fixture(scope="module", params=POOLED)
 async def pooled_team(request) -> AsyncIterator[Team]:
-    """alice and bob on gVisor with a warm pool of one: its kernels are started with nothing of anyone's. Over ipc, and
-    over tcp (gVisor's own network stack, in a network namespace of the sandbox's) with kernels that hibernate."""
-    hibernating = "hibernating" in request.param
-    env = {"MSB_BACKEND": "gvisor", "MSB_POOL_SIZE": "python-small=1"}
-    env.update({"MSB_HIBERNATE_AFTER_SECONDS": str(HIBERNATE_AFTER)} if hibernating else {"MSB_TRANSPORT": "ipc"})
-    made = await launch_team("pooled-" + request.param.split(",")[0], env)
+    """alice and bob with a warm pool of one, whose kernels are started with nothing of anyone's: on namespace, and on
+    gVisor over ipc and over tcp (gVisor's own network stack, in a network namespace of the sandbox's) with kernels
+    that hibernate."""
+    backend, *how = request.param.split(", ")
+    env = {"MSB_BACKEND": backend, "MSB_POOL_SIZE": "python-small=1"}
+    env.update({"MSB_HIBERNATE_AFTER_SECONDS": str(HIBERNATE_AFTER)} if "hibernating" in how else {"MSB_TRANSPORT": "ipc"})
+    made = await launch_team("pooled-" + "-".join([backend, *how[:1]]), env)
     yield made
     made.gateway.stop()
 
@@ -184,20 +188,25 @@ async def pooled_kernel_waiting(team: Team, as_who: str) -> int:
     return (await wait_until(waiting, 180, "the pool to hold a kernel"))["handed_out"]
 
 
-def slotted_state_dirs(gateway: Gateway) -> list[Path]:
-    """The state dirs of the gateway's sandboxes that were started for the pool (core/handout.py's slots)."""
-    return [slots.parent for slots in gateway.runtime_dir.glob(f"*/{handout.SLOTS_DIR}")]
+def waiting_kernel(team: Team) -> tuple[str, int]:
+    """The pool's waiting kernel (the gateway's one sandbox while no session runs) and its sandbox's init pid; checked
+    to hold nothing of anyone's: no directory mounted under its slots (gVisor), its placeholders empty (namespace)."""
+    (record,) = team.gateway.sandboxes()
+    if record.backend == "gvisor":
+        slots = team.gateway.runtime_dir / record.sandbox_id / handout.SLOTS_DIR
+        assert iodir.mounts_under(slots) == [slots]
+    else:
+        root = Path(f"/proc/{record.details['init_pid']}/root")
+        assert os.listdir(root / "shared") == [] and os.listdir(root / str(team.labs).lstrip("/")) == []
+    return record.sandbox_id, record.details["init_pid"]
 
 
-@needs_runsc
 async def test_a_pooled_kernel_is_handed_to_a_person_with_their_folder_and_volume_and_nothing_of_anyone_elses(pooled_team) -> None:
     team = pooled_team
     project = team.labs / "alice" / "project"
     as_alices_lab(project / "data.csv", "a,b\n")
     handed = await pooled_kernel_waiting(team, "alice")
-    # While it waits, its slots hold nothing: the host has mounted no one's directory there.
-    (state,) = slotted_state_dirs(team.gateway)
-    assert iodir.mounts_under(state / "slots") == [state / "slots"]
+    pooled, init_pid = waiting_kernel(team)
     # Her own package, as `%pip install --user` left it in her volume by an earlier kernel.
     volume = team.shared / "alice"
     make_own(team.shared, volume)
@@ -207,11 +216,10 @@ async def test_a_pooled_kernel_is_handed_to_a_person_with_their_folder_and_volum
     for path in [volume / ".python", *(volume / ".python").rglob("*")]:
         os.chown(path, volume.stat().st_uid, volume.stat().st_gid)
 
-    init_pid = init_pids(team.gateway)[state.name]
     kernel, alice = await team.kernel("alice", project)
     try:
         # The pool's kernel, in the sandbox that waited: not a fresh one under its id (what a failed hand-out starts).
-        assert kernel == state.name and init_pids(team.gateway)[kernel] == init_pid
+        assert kernel == pooled and init_pids(team.gateway)[kernel] == init_pid
         stats = (await team.gateway.request("GET", "/api/msb/stats", token=team.tokens["alice"])).json
         assert stats["pool"]["handed_out"] == handed + 1 and stats["pool"]["hand_outs_failed"] == 0, stats["pool"]
         reply = await alice.execute(POOLED_PROBE)
@@ -239,17 +247,16 @@ async def test_a_pooled_kernel_is_handed_to_a_person_with_their_folder_and_volum
 
 
 @needs_runsc
-@pytest.mark.parametrize("pooled_team", ["tcp, hibernating"], indirect=True)
+@pytest.mark.parametrize("pooled_team", ["gvisor, tcp, hibernating"], indirect=True)
 async def test_a_kernel_handed_out_by_the_pool_hibernates_and_wakes_with_its_persons_files(pooled_team) -> None:
     team = pooled_team
     project = team.labs / "alice" / "project"
     as_alices_lab(project / "before.txt", "before\n")
     await pooled_kernel_waiting(team, "alice")
-    (state,) = slotted_state_dirs(team.gateway)
-    init_pid = init_pids(team.gateway)[state.name]
+    pooled, init_pid = waiting_kernel(team)
     kernel, alice = await team.kernel("alice", project)
     try:
-        assert kernel == state.name and init_pids(team.gateway)[kernel] == init_pid
+        assert kernel == pooled and init_pids(team.gateway)[kernel] == init_pid
         assert (await alice.execute("kept = open('before.txt').read()")).error is None
         alice.close()
 
