@@ -189,7 +189,7 @@ async def test_no_start_request_reaches_the_gateways_environment_or_another_pers
         (mcp_kernel,) = [session["id"] for session in started.structured_content["sessions"]]
     await team.assert_clean("alice", mcp_kernel, "MCP start_session")
 
-    # A pool hand-out (the operator's single token: a person with a volume of their own starts afresh), and its restart.
+    # A pool hand-out to the operator (the single token's person: the whole volume), and its restart.
     async def pool_ready() -> bool:
         return (await team.rest("operator", "GET", "/api/msb/stats")).json["pool"]["waiting"]["msb-python-small"] == 1
 
