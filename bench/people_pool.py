@@ -2,13 +2,13 @@
 
     .venv/bin/python bench/people_pool.py [-n 10]     # as root, with runsc
 
-Three Hubs (deploy/jupyterhub/jupyterhub_config.py as tests/hub.py runs it), each with its managed gateway and a
-shared volume: on gVisor with no pool and with a pool of one, and on namespace with none. Each sample is what a person's Lab does for a new
+Four Hubs (deploy/jupyterhub/jupyterhub_config.py as tests/hub.py runs it), each with its managed gateway and a
+shared volume: on gVisor and on namespace, each with no pool and with a pool of one. Each sample is what a person's Lab does for a new
 notebook: ``POST /api/kernels`` with the notebook's folder, in their home (MSB_LAB_ROOT_PATH's default under the
 Hub), through the Hub's proxy with the person's own Hub token, then a WebSocket and ``1+1``, timed to its reply. The
-pooled Hub's pool is refilled before each of its samples, so each is a hand-out (core/handout.py): their volume and
+pooled Hubs' pools are refilled before each of their samples, so each is a hand-out (core/handout.py): their volume and
 Lab root shown to a kernel that was started with nothing of anyone's. A bare local ipykernel's start to its first
-``1+1`` reply is the reference. Samples alternate between the four; p50 and p95, and each against the bare kernel.
+``1+1`` reply is the reference. Samples alternate between the five; p50 and p95, and each against the bare kernel.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from bench.stats import percentile  # noqa: E402
 
 MSB, BARE = "msb-python-small", "python3"
 PERSON = "alice"
-# label -> (MSB_BACKEND, MSB_POOL_SIZE). namespace's pool hands nothing out to people (docs/gateway.md), so its row is
-# a cold start: what a hand-out there could save.
+# label -> (MSB_BACKEND, MSB_POOL_SIZE)
 HUBS = {
     "Hub person, gVisor, no pool": ("gvisor", "0"),
     "Hub person, gVisor, pool hand-out": ("gvisor", "python-small=1"),
     "Hub person, namespace, no pool": ("namespace", "0"),
+    "Hub person, namespace, pool hand-out": ("namespace", "python-small=1"),
 }
 
 
