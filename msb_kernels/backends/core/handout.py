@@ -1,15 +1,22 @@
-"""A pooled sandbox's empty slots, where a person's directories are mounted when the pool hands it to them.
+"""A pooled sandbox's placeholders and slots, where a person's directories are mounted when the pool hands it to them.
 
 Why: a pooled kernel is started before anyone asks for it, so it can hold nothing of anyone's; a person's kernel
-shows their volume and their Lab root. Without slots the pool served no person, and under JupyterHub every new session
-paid a cold start (1.5 to 2.9 s on gVisor, against a hand-out of about 20 ms).
+shows their volume and their Lab root. Without a hand-out the pool served no person, and under JupyterHub every new
+session paid a cold start: 2.2 s on gVisor, where a hand-out with the person's directories takes 0.15 to 0.25 s
+(bench/people_pool.py).
 
-The host side: a sandbox started for the pool gets a slot directory in its state dir, bound onto itself as a *shared*
+gVisor: a sandbox started for the pool gets a slot directory in its state dir, bound onto itself as a *shared*
 mount, which the sandbox's runtime serves at ``GUEST_SLOTS``. A mount made under it later on the host propagates to
 the runtime's own mount namespace (runsc's gofer keeps the host's mounts as its slaves), and so into the sandbox. At
 hand-out the host attaches each of the person's directories under the slot (idmapped as theirs, core/idmap.py), and
 ``GUEST_MOUNT`` binds each at its guest path inside the sandbox, as the guest's root, then detaches the slots' own
 mount: the kernel sees the person's directories where a fresh start would have shown them, and no slot.
+
+A hand-out comes before the kernel has run anyone's code (the pool's invariant): nothing in the sandbox is a taker's
+yet, so the host's helper and the guest's root walk only what the sandbox's own start made. The namespace backend's
+hand-out needs no slots: a helper of the host's enters the sandbox's mount namespace and attaches the mounts there
+(``ATTACH_IN_NAMESPACE``). Both make the guest paths in placeholders (SandboxSpec.placeholders), as the root is
+read-only.
 """
 
 from __future__ import annotations
