@@ -344,7 +344,7 @@ class GVisorBackend(SandboxBackend):
             *command,
         ]
         if self.transport == "tcp":
-            runsc = netstack.in_sandbox_netns(spec.sandbox_id, runsc)
+            runsc = netstack.in_sandbox_netns(spec.sandbox_id, runsc, receives_mounts=spec.handout and command[0] == "run")
         # choom: the sandbox's and gofer's host processes inherit the score. util-linux has had it since 2.33 (2018); an
         # older one lacks only the bias, not the sandbox.
         choom = ["choom", "-n", str(SANDBOX_OOM_SCORE_ADJ), "--"] if shutil.which("choom") else []

@@ -59,11 +59,14 @@ def netns_path(name: str) -> str:
     return f"{NETNS_DIR}/{name}"
 
 
-def in_sandbox_netns(sandbox_id: str, argv: list[str]) -> list[str]:
-    """argv (a runsc command) run in the sandbox's network namespace, past runsc's root-namespace check. Its mount
-    namespace is the host's slave: what ENTER mounts stays in it, and what the host mounts in a pooled sandbox's slots
-    at hand-out reaches its gofer (core/handout.py)."""
-    return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", ENTER, "sh", netns_path(names(sandbox_id)[0]), *argv]
+def in_sandbox_netns(sandbox_id: str, argv: list[str], *, receives_mounts: bool = False) -> list[str]:
+    """argv (a runsc command) run in the sandbox's network namespace, past runsc's root-namespace check, in a mount
+    namespace of its own where what ENTER mounts stays. receives_mounts: the host's slave, so that what the host mounts
+    in a pooled sandbox's slots at hand-out reaches its gofer (core/handout.py); only the `runsc run` of such a sandbox
+    asks. Else private: with every runsc command the host's slave, a checkpoint that failed (a full disk) left its
+    kernel running but deaf (IOPub not heard within 10 s of its reopening); with only `run` the slave, it did not."""
+    propagation = "slave" if receives_mounts else "private"
+    return ["unshare", "--mount", "--propagation", propagation, "--", "sh", "-c", ENTER, "sh", netns_path(names(sandbox_id)[0]), *argv]
 
 
 async def _ip(*args: str) -> str | None:
