@@ -207,11 +207,11 @@ def write_bundle(
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": "sandbox",
-        # Parents before what lies in them (a placeholder under /tmp after /tmp's disk, an interpreter's binds under a
-        # placeholder after it), in the order given otherwise: the order mounts are made in.
+        # A pooled sandbox's placeholders go where they lie: parents before what lies in them (a placeholder under /tmp
+        # after /tmp's disk, an interpreter's binds under a placeholder after it). Other sandboxes keep the order above.
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
-            *sorted(mounts, key=lambda m: len(Path(m["destination"]).parts)),
+            *(sorted(mounts, key=lambda m: len(Path(m["destination"]).parts)) if spec.placeholders else mounts),
         ],
         "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")]},
     }
