@@ -86,6 +86,21 @@ def _user_namespace(uid_map: str, gid_map: str) -> int:
         helper.wait()
 
 
+def _clone(path: str, flags: int, userns: int = 0) -> int:
+    """open_tree(2) of the directory alone, detached, with mount_setattr(2)'s ``flags`` (and ``userns``'s idmap)."""
+    tree = _check(
+        _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW),
+        "open_tree",
+    )
+    try:
+        attributes = struct.pack("QQQQ", flags, 0, 0, userns)
+        _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, attributes, len(attributes)), "mount_setattr")
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
 def detached(path: str, owner: Owner, seen_as: Owner, *, readonly: bool = False, keep_root: bool = False) -> int:
     """A descriptor of a detached clone of the directory at path, where owner's files are seen_as's (and what seen_as
     makes is owner's); readonly: nothing is written through it; keep_root: root's stay root's too (runsc's gofer makes
@@ -100,20 +115,7 @@ def detached(path: str, owner: Owner, seen_as: Owner, *, readonly: bool = False,
             "".join(f"{inside} {outside} 1\n" for inside, outside in groups),
         )
         try:
-            tree = _check(
-                _libc.syscall(
-                    SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW
-                ),
-                "open_tree",
-            )
-            try:
-                flags = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0)
-                attributes = struct.pack("QQQQ", flags, 0, 0, userns)
-                _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, attributes, len(attributes)), "mount_setattr")
-            except BaseException:
-                os.close(tree)
-                raise
-            return tree
+            return _clone(path, MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0), userns)
         finally:
             os.close(userns)
     except OSError as exc:
@@ -131,19 +133,12 @@ def shown_as(path: str, seen_as: Owner, *, readonly: bool = False, keep_root: bo
 
 
 def cloned(path: str, *, readonly: bool = False) -> int:
-    """A descriptor of a detached clone of the directory at path, as it is (no idmap), nosuid and nodev; ``attach`` it."""
-    tree = _check(
-        _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW),
-        f"open_tree {path}",
-    )
+    """A descriptor of a detached clone of the directory at path, as it is (no idmap), nosuid and nodev; ``attach`` it.
+    SandboxError where it cannot be cloned."""
     try:
-        flags = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0)
-        attributes = struct.pack("QQQQ", flags, 0, 0, 0)
-        _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, attributes, len(attributes)), "mount_setattr")
-    except BaseException:
-        os.close(tree)
-        raise
-    return tree
+        return _clone(path, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0))
+    except OSError as exc:
+        raise SandboxError(f"cannot show {path} to the sandbox ({exc.strerror or exc})") from None
 
 
 def attach(tree: int, target: str) -> None:

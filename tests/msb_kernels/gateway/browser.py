@@ -203,6 +203,13 @@ def screenshot_on_failure(request: pytest.FixtureRequest, driver: Any, tmp_path:
 
 
 @pytest.fixture
+def driver(request: pytest.FixtureRequest, browser: Any, tmp_path: Path) -> Any:
+    """The module's Chromium, for a test that drives it itself (logs in first, say), leaving a screenshot if it fails."""
+    screenshot_on_failure(request, browser, tmp_path)
+    return browser
+
+
+@pytest.fixture
 async def page(request: pytest.FixtureRequest, browser: Any, lab: HttpServer, tmp_path: Path) -> AsyncIterator[LabPage]:
     """A fresh Lab workspace; the kernels this test started are shut down after it."""
     screenshot_on_failure(request, browser, tmp_path)

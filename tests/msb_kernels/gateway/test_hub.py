@@ -24,7 +24,7 @@ from tornado.httpclient import HTTPClientError
 
 from mcp_bridge import jupyter_ws
 from tests.hub import Hub, UserServer, launch_hub
-from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, screenshot_on_failure  # noqa: F401 (browser is a fixture)
+from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, sandbox_records, wait_until
 from tests.skips import needs_hub
 
@@ -52,13 +52,6 @@ async def alice_server(hub: Hub) -> UserServer:
 def shared() -> dict[str, Any]:
     """What the first test leaves for the others: alice's kernel id."""
     return {}
-
-
-@pytest.fixture
-def driver(request: pytest.FixtureRequest, browser: Any, tmp_path: Path) -> Any:
-    """The module's Chromium, for a test that leaves a screenshot when it fails."""
-    screenshot_on_failure(request, browser, tmp_path)
-    return browser
 
 
 def alices_kernel(shared: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ import pytest
 from mcp_bridge import jupyter_ws
 from tests.conftest import REPO
 from tests.hub import Hub, UserServer, launch_hub
-from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, screenshot_on_failure  # noqa: F401 (a fixture)
+from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records
 from tests.skips import needs_hub
 
@@ -100,12 +100,6 @@ async def hub(host_users: dict, servers_venv: Path) -> AsyncIterator[Hub]:
     yield server
     server.stop()
     assert not sandbox_records(server.runtime_dir), sandbox_records(server.runtime_dir)
-
-
-@pytest.fixture
-def driver(request: pytest.FixtureRequest, browser: Any, tmp_path: Path) -> Any:
-    screenshot_on_failure(request, browser, tmp_path)
-    return browser
 
 
 def owners(folder: Path) -> dict[str, int]:
