@@ -78,6 +78,14 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.fixture(autouse=True)
+def _no_kernels_outlive_their_test() -> Iterator[None]:
+    yield
+    gateways = sys.modules.get("tests.msb_kernels.gateway.conftest")  # loaded by any test that launched one
+    if gateways is not None:
+        gateways.end_kernels_left_behind()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def installed_kernelspecs() -> Path:
     """The msb kernelspecs, installed once into the isolated prefix (as `msb-kernels install` does)."""

@@ -26,6 +26,7 @@ from msb_kernels.backends.gvisor.bundle import GUEST_UID
 from msb_kernels.errors import HibernationRefused, SandboxError
 
 log = logging.getLogger("msb_kernels")
+CHECKPOINT_ENDS_WITHIN = 3.0  # seconds a failed save's end of the sandbox may lag `runsc checkpoint`'s answer
 
 
 class GVisorSandbox(HostCgroupSandbox):
@@ -177,7 +178,7 @@ class GVisorSandbox(HostCgroupSandbox):
             self._woken.set()
             images.remove(sandbox_id)
             said = checkpoint_error(result.stderr)
-            if await self._still_running():
+            if await self._survived_checkpoint():
                 await self._reopen(reconnect)
                 raise HibernationRefused(f"runsc could not checkpoint it: {said}")
             # Its runsc run is on its way out: reap it, so the kernel reads as dead to whoever handles the error.
@@ -210,7 +211,13 @@ class GVisorSandbox(HostCgroupSandbox):
                 return blocking
             await asyncio.sleep(0.05)
 
-    async def _still_running(self) -> bool:
+    async def _survived_checkpoint(self) -> bool:
+        """Whether the kernel runs on after a failed checkpoint. A save that fails late ends the sandbox a moment after
+        `runsc checkpoint` returns, and `runsc state` says "running" in that moment (a loaded host's CI saw it, and
+        reopened a kernel that was gone): so its runsc run is given a while to end before the state is believed."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.process.wait(), CHECKPOINT_ENDS_WITHIN)
+            return False
         result = await self.backend.runsc("state", self.sandbox_id, sandbox_id=self.sandbox_id)
         try:
             return result.returncode == 0 and json.loads(result.stdout).get("status") == "running"

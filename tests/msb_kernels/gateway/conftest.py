@@ -26,11 +26,13 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from mcp_bridge import jupyter_ws
+from msb_kernels.backends.core.adoption import KEEPERS_SOCKET
 from msb_kernels.gateway.app import JUPYTERLAB_ALLOWED_ENVS
 from tests.conftest import TEST_BASE, VENV_BIN, venv_environment
 
 START_TIMEOUT = 60.0  # kernel and server starts: the test machine is small and shared
 _counter = itertools.count(1)
+_launched: list[Gateway] = []  # this run's gateways whose kernels may outlive them: see end_kernels_left_behind
 # A test that drives a browser puts here what saves a screenshot; a failure calls it while the page still shows why.
 SCREENSHOT_ON_FAILURE = pytest.StashKey[Callable[[], str]]()
 
@@ -231,8 +233,31 @@ async def launch_gateway(
     program = [str(venv / "bin" / "python"), "-m", "msb_kernels.cli"] if venv is not None else [str(VENV_BIN / "msb-kernels")]
     process = _start_process([*program, "serve", "--port", str(port), *(args or [])], env, log_path, umask)
     gateway = Gateway(port, token, process, log_path, runtime_dir=runtime_dir, env=env)
+    _launched.append(gateway)
     await _wait_for_http(gateway, "/api/msb/health", token=None)
     return gateway
+
+
+def end_kernels_left_behind() -> None:
+    """After each test: stop what ended gateways left running for adoption (a kill -9, or a test that failed before
+    its next gateway adopted), as an operator's `msb-kernels sweep --include-adoptable` does. Left alone, each runs on
+    for MSB_ADOPT_GRACE_SECONDS (300 s): a fresh clone's CI run held a dozen such gVisor sandboxes at once, and a
+    plain process on the 2-vCPU host then waited up to 180 ms for a CPU, which later tests' timings paid for."""
+    live = {gateway.runtime_dir for gateway in _launched if gateway.running()}
+    for gateway in [gateway for gateway in _launched if not gateway.running()]:
+        _launched.remove(gateway)
+        if gateway.runtime_dir not in live and _has_keepers(gateway.runtime_dir):
+            sweep = [str(VENV_BIN / "msb-kernels"), "sweep", "--include-adoptable"]
+            subprocess.run(sweep, env=gateway.env, capture_output=True, timeout=120, check=False)
+
+
+def _has_keepers(runtime_dir: Path) -> bool:
+    serving = f"{runtime_dir}/{KEEPERS_SOCKET}".encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if serving in cmdline.read_bytes():
+                return True
+    return False
 
 
 @contextlib.asynccontextmanager

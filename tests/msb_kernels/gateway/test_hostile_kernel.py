@@ -34,7 +34,11 @@ from tests.skips import needs_runsc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
-HEALTH_LIMIT = 0.1  # seconds: /api/msb/health answers within this, whatever a kernel does to its directory
+# Seconds /api/msb/health answers within, whatever a kernel does to its directory: a check that the gateway is never
+# blocked by what a kernel left it (a FIFO it would wait on for ever), not a timing. On a 2-vCPU host running two
+# gVisor kernels, any process waits for a CPU for up to 180 ms now and then (a plain sleeper beside this test, 5 ms
+# ticks), and the gateway's answer did too (109 to 150 ms): the limit stands clear of that.
+HEALTH_LIMIT = 0.5
 BOBS_SECRET = "bobs-output-" + uuid.uuid4().hex
 
 # bob's kernel: a thread that prints his secret on iopub every 50 ms, all along.
