@@ -103,7 +103,7 @@ async def probe(
         if task.done():
             _running.pop(key, None)
     _results[key] = result
-    verdict_key = probe_verdicts.key_for(backend, argv, template, settings or load_settings(), environment)
+    verdict_key = probe_verdicts.key_for(backend_classes()[backend], argv, template, settings or load_settings(), environment)
     if result.ok:
         probe_verdicts.save(verdict_key, result.seconds)
     else:
@@ -136,7 +136,7 @@ async def _kept(backend: str, argv: list[str], template: str, settings: MsbSetti
     key = (backend, argv[0], None)
     if key in _results:
         return _results[key]
-    verdict_key = probe_verdicts.key_for(backend, argv, template, settings)
+    verdict_key = probe_verdicts.key_for(backend_classes()[backend], argv, template, settings)
     verdict = probe_verdicts.load(verdict_key)
     if verdict is None:
         return None
@@ -149,7 +149,7 @@ async def _kept(backend: str, argv: list[str], template: str, settings: MsbSetti
 def distrust(backend: str, argv: list[str], template: str, settings: MsbSettings) -> None:
     """A kernel failed to start in backend: forget its pass, here and on disk, so the next start proves it again."""
     known = _results.pop((backend, argv[0], None), None)
-    dropped = probe_verdicts.drop(probe_verdicts.key_for(backend, argv, template, settings))
+    dropped = probe_verdicts.drop(probe_verdicts.key_for(backend_classes()[backend], argv, template, settings))
     if (known is not None and known.ok) or dropped:
         log.warning(
             "msb-kernels: a kernel from %s failed to start in the %s backend, which had passed its start probe; "

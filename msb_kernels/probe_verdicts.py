@@ -90,19 +90,16 @@ def file_identity(path: str | None) -> dict[str, Any] | str:
     return {"path": path, "real": real, "dev": found.st_dev, "ino": found.st_ino, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
 
 
-def key_for(backend: str, argv: list[str], template: str, settings: MsbSettings, environment: str | None = None) -> dict[str, Any]:
-    """Everything that decides whether a kernel of template from argv starts in backend on this host (environment:
-    the one argv[0] is, whose image a backend that runs images starts)."""
-    from msb_kernels.backends import backend_classes
-
-    cls = backend_classes()[backend]
-    availability = cls.availability()
+def key_for(backend: Any, argv: list[str], template: str, settings: MsbSettings, environment: str | None = None) -> dict[str, Any]:
+    """Everything that decides whether a kernel of template from argv starts in backend (its SandboxBackend class) on
+    this host (environment: the one argv[0] is, whose image a backend that runs images starts)."""
+    availability = backend.availability()
     relevant = {name: getattr(settings, name) for name in sorted(settings.trait_names(config=True)) if name not in _NOT_IN_KEY}
     return {
         "format": FORMAT,
-        "backend": backend,
+        "backend": backend.name,
         "found": [availability.ok, availability.reason, *availability.warnings],
-        "runtime": cls.start_identity(),
+        "runtime": backend.start_identity(),
         "interpreter": file_identity(argv[0] if argv else None),
         "argv": list(argv),
         "template": template,

@@ -4,6 +4,7 @@ gateway. A module is as long as its one concept needs: lines are not concepts (i
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -64,13 +65,107 @@ def test_the_mcp_bridge_never_imports_the_gateway():
     assert [a for a in arrows if a[0].startswith("mcp_bridge") and a[1].startswith("msb_kernels.gateway")] == []
 
 
-# The namespace init is a standard-library script (it runs before and inside the sandbox): its netlink reader of the
-# host's addresses belongs to no layer, and the egress policy reads them with it rather than with a second copy.
-LAYER_NEUTRAL = {"msb_kernels.backends.namespace.init_program"}
-
-
 def test_egress_never_imports_the_backends():
     """Egress sits below the backends: they carry its EgressRoute in a SandboxSpec, and it knows none of them."""
     arrows = sorted((name, target) for name, targets in imports().items() for target in targets)
-    upward = [a for a in arrows if a[0].startswith("msb_kernels.egress") and a[1].startswith("msb_kernels.backends")]
-    assert [a for a in upward if a[1] not in LAYER_NEUTRAL] == []
+    assert [a for a in arrows if a[0].startswith("msb_kernels.egress") and a[1].startswith("msb_kernels.backends")] == []
+
+
+# The layers, from the ground up. A module's layer is that of the longest name here that it is or is inside of.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "ground: errors, the flavors, limits, templates and the kernel's own code",
+        (
+            "msb_kernels",
+            "msb_kernels.errors",
+            "msb_kernels.flavors",
+            "msb_kernels.limits",
+            "msb_kernels.turns",
+            "msb_kernels.status",
+            "msb_kernels.server_logs",
+            "msb_kernels.slow_imports",
+            "msb_kernels.metrics",
+            "msb_kernels.kernel_code",
+            "msb_kernels.templates",
+            "msb_kernels.choice",
+            "msb_kernels.registry",
+            "msb_kernels.setting_checks",
+        ),
+    ),
+    (
+        "people: who asks, what one start asks for, the audit trail",
+        ("msb_kernels.identity", "msb_kernels.start_request", "msb_kernels.audit"),
+    ),
+    ("egress: the way out of a sandbox", ("msb_kernels.egress",)),
+    ("settings", ("msb_kernels.config", "msb_kernels.probe_verdicts")),
+    (
+        "what kernels run: kernelspecs, images, environments' records",
+        ("msb_kernels.kernelspecs", "msb_kernels.images", "msb_kernels.environments"),
+    ),
+    ("sandboxes: the backends", ("msb_kernels.backends",)),
+    (
+        "kernels in sandboxes: the provisioner, the pool, the probe, and the commands that start sandboxes",
+        (
+            "msb_kernels.labroot",
+            "msb_kernels.probe",
+            "msb_kernels.provisioner",
+            "msb_kernels.pool",
+            "msb_kernels.compat",
+            "msb_kernels.jupyterlab",
+            "msb_kernels.environments.commands",
+            "msb_kernels.environments.image_build",
+            "msb_kernels.environments.usage",
+        ),
+    ),
+    ("the MCP bridge", ("mcp_bridge",)),
+    ("the gateway", ("msb_kernels.gateway",)),
+    ("commands", ("msb_kernels.cli", "msb_kernels.gateway.cli", "msb_kernels.environments.cli", "msb_kernels.identity.cli")),
+]
+
+
+def layer_of(module: str) -> int:
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is in no layer of tests/test_layout.py: add it to the one it belongs to"
+    return max(matches)[1]
+
+
+def test_no_import_runs_back_up_the_layers():
+    """A module imports only from its own layer and those below (issue 47). The namespace init reads the stdlib files
+    it shares (egress/netlink.py, egress/relay_program.py, core/guest.py) by path: no import, and none here."""
+    upward = [
+        f"{name} ({LAYERS[layer_of(name)][0]}) -> {target} ({LAYERS[layer_of(target)][0]})"
+        for name, targets in sorted(imports().items())
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(name)
+    ]
+    assert upward == []
+    print(f"{len(modules())} modules in {len(LAYERS)} layers, {sum(map(len, imports().values()))} imports, 0 back up")
+
+
+def test_the_layers_name_only_modules_that_exist():
+    names = modules()
+    assert [p for _, prefixes in LAYERS for p in prefixes if p not in names] == []
+
+
+def test_the_readme_map_names_only_what_exists():
+    """Every path in the first column of the README's "Where things are" (after the first: beside it), and
+    every module its second column names, somewhere in that row's folder."""
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Where things are") :].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) > 10, "the README's map has lost its table"
+    missing = []
+    for where, what, *_ in rows:
+        named = re.findall(r"`([^`]+)`", where)
+        first = REPO / named[0]
+        folder = first if named[0].endswith("/") else first.parent
+        missing += [name for name in named if not (folder / name).exists() and not (REPO / name).exists()]
+        for module in re.findall(r"`([\w/]+\.py)`", what):
+            if not list(folder.rglob(module)) and not (REPO / module).exists():
+                missing.append(f"{module} (in the row of {named[0]})")
+    assert missing == []

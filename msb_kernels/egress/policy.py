@@ -20,6 +20,8 @@ import re
 import time
 from dataclasses import dataclass
 
+from msb_kernels.egress.netlink import host_ipv4_addresses
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -260,8 +262,6 @@ def host_addresses() -> frozenset[str]:
     read_at, found = _host_addresses
     if time.monotonic() - read_at < _HOST_ADDRESSES_TTL:
         return found
-    from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
-
     addresses = set()
     try:
         addresses.update(host_ipv4_addresses())

@@ -15,13 +15,15 @@ import pwd
 import re
 from pathlib import Path
 
-from msb_kernels.backends.core.idmap import FIRST_PERSON_UID
 from msb_kernels.identity.people import Person
 
 WHOLE_VOLUME = "."  # a StartRequest's volume: the whole shared volume
 # Host ids for people without a host account of their own: above any login's (60000 at most), below the namespace
 # sandboxes' (backends/namespace/uids.py), and used by no process.
 PERSON_IDS = range(1_000_000_000, 1_001_000_000)
+# A uid below this is the system's (login.defs' UID_MIN): a directory of such an owner is never shown as a sandbox's
+# (backends/core/idmap.py), or the sandbox could make files of root (or of a daemon) on the host.
+FIRST_PERSON_UID = 1000
 LAST_LOGIN_UID = 60000  # login.defs' UID_MAX: above it are accounts such as nobody (65534), never a person's
 DOCKER_NAME_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 USER_PACKAGES_DIR = ".python"  # in a kernel's volume: the packages its person installs with `pip install --user`

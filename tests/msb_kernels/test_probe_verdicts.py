@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from msb_kernels import probe, probe_verdicts
-from msb_kernels.backends import choose_backend
+from msb_kernels.backends import backend_classes, choose_backend
 from msb_kernels.backends.gvisor import GVisorBackend, runsc
 from msb_kernels.config import load_settings
 from tests.conftest import VENV_BIN
@@ -63,7 +63,7 @@ def verdict_path(**settings: str):
     os.environ.update(settings)
     try:
         loaded = load_settings()
-        return probe_verdicts.path_for(probe_verdicts.key_for(choose_backend("auto")[0], ARGV, "python", loaded))
+        return probe_verdicts.path_for(probe_verdicts.key_for(backend_classes()[choose_backend("auto")[0]], ARGV, "python", loaded))
     finally:
         for name in settings:
             del os.environ[name]

@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass
 
 from msb_kernels.errors import SandboxError
+from msb_kernels.identity.volumes import FIRST_PERSON_UID
 
 # The same numbers on every architecture: these calls came after the syscall tables were unified (Linux 5.2, 5.12).
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
@@ -31,9 +32,6 @@ OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
 AT_FDCWD, AT_EMPTY_PATH, AT_NO_AUTOMOUNT, AT_SYMLINK_NOFOLLOW = -100, 0x1000, 0x800, 0x100
 MOVE_MOUNT_F_EMPTY_PATH = 4
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000
-# A uid below this is the system's (login.defs' UID_MIN): a directory of such an owner is never shown as the sandbox's,
-# or the sandbox could make files of root (or of a daemon) on the host.
-FIRST_PERSON_UID = 1000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

@@ -69,12 +69,10 @@ PR_SET_NO_NEW_PRIVS = 38
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
-NETLINK_ROUTE = 0
-RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE = 20, 22, 24
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
+RTM_NEWROUTE = 24
+NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x4, 0x200, 0x400
 RT_TABLE_MAIN, RTPROT_STATIC, RTN_UNICAST, RTN_PROHIBIT = 254, 4, 1, 8
-RTA_DST, RTA_GATEWAY, IFA_ADDRESS, IFA_LOCAL = 1, 5, 1, 2
+RTA_DST, RTA_GATEWAY = 1, 5
 NETWORK_READY_TIMEOUT = 10.0
 RELAY_NAME = b"msb-relay"
 LOOP_CTL_GET_FREE = 0x4C82
@@ -101,6 +99,7 @@ SANDBOX_USER, SANDBOX_HOME, SYSTEM_DIRS, ETC_ENTRIES, REAPER = (
     _GUEST[name] for name in ("SANDBOX_USER", "SANDBOX_HOME", "SYSTEM_DIRS", "ETC_ENTRIES", "REAPER")
 )
 _RELAY = _definitions("egress/relay_program.py")  # the byte relay: the egress route's, and the tcp transport's
+_netlink = _definitions("egress/netlink.py")["request"]  # the routes that fence off the host and the LAN
 # /dev/tty is the opening process's own controlling terminal: inside, always one of the sandbox's ptys.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
@@ -341,52 +340,6 @@ def _loopback_up() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-
-
-def _netlink(message_type: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
-    """One rtnetlink request: the payloads of its replies; a kernel error is raised as OSError."""
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
-        sock.bind((0, 0))
-        sock.send(struct.pack("=IHHII", 16 + len(body), message_type, flags | NLM_F_REQUEST, 1, 0) + body)
-        replies = []
-        while True:
-            data = sock.recv(65536)
-            offset = 0
-            while offset < len(data):
-                length, kind = struct.unpack_from("=IH", data, offset)
-                payload = data[offset + 16 : offset + length]
-                if kind == NLMSG_DONE:
-                    return replies
-                if kind == NLMSG_ERROR:
-                    error = -struct.unpack_from("=i", payload)[0]
-                    if error:
-                        raise OSError(error, os.strerror(error))
-                    return replies
-                replies.append((kind, payload))
-                offset += (length + 3) & ~3
-
-
-def _attributes(payload: bytes, offset: int) -> dict[int, bytes]:
-    found = {}
-    while offset + 4 <= len(payload):
-        length, kind = struct.unpack_from("=HH", payload, offset)
-        if length < 4:
-            break
-        found[kind] = payload[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-    return found
-
-
-def host_ipv4_addresses() -> list[str]:
-    """Every IPv4 address of this network namespace's interfaces (loopback included)."""
-    addresses = []
-    for kind, payload in _netlink(RTM_GETADDR, NLM_F_DUMP, struct.pack("=BBBBI", socket.AF_INET, 0, 0, 0, 0)):
-        if kind == RTM_NEWADDR:
-            attributes = _attributes(payload, 8)
-            raw = attributes.get(IFA_LOCAL) or attributes.get(IFA_ADDRESS)
-            if raw and len(raw) == 4:
-                addresses.append(socket.inet_ntoa(raw))
-    return sorted(set(addresses))
 
 
 def _add_route(destination: str, route_type: int, gateway: str | None = None) -> None:

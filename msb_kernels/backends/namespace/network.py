@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
+from msb_kernels.egress.netlink import host_ipv4_addresses
 from msb_kernels.errors import SandboxError
 
 HELPER = "slirp4netns"

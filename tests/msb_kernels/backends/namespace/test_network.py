@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from msb_kernels.backends.namespace import network
-from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
+from msb_kernels.egress.netlink import host_ipv4_addresses
 from msb_kernels.errors import SandboxError
 from tests.kernel_helpers import HostListener, connect_outcomes, execute, live_processes
 

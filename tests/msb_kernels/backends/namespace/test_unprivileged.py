@@ -21,7 +21,7 @@ import pytest
 
 from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ
 from msb_kernels.backends.namespace import network
-from msb_kernels.backends.namespace.init_program import host_ipv4_addresses
+from msb_kernels.egress.netlink import host_ipv4_addresses
 from msb_kernels.flavors import FLAVORS
 from tests.conftest import REPO
 from tests.kernel_helpers import HostListener, live_processes
