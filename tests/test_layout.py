@@ -169,3 +169,9 @@ def test_the_readme_map_names_only_what_exists():
             if not list(folder.rglob(module)) and not (REPO / module).exists():
                 missing.append(f"{module} (in the row of {named[0]})")
     assert missing == []
+
+
+def test_the_readme_is_a_front_door():
+    """At most 350 lines (issue 47): what a newcomer needs first, and links to docs/ for the rest."""
+    lines = len((REPO / "README.md").read_text().splitlines())
+    assert lines <= 350, f"the README has {lines} lines: move the detail into docs/ and link to it"
