@@ -52,13 +52,13 @@ async def cull_idle(sessions: KernelSessions, bridge, timeout: int) -> None:
         for info in await sessions.list():
             if info.started_by != "mcp":
                 continue
-            state = bridge.states.get(info.id)
-            busy = state is not None and state.lock.locked()
+            runs = bridge.runs_of(info.id)
+            busy = runs is not None and runs.lock.locked()
             if not busy and now - (info.last_accessed or now) > timeout:
                 log.info("stopping session %s: idle for more than %d s", info.id, timeout)
                 with contextlib.suppress(MsbError):
                     await sessions.stop(info.id)
-                bridge.states.pop(info.id, None)
+                sessions.forget(info.id)  # stopped, or gone meanwhile
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -122,8 +122,6 @@ class GatewayKernelSessions(KernelSessions):
         self.token = token
         self.start_timeout = start_timeout
         self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers(), timeout=httpx.Timeout(start_timeout + 30))
-        self.connections: dict[str, GatewayConnection] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"} if self.token else {}
@@ -246,15 +244,16 @@ class GatewayKernelSessions(KernelSessions):
             raise SandboxError(f"the gateway answered HTTP {response.status_code}: {self._message(response)}")
         paths, stats = await self._paths_and_stats()
         models = response.json()
-        for gone in set(self.first_seen) - {model["id"] for model in models}:
+        for gone in set(self.records) - {model["id"] for model in models}:
             self.forget(gone)  # stopped, culled or deleted on the gateway, not through this bridge
         return [self._describe(model, paths, stats) for model in models]
 
     async def connection(self, session_id: str) -> KernelConnection:
         await self.kernel_model(session_id)
-        lock = self._connecting.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            connection = self.connections.get(session_id)
+        record = self.record(session_id)
+        async with record.connecting:
+            connection = record.connection
+            assert connection is None or isinstance(connection, GatewayConnection)
             # A dead kernel's connection is handed out once more, so that its user hears of the death.
             if connection is not None and not connection.closed and (connection.dead_reason is None or connection.kernel_died):
                 return connection
@@ -262,7 +261,8 @@ class GatewayKernelSessions(KernelSessions):
                 await connection.close()
             connection = GatewayConnection(self, session_id)
             await connection.open(self.start_timeout)
-            self.connections[session_id] = connection
+            record.connection = connection
+            self.records.setdefault(session_id, record)  # forgotten while it connected: kept, so that it is closed
             return connection
 
     async def _kernel_call(self, method: str, session_id: str, action: str, path: str = "") -> None:
@@ -283,10 +283,6 @@ class GatewayKernelSessions(KernelSessions):
         await self._kernel_call("DELETE", session_id, "stop")
         self.forget(session_id)
 
-    def forget(self, session_id: str) -> None:
-        super().forget(session_id)
-        self._connecting.pop(session_id, None)
-
     async def interrupt(self, session_id: str) -> None:
         await self._post(session_id, "interrupt")
 
@@ -296,10 +292,10 @@ class GatewayKernelSessions(KernelSessions):
 
     async def close(self) -> None:
         """Close the websockets and stop the kernels this bridge started; the notebook users' kernels stay."""
-        for session_id in list(self.connections):
+        for session_id in list(self.records):
             await self.drop_connection(session_id)
-        for session_id in list(self.started):
+        for session_id in self.started_here():
             with contextlib.suppress(Exception):
                 await self._request("DELETE", f"/api/kernels/{session_id}")
-            self.started.discard(session_id)
+            self.forget(session_id)
         await self.http.aclose()

@@ -203,8 +203,6 @@ class ManagedKernelSessions(KernelSessions):
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self.start_timeout = start_timeout
-        self.connections: dict[str, ManagedConnection] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
         self.sandbox_registry = registry.registry_of(kernel_manager)
         self.sandbox_registry.kernel_removed_listeners.append(self.forget)  # the gateway's removals: culls, Lab's, deaths
 
@@ -292,9 +290,10 @@ class ManagedKernelSessions(KernelSessions):
         wake = getattr(self.kernel_manager, "wake_kernel", None)  # the gateway's: a hibernated kernel is restored first
         if wake is not None:
             await wake(session_id)
-        lock = self._connecting.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            connection = self.connections.get(session_id)
+        record = self.record(session_id)
+        async with record.connecting:
+            connection = record.connection
+            assert connection is None or isinstance(connection, ManagedConnection)
             # The same kernel, still at the address it was connected at (a cluster kernel restarts at a new one).
             if connection is not None and connection.km is km and not connection.closed and connection.kc.ip == km.ip:
                 return connection
@@ -316,7 +315,8 @@ class ManagedKernelSessions(KernelSessions):
                     else f"the kernel of session {session_id} did not answer within {self.start_timeout:g} s",
                     suggestions=["stop_session and start a new one", "check the host with `msb-kernels doctor`"],
                 ) from None
-            self.connections[session_id] = connection
+            record.connection = connection
+            self.records.setdefault(session_id, record)  # forgotten while it connected: kept, so that it is closed
             return connection
 
     async def restarted_after_death(self, session_id: str) -> bool:
@@ -351,10 +351,6 @@ class ManagedKernelSessions(KernelSessions):
         await self.kernel_manager.shutdown_kernel(session_id, now=True)
         self.forget(session_id)
 
-    def forget(self, session_id: str) -> None:
-        super().forget(session_id)
-        self._connecting.pop(session_id, None)
-
     async def interrupt(self, session_id: str) -> None:
         self._km(session_id)
         await self.kernel_manager.interrupt_kernel(session_id)
@@ -370,19 +366,20 @@ class ManagedKernelSessions(KernelSessions):
         MSB_KEEP_KERNELS, leaves them for the next gateway, MCP sessions included."""
         with contextlib.suppress(ValueError):
             self.sandbox_registry.kernel_removed_listeners.remove(self.forget)
-        for session_id in list(self.connections):
+        for session_id in list(self.records):
             await self.drop_connection(session_id)
         if not self.owns_kernel_manager:
-            self.started.clear()
+            for record in self.records.values():
+                record.started_here = False
             return
 
         async def shutdown(session_id: str) -> None:
             with contextlib.suppress(Exception):
                 if session_id in self.kernel_manager.list_kernel_ids():
                     await self.kernel_manager.shutdown_kernel(session_id, now=True)
-            self.started.discard(session_id)
+            self.forget(session_id)
 
-        await asyncio.gather(*[shutdown(session_id) for session_id in list(self.started)])
+        await asyncio.gather(*[shutdown(session_id) for session_id in self.started_here()])
         pool = getattr(self.kernel_manager, "pool", None)
         if self.owns_kernel_manager and pool is not None:
             await pool.shutdown()

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from mcp_bridge.executions import Execution
 from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SessionNotFound
 from msb_kernels.start_request import StartRequest
@@ -120,20 +122,62 @@ class KernelConnection(abc.ABC):
     async def close(self) -> None: ...
 
 
+class Runs:
+    """A kernel's executions: they run one at a time, in order, and finished ones are kept a while for
+    get_execution_output."""
+
+    def __init__(self, kept: int):
+        self.lock = asyncio.Lock()
+        self.executions: collections.OrderedDict[str, Execution] = collections.OrderedDict()
+        self.kept = kept
+        # The kernel died and a call has said so (to whichever client made it): the next calls, from any client, wait
+        # for its fresh kernel and run there, instead of being told again.
+        self.death_told = False
+
+    def add(self, execution: Execution) -> None:
+        self.executions[execution.id] = execution
+        finished = [key for key, e in self.executions.items() if e.done.is_set()]
+        while len(self.executions) > self.kept and finished:
+            self.executions.pop(finished.pop(0), None)
+
+    def running(self) -> list[Execution]:
+        """The executions the kernel is working on now (for interrupt and restart)."""
+        return [e for e in self.executions.values() if not e.done.is_set() and e.status == "running"]
+
+
+@dataclass
+class KernelRecord:
+    """All this bridge keeps of one kernel (an MCP tool's session_id is a kernel id), in one place: forget() drops it
+    whole when the kernel is gone, however it went."""
+
+    first_seen: float = field(default_factory=time.time)
+    last_accessed: float | None = None  # this bridge's last call on it
+    started_here: bool = False  # this bridge started it (and a standalone bridge stops it on close)
+    connection: KernelConnection | None = None
+    connecting: asyncio.Lock = field(default_factory=asyncio.Lock)  # one connection is made at a time
+    runs: Runs | None = None  # made by the first execution (Bridge.runs)
+
+
 class KernelSessions(abc.ABC):
     """The kernels the MCP tools can use."""
 
     local_kernels = True  # kernels run on this host (so this host's node/tslab decide what can start)
 
     def __init__(self) -> None:
-        self.last_accessed: dict[str, float] = {}
-        self.started: set[str] = set()  # the kernels this bridge started (and stops on close)
-        self.first_seen: dict[str, float] = {}
-        self.connections: dict[str, KernelConnection] = {}
-        self.forgotten: list[Callable[[str], None]] = []  # told of each session forget() lets go of (the Bridge's states)
+        self.records: dict[str, KernelRecord] = {}
+
+    def record(self, session_id: str) -> KernelRecord:
+        """The kernel's record, made when this bridge first meets it."""
+        found = self.records.get(session_id)
+        if found is None:
+            found = self.records[session_id] = KernelRecord()
+        return found
+
+    def started_here(self) -> list[str]:
+        return [session_id for session_id, record in self.records.items() if record.started_here]
 
     def touch(self, session_id: str) -> None:
-        self.last_accessed[session_id] = time.time()
+        self.record(session_id).last_accessed = time.time()
 
     def session_info(
         self,
@@ -150,9 +194,9 @@ class KernelSessions(abc.ABC):
     ) -> SessionInfo:
         """One kernel's SessionInfo, whichever manager told its facts: created (else when this bridge first saw it), last
         accessed (this bridge's call or the kernel's own activity, the later), its notebook, and who started it."""
-        first_seen = self.first_seen.setdefault(session_id, time.time())
-        created = created or first_seen
-        accessed = [t for t in (self.last_accessed.get(session_id), kernel_active) if t]
+        record = self.record(session_id)
+        created = created or record.first_seen
+        accessed = [t for t in (record.last_accessed, kernel_active) if t]
         return SessionInfo(
             id=session_id,
             language=language,
@@ -162,14 +206,14 @@ class KernelSessions(abc.ABC):
             last_accessed=max(accessed) if accessed else created,
             kernel_name=kernel_name,
             notebook_path=notebook_path,
-            started_by="mcp" if session_id in self.started else "other",
+            started_by="mcp" if record.started_here else "other",
             network=network,
         )
 
     async def death_reason(self, session_id: str) -> str | None:
         """Why the kernel died, as this bridge's connection to it saw it; None when it lives or there is none."""
-        connection = self.connections.get(session_id)
-        return await connection.death_reason() if connection is not None else None
+        record = self.records.get(session_id)
+        return await record.connection.death_reason() if record is not None and record.connection is not None else None
 
     async def restarted_after_death(self, session_id: str) -> bool:
         """Whether the session's dead kernel is being started again by its kernel manager's restarter (waiting for the
@@ -179,25 +223,24 @@ class KernelSessions(abc.ABC):
 
     def forget(self, session_id: str) -> None:
         """Let go of what this bridge keeps for a session that is gone (stopped, culled, deleted by its notebook user)."""
-        self.started.discard(session_id)
-        self.last_accessed.pop(session_id, None)
-        self.first_seen.pop(session_id, None)
-        connection = self.connections.pop(session_id, None)
-        if connection is not None:
-            task = asyncio.ensure_future(connection.close())
+        record = self.records.pop(session_id, None)  # its kept executions too: a call waiting on one keeps it
+        if record is not None and record.connection is not None:
+            task = asyncio.ensure_future(record.connection.close())
             task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        for listener in self.forgotten:
-            listener(session_id)
 
     async def drop_connection(self, session_id: str) -> None:
-        connection = self.connections.pop(session_id, None)
-        if connection is not None:
+        record = self.records.get(session_id)
+        if record is not None and record.connection is not None:
+            connection, record.connection = record.connection, None
             await connection.close()
+
+    def connections(self) -> list[KernelConnection]:
+        return [record.connection for record in self.records.values() if record.connection is not None]
 
     async def _connect_new(self, session_id: str) -> str:
         """Record a kernel this bridge just started and connect to it; stop it if that fails."""
-        self.started.add(session_id)
-        self.first_seen[session_id] = time.time()
+        record = self.record(session_id)
+        record.started_here, record.first_seen = True, time.time()
         self.touch(session_id)
         try:
             await self.connection(session_id)

@@ -8,7 +8,6 @@ get_execution_output finds a long run again and interrupt/restart know what they
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -22,7 +21,7 @@ from mcp_bridge.notebooks.documents import NotebookDocuments
 from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result
-from mcp_bridge.sessions import KernelConnection, KernelSessions, SessionInfo
+from mcp_bridge.sessions import KernelConnection, KernelSessions, Runs, SessionInfo
 from msb_kernels.config import MsbSettings
 from msb_kernels.errors import MsbError, SandboxError
 from msb_kernels.flavors import FLAVORS
@@ -34,24 +33,6 @@ log = logging.getLogger("mcp_bridge")
 OUTPUT_AFTER_REPLY_SECONDS = 60.0
 
 
-class SessionState:
-    """Executions of one session run one at a time, in order; finished ones are kept a while."""
-
-    def __init__(self, kept: int):
-        self.lock = asyncio.Lock()
-        self.executions: collections.OrderedDict[str, Execution] = collections.OrderedDict()
-        self.kept = kept
-        # The session's kernel died and a call has said so (to whichever client made it): the next calls, from any
-        # client, wait for its fresh kernel and run there, instead of being told again.
-        self.death_told = False
-
-    def add(self, execution: Execution) -> None:
-        self.executions[execution.id] = execution
-        finished = [key for key, e in self.executions.items() if e.done.is_set()]
-        while len(self.executions) > self.kept and finished:
-            self.executions.pop(finished.pop(0), None)
-
-
 class Bridge:
     """What the tools share: the sessions, the settings, and each session's recent executions."""
 
@@ -59,43 +40,39 @@ class Bridge:
         self.sessions = sessions
         self.settings = settings
         self.options = options
-        self.states: dict[str, SessionState] = {}
         self.tasks: set[asyncio.Task] = set()
         self.notebooks: NotebookDocuments | None = None  # the notebook tools' documents, when MSB_LAB_URL is set
         self.personal_labs: PersonalLabs | None = None  # under JupyterHub: each caller's own server instead
-        sessions.forgotten.append(self.forget)
-
-    def forget(self, session_id: str) -> None:
-        """A session is gone (KernelSessions.forget): its kept executions go too (a call still waiting on one keeps it
-        until it has its answer)."""
-        self.states.pop(session_id, None)
 
     def sizes(self) -> dict[str, int]:
         """How much the bridge holds now, per structure (the gateway's metrics, and its memory soak)."""
-        sessions = self.sessions
+        records = list(self.sessions.records.values())
         return {
-            "session_states": len(self.states),
-            "executions": sum(len(state.executions) for state in list(self.states.values())),
+            "kernel_records": len(records),
+            "executions": sum(len(record.runs.executions) for record in records if record.runs is not None),
             "tasks": len(self.tasks),
-            "connections": len(sessions.connections),
-            "last_accessed": len(sessions.last_accessed),
-            "first_seen": len(sessions.first_seen),
-            "started": len(sessions.started),
+            "connections": len(self.sessions.connections()),
         }
+
+    def runs_of(self, session_id: str) -> Runs | None:
+        """The kernel's executions, if it has had any through this bridge."""
+        record = self.sessions.records.get(session_id)
+        return record.runs if record is not None else None
+
+    def runs(self, session_id: str) -> Runs:
+        record = self.sessions.record(session_id)
+        if record.runs is None:
+            record.runs = Runs(self.options.kept_executions)
+        return record.runs
 
     def running_executions(self, session_id: str) -> list[Execution]:
         """This session's executions that the kernel is working on now (for interrupt and restart)."""
-        state = self.states.get(session_id)
-        return [e for e in state.executions.values() if not e.done.is_set() and e.status == "running"] if state else []
-
-    def state(self, session_id: str) -> SessionState:
-        if session_id not in self.states:
-            self.states[session_id] = SessionState(self.options.kept_executions)
-        return self.states[session_id]
+        runs = self.runs_of(session_id)
+        return runs.running() if runs is not None else []
 
     def submit(self, info: SessionInfo, execution: Execution, code: str, silent: bool, store_history: bool | None = None) -> None:
         self.sessions.touch(info.id)
-        self.state(info.id).add(execution)
+        self.runs(info.id).add(execution)
         # A kernel this server did not start is a notebook user's (or another client's): the assistant's
         # runs leave its execution counter and input history (In, %history) to that user, unless the run is
         # a cell of that user's notebook, which counts as a person's run would.
@@ -107,12 +84,12 @@ class Bridge:
         task.add_done_callback(self.tasks.discard)
 
     async def _run(self, execution: Execution, code: str, silent: bool, store_history: bool) -> None:
-        state = self.state(execution.session_id)
+        runs = self.runs(execution.session_id)
         try:
-            async with state.lock:
+            async with runs.lock:
                 connection = await self.sessions.connection(execution.session_id)
                 reason = await connection.death_reason()
-                if reason and state.death_told:
+                if reason and runs.death_told:
                     # Told already: this call runs in the fresh kernel. A new connection waits for the restarter to
                     # start it (KernelSessions.connection), as it waits for any start under way.
                     await self.sessions.drop_connection(execution.session_id)
@@ -124,9 +101,9 @@ class Bridge:
                     # Died since the last call (and perhaps restarted): say so once, instead of running the
                     # code in a fresh kernel that lacks the state it expects.
                     await self.sessions.drop_connection(execution.session_id)
-                    state.death_told = True
+                    runs.death_told = True
                     raise self._death_error(execution, reason, ran=False)
-                state.death_told = False
+                runs.death_told = False
                 execution.start()
                 msg_id = await connection.execute(code, execution.handle, silent=silent, store_history=store_history)
                 try:
@@ -139,7 +116,7 @@ class Bridge:
                     execution.fail(self._death_error(execution, reason, ran=True))
                     execution.died = True
                 if execution.died:
-                    state.death_told = True
+                    runs.death_told = True
                 if (execution.reply or {}).get("status") != "ok" and (pause := get_template(execution.language).pause_after_error_seconds):
                     await asyncio.sleep(pause)
         except MsbError as exc:

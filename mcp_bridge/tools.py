@@ -208,8 +208,8 @@ async def get_execution_output(
 ) -> Annotated[CallToolResult, ExecutionResponse]:
     bridge = bridge_of(ctx)
     await bridge.sessions.check(session_id)  # SessionNotFound first: gone, or not the caller's
-    state = bridge.states.get(session_id)
-    execution = state.executions.get(execution_id) if state else None
+    runs = bridge.runs_of(session_id)
+    execution = runs.executions.get(execution_id) if runs else None
     if execution is None:
         raise InvalidRequest(
             f"session {session_id} has no execution {execution_id!r}: only the last {bridge.options.kept_executions} "
@@ -259,8 +259,8 @@ async def get_sessions(
 def sessions_result(bridge: Bridge, infos: list[SessionInfo]) -> CallToolResult:
     """get_sessions' answer for these sessions (list_kernels' too)."""
     for info in infos:
-        state = bridge.states.get(info.id)
-        if state is not None and state.lock.locked() and info.status == "ready":
+        runs = bridge.runs_of(info.id)
+        if runs is not None and runs.lock.locked() and info.status == "ready":
             info.status = "running"
     response = SessionListResponse(sessions=[SessionSummary(**info.summary()) for info in infos])
     if not infos:
@@ -281,7 +281,6 @@ def sessions_result(bridge: Bridge, infos: list[SessionInfo]) -> CallToolResult:
 async def stop_session(session_id: SessionId, ctx: Context) -> Annotated[CallToolResult, StopSessionResponse]:
     bridge = bridge_of(ctx)
     await bridge.sessions.stop(session_id)
-    bridge.states.pop(session_id, None)
     response = StopSessionResponse(session_id=session_id, success=True, message=f"session {session_id} stopped")
     return model_result(response, response.message)
 

@@ -459,6 +459,6 @@ async def test_max_sessions_counts_the_sessions_served_from_the_warm_pool(monkey
         assert error["type"] == "ResourceLimitExceeded" and "MSB_MAX_SESSIONS" in error["message"], error
         assert pool.waiting() == 1, "the refused start took the pooled kernel"
         mine = [r.structured_content["session_id"] for r in outcomes[:2]]
-        assert len(sessions.started) == 2 and set(mine) <= set(registry.default().live_sandboxes)
+        assert len(sessions.started_here()) == 2 and set(mine) <= set(registry.default().live_sandboxes)
     finally:
         await sessions.close()
