@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.environment import isolate, meminfo_mib, raise_host_limits
 from bench.kernels import start_kernel, stop_kernel
-from msb_kernels.gateway.hibernation import reconnect_of
+from msb_kernels.gateway.kernels.hibernation import reconnect_of
 
 
 def used_mib() -> int:

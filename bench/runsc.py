@@ -46,7 +46,7 @@ def version(runsc: str) -> str:
 
 async def one_row(kernel: str, n: int, hibernate: bool) -> dict:
     """One process's figures for the settings in its environment (MSB_RUNSC, MSB_RUNSC_PLATFORM, MSB_BACKEND)."""
-    from msb_kernels.gateway.hibernation import reconnect_of
+    from msb_kernels.gateway.kernels.hibernation import reconnect_of
 
     figures: dict = {}
     cold, km, kc = await start_kernel(kernel)

@@ -98,7 +98,7 @@ def captured_ports_of(manager: Any) -> dict[str, list[int]]:
 def offline_buffers_of(manager: Any) -> dict[str, dict]:
     """jupyter_server's buffers for closed WebSockets (MappingKernelManager._kernel_buffers): per kernel a dict with
     ``session_key``, ``buffer`` (a list of (channel, frames)) and ``channels`` (the ZMQ streams), which start_buffering
-    fills. A defaultdict: read it with ``get``, which adds nothing. The gateway bounds what it holds (activity.py)."""
+    fills. A defaultdict: read it with ``get``, which adds nothing. The gateway bounds what it holds (gateway/kernels/websocket.py)."""
     return getattr(manager, "_kernel_buffers", {})
 
 

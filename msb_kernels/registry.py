@@ -1,6 +1,6 @@
 """The sandboxes a kernel manager runs, and which of them count as sessions: one SandboxRegistry per manager.
 
-The gateway's kernel manager (gateway/manager.py) owns one (its ``sandbox_registry``) and hands it down: its
+The gateway's kernel manager (gateway/kernels/manager.py) owns one (its ``sandbox_registry``) and hands it down: its
 provisioners reach it through their kernel manager's parent (``registry_of``), its pool and the MCP bridge's sessions
 through the manager. Whatever runs with no such manager (nbclient, papermill, jupyter console, msb-mcp on its own,
 the start probe) shares the process's ``default()`` one.

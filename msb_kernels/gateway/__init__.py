@@ -1,10 +1,13 @@
-"""``msb-kernels serve``: one jupyter_server process that JupyterLab (``--gateway-url``) and MCP clients share.
+"""``msb-kernels serve``: one jupyter_server process that JupyterLab (``--gateway-url``) and MCP clients share, laid out
+as jupyter_server is.
 
 - app.py: the ServerApp subclass and its settings; cli.py: the ``serve`` subcommand (imports app.py only when run)
-- handlers.py: /api/msb/stats, /api/msb/health, the kernel and session start handlers; errors.py: where an
-  MsbError from below becomes an HTTP answer, the one place
-- manager.py: the kernel manager, with a room per concept: capacity.py (limits), culling.py, adoption.py
-  (kernels that outlive the gateway), activity.py (the activity watch and the closed clients' buffer),
-  stats.py; records.py (what it knows of each kernel), kernelspecs.py (only sandboxed ones), host.py
-- asgi.py, mcp.py: the bridge that mounts the MCP bridge's ASGI app at /mcp
+- auth/: who is asking (identity.py) and what they may do (authorizer.py)
+- kernels/: the kernel service: the kernel manager (manager.py) and its records, the REST handlers and the WebSocket,
+  and the manager's rooms: capacity.py (limits), culling.py, hibernation.py, adoption.py (kernels that outlive the
+  gateway, and the activity watch), stats.py
+- sessions.py, kernelspecs.py: jupyter_server's session manager, per person, and the sandboxed kernelspecs only
+- mcp/: the MCP bridge mounted at /mcp (mount.py, asgi.py) and its metadata for clients (metadata.py)
+- handlers.py: the table of every route, and /api/msb/health and /api/msb/stats; errors.py: where an MsbError from
+  below becomes an HTTP answer, the one place; metrics.py: /metrics at scrape time; host.py: what it reads of its host
 """

@@ -52,11 +52,13 @@ from msb_kernels.backends import choose_backend
 from msb_kernels.compat import ServerAppHooks
 from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError, MsbError
-from msb_kernels.gateway.asgi import AsgiHandler
-from msb_kernels.gateway.handlers import JsonNotFoundHandler, PerSocketIdentityConnection, gateway_handlers, serve_only, use_json_not_found
-from msb_kernels.gateway.identity import MsbAuthorizer, MsbIdentityProvider
+from msb_kernels.gateway.auth.authorizer import MsbAuthorizer
+from msb_kernels.gateway.auth.identity import MsbIdentityProvider
+from msb_kernels.gateway.handlers import JsonNotFoundHandler, gateway_handlers, serve_only, use_json_not_found
+from msb_kernels.gateway.kernels.manager import MsbKernelManager
+from msb_kernels.gateway.kernels.websocket import PerSocketIdentityConnection
 from msb_kernels.gateway.kernelspecs import MsbKernelSpecManager
-from msb_kernels.gateway.manager import MsbKernelManager
+from msb_kernels.gateway.mcp.asgi import AsgiHandler
 from msb_kernels.gateway.sessions import MsbSessionManager
 from msb_kernels.identity.hub import HubService
 from msb_kernels.identity.people import SYSTEM, acting_as, set_acting
@@ -203,7 +205,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         self.web_app.add_handlers(".*$", [(self.base_url.rstrip("/") + pattern, handler) for pattern, handler in gateway_handlers()])
         self.web_app.settings["msb_hub_service"] = self.hub_service
         use_json_not_found(self.web_app)
-        from msb_kernels.gateway.mcp import mount_mcp
+        from msb_kernels.gateway.mcp.mount import mount_mcp
         from msb_kernels.gateway.metrics import register, serve_metrics
 
         self.mcp_lifespan = mount_mcp(self)

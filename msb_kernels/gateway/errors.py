@@ -1,11 +1,14 @@
 """The one place an MsbError becomes an HTTP answer: its status, and a JSON body with its message, type,
-suggestions and the limit it names. Used by the handlers only; everything below them raises MsbError."""
+suggestions and the limit it names (MsbErrorsMixin, which every handler of the gateway takes first). Everything below
+the handlers raises MsbError."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tornado import web
+from tornado.httputil import responses
 
 from msb_kernels.errors import (
     BackendUnavailable,
@@ -58,3 +61,33 @@ def msb_error_in(exc: BaseException | None) -> MsbError | None:
             return exc
         exc = exc.__cause__
     return None
+
+
+class MsbErrorsMixin:
+    """Where an error becomes its HTTP answer, for every handler the gateway serves: a JSON body, never a page (whose
+    template prints the token) nor a traceback. An MsbError from below (the kernel manager, the provisioner) carries
+    its type, suggestions and limit."""
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        error = msb_error_in(value)
+        if error is None:
+            super().log_exception(typ, value, tb)  # type: ignore[misc]
+            return
+        answer = MsbHTTPError(error)
+        self.log.warning("%s %s: %d %s", self.request.method, self.request.uri, answer.status_code, error.message)  # type: ignore[attr-defined]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        error = msb_error_in(exc)
+        if error is not None:
+            answer = MsbHTTPError(error)
+            self.set_status(answer.status_code)
+            payload = answer.payload
+        elif isinstance(exc, web.HTTPError):
+            payload = {"message": (exc.log_message % exc.args if exc.args else exc.log_message) or exc.reason or responses.get(status_code)}
+            payload["reason"] = exc.reason
+        else:
+            payload = {"message": responses.get(status_code, "Unknown HTTP Error") if exc is None else "Unhandled error", "reason": None}
+        self.clear_header("Content-Disposition")  # type: ignore[attr-defined]
+        self.set_header("Content-Type", "application/json")  # type: ignore[attr-defined]
+        self.finish(json.dumps(payload))  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from msb_kernels.compat import kernels_of
 from msb_kernels.gateway.host import gateway_process_stats
-from msb_kernels.gateway.records import backend_of, sandbox_of
+from msb_kernels.gateway.kernels.records import backend_of, sandbox_of
 
 log = logging.getLogger("msb_kernels")
 
@@ -69,7 +69,7 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily("msb_pool_hits", "Sessions the warm pool served with a kernel it had started", value=pool["handed_out"])
 
         if manager.hibernate_after > 0:
-            from msb_kernels.gateway.stats import backend_stats
+            from msb_kernels.gateway.kernels.stats import backend_stats
 
             images = backend_stats(manager.msb_settings)[1].get("hibernation_images_bytes")
             if images is not None:

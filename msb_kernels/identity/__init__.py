@@ -6,6 +6,6 @@
 - hub.py: JupyterHub's tokens, checked with JupyterHub's own HubAuth;
 - tokens.py: the one place a token becomes a Person, whichever of the three issued it.
 
-The gateway's IdentityProvider (msb_kernels.gateway.identity) and the MCP bridge's /mcp both ask tokens.py, and the
+The gateway's IdentityProvider (msb_kernels.gateway.auth.identity) and the MCP bridge's /mcp both ask tokens.py, and the
 kernel manager's lookup asks people.py; nothing else decides who may touch a kernel.
 """

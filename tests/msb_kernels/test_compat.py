@@ -24,7 +24,7 @@ from tornado.ioloop import IOLoop
 
 from msb_kernels import compat
 from msb_kernels.gateway.app import MsbGatewayApp
-from msb_kernels.gateway.manager import MsbKernelManager
+from msb_kernels.gateway.kernels.manager import MsbKernelManager
 
 KERNEL_ID = "0b3c5f2e-1d4a-4c8e-9f00-123456789abc"
 

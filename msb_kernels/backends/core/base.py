@@ -170,7 +170,7 @@ class Sandbox(abc.ABC):
     async def hibernate(self, reconnect: Reconnect | None = None) -> int:
         """Checkpoint the idle kernel to disk and free its memory; the image's bytes. HibernationRefused where the kernel
         runs on as it was (it holds what cannot be saved, the disk budget is full; reconnect: how its ports reopen);
-        SandboxError where the attempt ended the sandbox. Called by the gateway's hibernation (gateway/hibernation.py)."""
+        SandboxError where the attempt ended the sandbox. Called by the gateway's hibernation (gateway/kernels/hibernation.py)."""
         raise HibernationRefused("its backend cannot checkpoint kernels")
 
     async def wake(self, reconnect: Reconnect | None = None) -> None:

@@ -1,7 +1,7 @@
 """The keeper on its own (keeper.py): ownership, the grace period, one process for every sandbox of a runtime dir,
 and a sandbox with no host process (a microVM).
 
-The gateway-level behaviour (kill -9, adoption, a busy cell) is in tests/msb_kernels/gateway/test_adoption.py.
+The gateway-level behaviour (kill -9, adoption, a busy cell) is in tests/msb_kernels/gateway/kernels/test_adoption.py.
 """
 
 from __future__ import annotations

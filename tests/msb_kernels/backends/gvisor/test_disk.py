@@ -11,7 +11,7 @@ import pytest
 from msb_kernels.backends.core import scratch
 from msb_kernels.backends.gvisor.backend import DISK_DIR
 from msb_kernels.flavors import FLAVORS
-from msb_kernels.gateway.hibernation import reconnect_of
+from msb_kernels.gateway.kernels.hibernation import reconnect_of
 from tests.kernel_helpers import execute
 from tests.skips import needs_runsc
 

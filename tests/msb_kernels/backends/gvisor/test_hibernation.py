@@ -1,7 +1,7 @@
 """Hibernation of gVisor kernels, live: runsc checkpoint and restore of real kernels (backends/gvisor/hibernation.py).
 
 Each test gets a runtime dir of its own, so its backend has its own settings (key, disk budget). The gateway's side
-(when, and the clients that wake a kernel) is tests/msb_kernels/gateway/test_hibernation.py.
+(when, and the clients that wake a kernel) is tests/msb_kernels/gateway/kernels/test_hibernation.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from msb_kernels.backends.gvisor import hibernation, netstack
 from msb_kernels.errors import HibernationRefused, SandboxError
-from msb_kernels.gateway.hibernation import reconnect_of
+from msb_kernels.gateway.kernels.hibernation import reconnect_of
 from tests.kernel_helpers import HostListener, connect_outcomes, execute
 from tests.skips import needs_runsc
 

@@ -65,12 +65,12 @@ class KernelRecord:
 
     # What the gateway holds for it while it runs; close() lets it go.
     stop_reason: str | None = None  # why it is being stopped (a cull, a death, a failed hibernation), for its stop record
-    busy_file: BusyFile | None = None  # kept kernels: the execute_request it is running, on disk (activity.py)
+    busy_file: BusyFile | None = None  # kept kernels: the execute_request it is running, on disk (adoption.py)
     recorded_activity: float | None = None  # kept kernels: the last activity its adoption record holds
     address: str | None = None  # where it was reached when its WebSockets' channels were made
     loss_report: asyncio.Task | None = None  # an adopted kernel's report of the execution its last gateway lost
     lost_executions: list[dict] = field(default_factory=list)  # execute_requests whose end no client has been told yet
-    websockets: set[Any] = field(default_factory=set)  # its open WebSockets (handlers.PerSocketIdentityConnection)
+    websockets: set[Any] = field(default_factory=set)  # its open WebSockets (websocket.PerSocketIdentityConnection)
     hibernation_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # hibernate and wake never overlap
     hibernation_refused: tuple[Any, str] | None = None  # (the last_activity a refusal was for, why): not retried till used
 
@@ -88,7 +88,7 @@ class KernelRecord:
         return self.request.notebook_path
 
     def to_adoption(self) -> dict[str, Any]:
-        """What the adoption record holds of this record (gateway/adoption.py adds the connection and last activity)."""
+        """What the adoption record holds of this record (gateway/kernels/adoption.py adds the connection and last activity)."""
         return {
             "kernel_id": self.kernel_id,
             "kernel_name": self.kernel_name,

@@ -3,7 +3,7 @@ first request that needs it, every variable intact.
 
 The backend does the checkpoint and the restore (Sandbox.hibernate and wake; gVisor's in backends/gvisor/). Here is
 when: a periodic look for idle kernels, and a wake before anything reaches a hibernated kernel: a WebSocket's connect
-and each of its messages (handlers.py), an MCP call (mcp_bridge.local_sessions), an interrupt. A shutdown or restart
+and each of its messages (websocket.py), an MCP call (mcp_bridge.local_sessions), an interrupt. A shutdown or restart
 of a hibernated kernel does not wake it: its image is deleted. The kernel stays in /api/kernels and the stats with
 execution_state "hibernated"; culling still applies to it, by its last activity, as to any idle kernel.
 
@@ -28,7 +28,7 @@ from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
 from msb_kernels.compat import kernels_of, pending_starts_of, utcnow
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
-from msb_kernels.gateway.records import last_activity_of, sandbox_of
+from msb_kernels.gateway.kernels.records import last_activity_of, sandbox_of
 from msb_kernels.identity.people import SYSTEM, acting_as, may_see, set_acting
 from msb_kernels.status import iso_utc
 

@@ -3,17 +3,17 @@ all stay jupyter_server's) with the warm pool and one mixin per concept, each in
 
 - capacity.py: the check before every start (MSB_MAX_SESSIONS, the flavors against the host capacity);
 - culling.py: culling with the per-kernelspec ``metadata.cull_idle_timeout`` override;
-- adoption.py: kernels that outlive the gateway, and adopting them;
+- adoption.py: kernels that outlive the gateway, adopting them, and jupyter_server's activity watch in one pass;
 - hibernation.py: idle kernels checkpointed to disk, and woken by the next request;
-- activity.py: jupyter_server's activity watch in one pass, and the bounded buffer for closed clients;
+- websocket.py: the bounded buffer for closed clients (beside the WebSocket itself);
 - stats.py: /api/msb/stats.
 
 What it keeps of each kernel is one KernelRecord (records.py), in ``records``: the rooms share state through it and
 through each other's public methods, not through dicts of their own, so each stays a room of its own. It owns the
 SandboxRegistry its provisioners, pool and the MCP bridge's sessions count sandboxes in (registry.py).
 
-It raises the project's own errors (msb_kernels.errors); the handlers turn them into HTTP answers (errors.py).
-The kernelspecs it offers are kernelspecs.py's: only sandboxed ones.
+It raises the project's own errors (msb_kernels.errors); the handlers turn them into HTTP answers (gateway/errors.py).
+The kernelspecs it offers are gateway/kernelspecs.py's: only sandboxed ones.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from msb_kernels.compat import (
 )
 from msb_kernels.config import load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, NobodyActing, ResourceLimitExceeded, SandboxError
-from msb_kernels.gateway.activity import ActivityMixin
-from msb_kernels.gateway.adoption import AdoptionMixin
-from msb_kernels.gateway.capacity import CapacityMixin
-from msb_kernels.gateway.culling import CullingMixin
-from msb_kernels.gateway.hibernation import HibernationMixin
 from msb_kernels.gateway.host import give_memory_back
-from msb_kernels.gateway.records import KernelRecord, backend_of, sandbox_of
-from msb_kernels.gateway.stats import StatsMixin
+from msb_kernels.gateway.kernels.adoption import AdoptionMixin
+from msb_kernels.gateway.kernels.capacity import CapacityMixin
+from msb_kernels.gateway.kernels.culling import CullingMixin
+from msb_kernels.gateway.kernels.hibernation import HibernationMixin
+from msb_kernels.gateway.kernels.records import KernelRecord, backend_of, sandbox_of
+from msb_kernels.gateway.kernels.stats import StatsMixin
+from msb_kernels.gateway.kernels.websocket import ClosedClientBuffersMixin
 from msb_kernels.identity.people import acting, may_see
 from msb_kernels.identity.volumes import volume_of
 from msb_kernels.limits import over_limit, size_zmq_context
@@ -65,7 +65,7 @@ class MsbKernelManager(
     CullingMixin,
     HibernationMixin,
     AdoptionMixin,
-    ActivityMixin,
+    ClosedClientBuffersMixin,
     StatsMixin,
     MappingKernelManagerHooks,
     AsyncMappingKernelManager,
@@ -305,7 +305,7 @@ class MsbKernelManager(
             "recently_stopped": len(self.stopped),
             "lost_executions": sum(len(record.lost_executions) for record in records),
             "open_websockets": sum(len(record.websockets) for record in records),
-            **self.activity_sizes(),
+            **self.websocket_sizes(),
             **{f"mcp_{name}": size for name, size in (self.mcp_sizes() if self.mcp_sizes else {}).items()},
         }
 

@@ -14,7 +14,7 @@ from mcp_bridge.auth import PersonVerifier
 from mcp_bridge.http import McpHttpApp
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.notebooks.hub import PersonalLabs
-from msb_kernels.gateway.asgi import AsgiLifespan, asgi_route
+from msb_kernels.gateway.mcp.asgi import AsgiLifespan, asgi_route
 
 MCP_PATH = "/mcp"
 

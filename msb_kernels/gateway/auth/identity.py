@@ -1,19 +1,14 @@
-"""Who is asking, on every route of the gateway: jupyter_server's own IdentityProvider and Authorizer hooks.
+"""Who is asking, on every route of the gateway: jupyter_server's IdentityProvider hook.
 
 One IdentityProvider for every route: jupyter_server's REST handlers and the kernel WebSocket call ``get_user``, and
-/mcp (asgi.py) asks the same ``Tokens``. ``get_user`` also makes the person the caller of the request
-(msb_kernels.identity.people), which is what the kernel manager's lookup checks: a kernel that is not the caller's
-does not exist for them. The Authorizer adds the one rule that is not about a kernel: /metrics names every person,
-so it is for admins.
+/mcp (mcp/asgi.py) asks the same ``Tokens``. ``get_user`` also makes the person the caller of the request
+(msb_kernels.identity.people), which is what the kernel manager's lookup checks (authorizer.py says where).
 
 No login page and no cookie: every request carries its token (``Authorization: token|bearer ...``, or ``?token=``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from jupyter_server.auth.authorizer import Authorizer
 from jupyter_server.auth.identity import IdentityProvider, User
 from tornado import web
 
@@ -81,17 +76,3 @@ def client_of(handler: web.RequestHandler) -> str:
     agent = handler.request.headers.get("User-Agent", "")
     kind = "websocket" if handler.request.headers.get("Upgrade", "").lower() == "websocket" else "rest"
     return f"{kind}: {agent}"[:80] if agent else kind
-
-
-ADMIN_RESOURCES = ("metrics", "status")  # /metrics names every person and kernel; /api/status counts everyone's
-
-
-class MsbAuthorizer(Authorizer):
-    """Every person may use the kernel routes (the kernel manager decides which kernels are theirs); /metrics and
-    /api/status, which speak of everyone's kernels, are for admins."""
-
-    def is_authorized(self, handler: web.RequestHandler, user: Any, action: str, resource: str) -> bool:
-        if resource in ADMIN_RESOURCES:
-            person = getattr(user, "person", None)
-            return person is not None and person.admin
-        return True
