@@ -74,11 +74,10 @@ class Endpoint:
         return response.json()["id"]
 
 
-def users_file_token(path: Path, person: str = "alice") -> str:
+def users_file_token(path: Path, person: str = "alice", admin: bool = False) -> str:
     """`msb-kernels users add` as an operator runs it; the token it prints once."""
-    added = subprocess.run(
-        [str(VENV_BIN / "msb-kernels"), "users", "add", person, "--file", str(path)], capture_output=True, text=True, check=True
-    )
+    command = [str(VENV_BIN / "msb-kernels"), "users", "add", person, "--file", str(path), *(["--admin"] if admin else [])]
+    added = subprocess.run(command, capture_output=True, text=True, check=True)
     first = added.stdout.splitlines()[0]  # "alice: <token>"
     return first.split(": ", 1)[1].strip()
 

@@ -14,6 +14,13 @@ Then a cull of all of them by the culler: the gateway stops keeping its kernels 
 on the same runtime dir, adopts them with MSB_SESSION_TIMEOUT_SECONDS short: every session is past it at once, so one
 culler pass has all of them to cull. The gateway's own counter of culled kernels (msb_kernel_stops_total{how="culled"})
 must reach the number started.
+
+With --person (issue 47): a person's listings on a gateway of everyone's kernels. A gateway with a users file; pat
+holds 5 kernels (notebook sessions, POST /api/sessions), and ops, an admin, fills the gateway to each level, half
+with notebook sessions and half with bare kernels. At each level pat's GET /api/kernels, GET /api/sessions and MCP
+get_sessions are timed, each checked to list pat's 5 and nothing else, and ops's beside them (an admin lists all):
+
+    flock -x /tmp/heavy.lock timeout 3000 .venv/bin/python bench/scale.py --person --levels 100 1000 --write
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.auth import users_file_token
 from bench.environment import available_mib, isolate, machine, meminfo_mib, raise_host_limits
 from bench.kernels import descendants, process_children, pss_bytes, rss_bytes
 from bench.report import replace_section
@@ -44,6 +52,10 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO / "bench" / "RESULTS.md"
 JSON_FILE = REPO / "bench" / "results" / "scale.json"
 SECTION = "## A thousand idle sessions through one gateway (issue 39)"
+PERSON_JSON_FILE = REPO / "bench" / "results" / "scale-person.json"
+PERSON_SECTION = "## A person's listings on a gateway of everyone's kernels (issue 47)"
+PERSON_KERNELS = 5
+PERSON_LISTS = 20  # timed lists of each kind, per person and level
 KERNEL = "msb-python-small"
 SMALL_MIB = 1024  # the small flavor's memory, as the capacity check counts it
 MiB = 1024 * 1024
@@ -88,8 +100,8 @@ class LoopWatch:
 class Clients:
     """The bench's two ways in: REST (httpx) and one MCP client session over streamable HTTP."""
 
-    def __init__(self, gateway: Server) -> None:
-        self.gateway = gateway
+    def __init__(self, gateway: Server, token: str | None = None) -> None:
+        self.gateway, self.token = gateway, token or gateway.token
         self.stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Clients:
@@ -98,9 +110,9 @@ class Clients:
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
-        self.http = await self.stack.enter_async_context(httpx.AsyncClient(timeout=600, headers=self.gateway.headers))
+        self.http = await self.stack.enter_async_context(httpx.AsyncClient(timeout=600, headers={"Authorization": f"token {self.token}"}))
         mcp_http = await self.stack.enter_async_context(
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {self.gateway.token}"}, timeout=httpx2.Timeout(600))
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {self.token}"}, timeout=httpx2.Timeout(600))
         )
         self.mcp = await self.stack.enter_async_context(Client(streamable_http_client(self.gateway.url + "/mcp", http_client=mcp_http)))
         await self.mcp.call_tool("list_flavors", {})  # the client's first call imports jsonschema: not a session's cost
@@ -114,6 +126,20 @@ class Clients:
         if response.status_code != 201:
             raise RuntimeError(f"POST /api/kernels answered {response.status_code}: {response.text[:500]}")
         return response.json()["id"]
+
+    async def start_notebook(self, path: str) -> str:
+        """A notebook's session (POST /api/sessions, as JupyterLab opens one): a session row and its kernel."""
+        body = {"path": path, "name": path, "type": "notebook", "kernel": {"name": KERNEL}}
+        response = await self.http.post(self.gateway.url + "/api/sessions", json=body)
+        if response.status_code != 201:
+            raise RuntimeError(f"POST /api/sessions answered {response.status_code}: {response.text[:500]}")
+        return response.json()["kernel"]["id"]
+
+    async def list_sessions(self) -> tuple[float, set[str]]:
+        started = time.perf_counter()
+        response = await self.http.get(self.gateway.url + "/api/sessions")
+        response.raise_for_status()
+        return time.perf_counter() - started, {s["kernel"]["id"] for s in response.json()}
 
     async def start_mcp(self) -> str:
         result = await self.mcp.call_tool("start_session", {"flavor": "small"})
@@ -456,6 +482,104 @@ class ScaleRun:
         return {"state_dirs": states, "cgroups": cgroups}
 
 
+def fresh_base(args: argparse.Namespace, prefix: str) -> Path:
+    """A run's own directory, this process's settings isolated to it, and room for the top level's sessions: on purpose
+    past the host's memory (small kernels count 1 GiB each, and an idle one holds some 15 MiB)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    top = max(args.levels)
+    isolate(base, max_sessions=top + 16)
+    os.environ["MSB_CAPACITY_MEMORY_MIB"] = str((top + 16) * SMALL_MIB)
+    return base
+
+
+async def person_run(args: argparse.Namespace) -> dict:
+    """--person: pat's listings, and ops's, at each level of everyone's kernels (see the module's docstring)."""
+    begun = time.perf_counter()
+    base = fresh_base(args, "msbsp-")
+    results: dict[str, Any] = {"machine": machine(), "levels": [], "limits": raise_host_limits(max(args.levels))}
+    results["args"] = dict(vars(args))
+    users = base / "users.json"
+    ops, pat = users_file_token(users, "ops", admin=True), users_file_token(users, "pat")
+    gateway = start_gateway(base, token=ops, users_file=users)
+    crowd: list[str] = []
+    try:
+        await gateway.wait_up()
+        async with Clients(gateway) as everyone, Clients(gateway, token=pat) as person:
+            mine = {await person.start_notebook(f"pat-{index}.ipynb") for index in range(PERSON_KERNELS)}
+            notebooks = set(mine)  # the kernels that have a session row
+
+            async def crowd_start(index: int) -> None:
+                if index % 2:
+                    notebooks.add(kernel_id := await everyone.start_notebook(f"crowd-{index}.ipynb"))
+                else:
+                    kernel_id = await everyone.start_rest()
+                crowd.append(kernel_id)
+
+            for level in sorted(args.levels):
+                log(f"level {level}: ops starts {level - len(crowd) - len(mine)} more kernels")
+                while len(crowd) + len(mine) < level:
+                    batch = min(args.concurrency, level - len(crowd) - len(mine))
+                    await asyncio.gather(*(crowd_start(len(crowd) + i) for i in range(batch)))
+                await asyncio.sleep(2)  # idle
+                figures: dict[str, Any] = {"sessions": len(crowd) + len(mine)}
+                for who, clients, expected in (("person", person, mine), ("admin", everyone, mine | set(crowd))):
+                    times: dict[str, list[float]] = {"kernels": [], "sessions": [], "get_sessions": []}
+                    for _ in range(PERSON_LISTS):
+                        for kind, call in (
+                            ("kernels", clients.list_rest),
+                            ("sessions", clients.list_sessions),
+                            ("get_sessions", clients.list_mcp),
+                        ):
+                            elapsed, found = await call()
+                            rows = expected if kind != "sessions" else expected & notebooks
+                            if found != rows:
+                                raise AssertionError(
+                                    f"{who}'s {kind} at {figures['sessions']} kernels: {len(found)} listed, {len(rows)} expected"
+                                )
+                            times[kind].append(elapsed)
+                    figures[who] = {kind: summary(values) for kind, values in times.items()}
+                log(
+                    f"  {figures['sessions']}: pat's kernels/sessions/get_sessions p50 "
+                    + " / ".join(f"{figures['person'][k]['p50_ms']:.1f}" for k in ("kernels", "sessions", "get_sessions"))
+                    + " ms; ops's "
+                    + " / ".join(f"{figures['admin'][k]['p50_ms']:.1f}" for k in ("kernels", "sessions", "get_sessions"))
+                    + " ms"
+                )
+                results["levels"].append(figures)
+    finally:
+        gateway.stop()  # no MSB_KEEP_KERNELS: a stop stops every kernel
+        results["runtime_seconds"] = time.perf_counter() - begun
+        shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def person_section_lines(results: dict, command: str) -> list[str]:
+    m, levels = results["machine"], results["levels"]
+    if not levels:
+        return ["", "No level was reached."]
+    first = levels[0]
+    rows = [
+        "| p50 (ratio to the first level) | " + " | ".join(f"{level['sessions']} kernels" for level in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
+    names = {"kernels": "GET /api/kernels", "sessions": "GET /api/sessions", "get_sessions": "MCP `get_sessions`"}
+    for who, title in (("person", "pat's (5 kernels)"), ("admin", "ops's (an admin: all)")):
+        for kind, name in names.items():
+            cells = [
+                f"{level[who][kind]['p50_ms']:.1f} ms (×{level[who][kind]['p50_ms'] / first[who][kind]['p50_ms']:.2f})" for level in levels
+            ]
+            rows.append(f"| {title} {name} | " + " | ".join(cells) + " |")
+    return [
+        "",
+        f"Written by `{command}` ({results['runtime_seconds'] / 60:.1f} minutes) on {m['cpus']} CPUs ({m['cpu_model']}), "
+        f"{m['memory_mib']} MiB, namespace backend, small flavor, no pool. A gateway with a users file: pat holds "
+        f"{PERSON_KERNELS} notebook sessions, ops (an admin) the rest, half notebook sessions and half bare kernels. "
+        f"Each list ran {PERSON_LISTS} times per level, each checked to name exactly the caller's kernels (an admin's: all).",
+        "",
+        *rows,
+    ]
+
+
 def ratio_rows(levels: list[dict]) -> list[str]:
     first = levels[0]
 
@@ -544,11 +668,7 @@ def section_lines(results: dict, command: str) -> list[str]:
 
 async def run(args: argparse.Namespace) -> dict:
     begun = time.perf_counter()
-    base = Path(tempfile.mkdtemp(prefix="msbsc-", dir="/tmp"))
-    top = max(args.levels)
-    isolate(base, max_sessions=top + 16)
-    # On purpose past the host's memory: small kernels count 1 GiB each, and an idle one holds some 15 MiB.
-    os.environ["MSB_CAPACITY_MEMORY_MIB"] = str((top + 16) * SMALL_MIB)
+    base = fresh_base(args, "msbsc-")
     os.environ["MSB_CULL_INTERVAL_SECONDS"] = str(args.cull_interval)
     bench = ScaleRun(args, base)
     bench.results["args"] = {k: v for k, v in vars(args).items()}
@@ -572,25 +692,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cull-timeout", type=int, default=5, help="MSB_SESSION_TIMEOUT_SECONDS of the culling gateway (5)")
     parser.add_argument("--cull-interval", type=int, default=5, help="MSB_CULL_INTERVAL_SECONDS of both gateways (5)")
     parser.add_argument("--cull-wait", type=int, default=1800, help="seconds to wait for every session to be culled (1800)")
+    parser.add_argument("--person", action="store_true", help="a person's listings among everyone's kernels (issue 47)")
     parser.add_argument("--replot", metavar="JSON", help="write RESULTS.md's section again from a run's JSON, running nothing")
-    parser.add_argument("--write", action="store_true", help=f"write {JSON_FILE.name} and the section {SECTION!r} of RESULTS.md")
+    parser.add_argument("--write", action="store_true", help="write the run's JSON in bench/results and its section of RESULTS.md")
     args = parser.parse_args(argv)
+    runner, lines_of, json_file, section = (
+        (person_run, person_section_lines, PERSON_JSON_FILE, PERSON_SECTION) if args.person else (run, section_lines, JSON_FILE, SECTION)
+    )
     if args.replot:
         results = json.loads(Path(args.replot).read_text())
-        replace_section(RESULTS_FILE, SECTION, section_lines(results, results.get("command", "bench/scale.py")))
-        print(f"wrote {SECTION!r} in {RESULTS_FILE} from {args.replot}")
+        replace_section(RESULTS_FILE, section, lines_of(results, results.get("command", "bench/scale.py")))
+        print(f"wrote {section!r} in {RESULTS_FILE} from {args.replot}")
         return
     if args.quick:
-        args.levels, args.sample = [5, 10], 5
-    results = asyncio.run(run(args))
+        args.levels, args.sample = ([10, 20] if args.person else [5, 10]), 5
+    results = asyncio.run(runner(args))
     print(json.dumps({k: v for k, v in results.items() if k != "levels"}, indent=1, default=str)[:4000])
     command = results["command"] = " ".join(["bench/scale.py", *(argv if argv is not None else sys.argv[1:])])
-    print("\n".join(section_lines(results, command)))
+    print("\n".join(lines_of(results, command)))
     if args.write:
-        JSON_FILE.parent.mkdir(exist_ok=True)
-        JSON_FILE.write_text(json.dumps(results, indent=1, default=str))
-        replace_section(RESULTS_FILE, SECTION, section_lines(results, command))
-        print(f"wrote {JSON_FILE} and {SECTION!r} in {RESULTS_FILE}")
+        json_file.parent.mkdir(exist_ok=True)
+        json_file.write_text(json.dumps(results, indent=1, default=str))
+        replace_section(RESULTS_FILE, section, lines_of(results, command))
+        print(f"wrote {json_file} and {section!r} in {RESULTS_FILE}")
 
 
 if __name__ == "__main__":

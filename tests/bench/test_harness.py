@@ -273,3 +273,13 @@ def test_scale_fills_one_gateway_level_by_level_and_has_the_culler_cull_every_se
     assert "| sessions | 5 | 10 |" in run.stdout and "| `1+1` over /mcp `execute_code`, p50 |" in run.stdout, run.stdout[-3000:]
     assert "**Cull**: 10 of 10 sessions culled by the culler" in run.stdout, run.stdout[-3000:]
     assert "Left on the host after the run: {'state_dirs': [], 'cgroups': []}." in run.stdout, run.stdout[-3000:]
+
+
+def test_scale_times_a_persons_listings_among_everyones_kernels_and_each_names_only_theirs():
+    """bench/scale.py --person: each of pat's lists (REST kernels and sessions, MCP get_sessions) named exactly pat's 5
+    kernels at each level, and an admin's named all (the bench raises otherwise)."""
+    command = [sys.executable, str(REPO / "bench" / "scale.py"), "--person", "--quick"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "| p50 (ratio to the first level) | 10 kernels | 20 kernels |" in run.stdout, run.stdout[-3000:]
+    assert "| pat's (5 kernels) MCP `get_sessions` |" in run.stdout, run.stdout[-3000:]
