@@ -1,4 +1,5 @@
-"""The process limits a msb-kernels process lifts for MSB_MAX_SESSIONS: open files (RLIMIT_NOFILE), and the ZeroMQ
+"""Where the session limit lives: MSB_MAX_SESSIONS's one rule (check_session_limit, applied to the one count,
+registry.SandboxRegistry.sessions_counted), and the process limits a msb-kernels process lifts for it: open files (RLIMIT_NOFILE), and the ZeroMQ
 sockets of the one context its kernel manager talks to every kernel through (jupyter_client's shared_context; the
 gateway's, and the MCP bridge's clients on it).
 
@@ -158,3 +159,11 @@ def over_limit(exc: BaseException, max_sessions: int, max_sockets: int | None) -
         ],
         limit="open_files",
     )
+
+
+def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:
+    """Raise ResourceLimitExceeded when ``active`` sessions leave no room for one more: the one MSB_MAX_SESSIONS rule."""
+    if active >= max_sessions:
+        raise ResourceLimitExceeded(
+            f"session limit reached: {active} of MSB_MAX_SESSIONS={max_sessions} sandboxed kernels run", suggestions, limit="max_sessions"
+        )

@@ -199,7 +199,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             )
         if adopting:
             self.backend: SandboxBackend = get_backend(self.settings)
-            registry.session_kernel_ids.add(self.kernel_id)  # it runs already: it counts, whatever the limit says now
+            registry.count_session(self.kernel_id)  # it runs already: it counts, whatever the limit says now
         else:  # under MSB_BACKEND=auto, a backend whose start probe passed for this interpreter
             self.backend = await backend_for_start(self.settings, km.kernel_spec.argv, self.template_spec.name)
             if self.kernel_id not in registry.pooled_kernel_ids and self.kernel_id not in registry.probe_kernel_ids:
@@ -226,7 +226,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 )
             await self._sweep_once()
         except BaseException:
-            registry.session_kernel_ids.discard(self.kernel_id)
+            registry.release_session(self.kernel_id)
             raise
 
         try:
@@ -548,7 +548,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         remove_dir: no sandbox runs for this kernel, so its directory (connection file and key included) goes
         too; a later restart's pre_launch writes it anew. Never for a failed adoption, whose sandbox still runs."""
         self.backend.release_ports(self.kernel_id)
-        self.sandbox_registry.session_kernel_ids.discard(self.kernel_id)
+        self.sandbox_registry.release_session(self.kernel_id)
         if self.egress is not None:  # called from within the loop: close it there, without waiting for it
             asyncio.ensure_future(self._close_egress())
         if remove_dir and getattr(self, "io_dir", None) is not None:
@@ -598,7 +598,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             self.last_exit_reason = sandbox.exit_reason()
             await sandbox.cleanup(keep_io_dir=restart)
         if not restart:
-            self.sandbox_registry.session_kernel_ids.discard(self.kernel_id)
+            self.sandbox_registry.release_session(self.kernel_id)
             await self._close_egress()
         if not restart and hasattr(self, "backend"):
             self.backend.release_ports(self.kernel_id)  # shutdown, cull, or the end after a crash

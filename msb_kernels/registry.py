@@ -6,9 +6,10 @@ through the manager. Whatever runs with no such manager (nbclient, papermill, ju
 the start probe) shares the process's ``default()`` one.
 
 Who fills what: the provisioner adds and removes live sandboxes and claims and releases sessions as it starts and stops
-sandboxes; the warm pool marks the kernels that wait for a session; the start probe marks its own kernels; the
-gateway's adoption names the kernels it is adopting, with their records, for their provisioners to take over; the
-session limit (MSB_MAX_SESSIONS) reads it.
+sandboxes (the gateway's kernel manager claims a start's session first, as it reserves the kernel's id); the warm pool
+marks the kernels that wait for a session; the start probe marks its own kernels; the gateway's adoption names the
+kernels it is adopting, with their records, for their provisioners to take over. The session limit (MSB_MAX_SESSIONS)
+reads it, and nothing else counts sessions: ``sessions_counted`` is the one count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from msb_kernels.errors import ResourceLimitExceeded
+from msb_kernels.limits import check_session_limit
 
 
 class SandboxRegistry:
@@ -28,6 +29,7 @@ class SandboxRegistry:
         self.live_sandboxes: dict[str, Any] = {}
         # Kernels waiting in a warm pool (msb_kernels.pool): no one's session yet, so not counted unless configured.
         self.pooled_kernel_ids: set[str] = set()
+        self.pool_counts_as_sessions = False  # MSB_POOL_COUNTS_AS_SESSIONS: the gateway's manager sets it
         # The kernels MSB_MAX_SESSIONS counts: claimed by claim_session before a start or a handout from the
         # pool, released when the kernel stops for good.
         self.session_kernel_ids: set[str] = set()
@@ -44,15 +46,30 @@ class SandboxRegistry:
         self.kernel_removed_listeners: list[Callable[[str], None]] = []
         _registries.add(self)
 
-    def claim_session(self, kernel_id: str, max_sessions: int) -> None:
-        """Count ``kernel_id`` as a session, or raise ResourceLimitExceeded.
+    def sessions_counted(self) -> int:
+        """The one count MSB_MAX_SESSIONS holds: sessions, and waiting pooled kernels where they count as sessions."""
+        return len(self.session_kernel_ids) + (len(self.pooled_kernel_ids) if self.pool_counts_as_sessions else 0)
+
+    def claim_session(self, kernel_id: str, max_sessions: int, suggestions: list[str] | None = None) -> None:
+        """Count ``kernel_id`` as a session, or raise ResourceLimitExceeded. A pooled kernel that counted already moves
+        from the pool's count to the sessions' without a check.
 
         The check and the claim happen with no await between them, so concurrent starts cannot
         all pass the check before any of them counts.
         """
-        if kernel_id not in self.session_kernel_ids:
-            check_session_limit(len(self.session_kernel_ids), max_sessions)
-            self.session_kernel_ids.add(kernel_id)
+        if kernel_id in self.session_kernel_ids:
+            return
+        if not (self.pool_counts_as_sessions and kernel_id in self.pooled_kernel_ids):
+            check_session_limit(self.sessions_counted(), max_sessions, suggestions)
+        self.session_kernel_ids.add(kernel_id)
+
+    def count_session(self, kernel_id: str) -> None:
+        """Count a kernel that runs already (an adopted one), whatever the limit says now."""
+        self.session_kernel_ids.add(kernel_id)
+
+    def release_session(self, kernel_id: str) -> None:
+        """The kernel stopped for good, or its start failed: it no longer counts."""
+        self.session_kernel_ids.discard(kernel_id)
 
 
 _registries: weakref.WeakSet[SandboxRegistry] = weakref.WeakSet()
@@ -77,11 +94,3 @@ def runs_in_this_process(kernel_id: str) -> bool:
     """Whether any registry of this process holds a live sandbox for ``kernel_id``: a backend's sweep (one backend
     object serves every manager of the process) must not remove it."""
     return any(kernel_id in registry.live_sandboxes for registry in list(_registries))
-
-
-def check_session_limit(active: int, max_sessions: int, suggestions: list[str] | None = None) -> None:
-    """Raise ResourceLimitExceeded when ``active`` sessions leave no room for one more: the one MSB_MAX_SESSIONS rule."""
-    if active >= max_sessions:
-        raise ResourceLimitExceeded(
-            f"session limit reached: {active} of MSB_MAX_SESSIONS={max_sessions} sandboxed kernels run", suggestions
-        )

@@ -1,5 +1,6 @@
-"""Capacity and limits: the check before every start (MSB_MAX_SESSIONS, and the flavors' memory and CPUs added up
-against MSB_CAPACITY_MEMORY_MIB and MSB_CAPACITY_CPUS), and the flavor a start request gets.
+"""Capacity: the checks before every start (a person's share, and the flavors' memory and CPUs added up against
+MSB_CAPACITY_MEMORY_MIB and MSB_CAPACITY_CPUS), and the flavor a start request gets. MSB_MAX_SESSIONS is the
+registry's one count (registry.SandboxRegistry.claim_session), which the kernel manager claims as it reserves an id.
 
 A hibernated kernel is a session (MSB_MAX_SESSIONS counts it) that holds no memory or CPU: those count awake kernels
 only, and a wake makes room first (hibernation.py)."""
@@ -15,7 +16,6 @@ from msb_kernels.errors import NoSuchKernelspec, ResourceLimitExceeded
 from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
 from msb_kernels.gateway.host import host_memory_mib
 from msb_kernels.identity.people import acting
-from msb_kernels.registry import check_session_limit
 from msb_kernels.start_request import StartRequest
 
 CLUSTER_CAPACITY_MIB = 2**40  # no bound of this host's
@@ -63,17 +63,9 @@ class CapacityMixin:
             self.capacity_cpus is None or cpus + flavor.cpus <= self.capacity_cpus
         )
 
-    def check_limits(self, flavor: Flavor) -> None:
-        """Raise ResourceLimitExceeded (the handlers answer 429) when one more kernel of this flavor would pass a limit."""
-        try:
-            check_session_limit(
-                len(self.counted_flavors()),
-                self.msb_settings.max_sessions,
-                ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"],
-            )
-        except ResourceLimitExceeded as exc:
-            exc.limit = "max_sessions"
-            raise
+    def check_capacity(self, flavor: Flavor) -> None:
+        """Raise ResourceLimitExceeded (the handlers answer 429) when one more kernel of this flavor would pass the
+        memory or CPU capacity."""
         memory, cpus = self.allocated()
         over = []
         if memory + flavor.memory_mib > self.capacity_memory_mib:

@@ -50,7 +50,7 @@ from msb_kernels.gateway.kernels.stats import StatsMixin
 from msb_kernels.gateway.kernels.websocket import ClosedClientBuffersMixin
 from msb_kernels.identity.people import acting, may_see
 from msb_kernels.identity.volumes import volume_of
-from msb_kernels.limits import over_limit, size_zmq_context
+from msb_kernels.limits import check_session_limit, over_limit, size_zmq_context
 from msb_kernels.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.provisioner import describe_kernel
 from msb_kernels.registry import SandboxRegistry
@@ -58,6 +58,7 @@ from msb_kernels.start_request import NOTEBOOK, START_REQUEST, StartRequest
 from msb_kernels.status import iso_utc
 
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
+SESSION_ADVICE = ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"]
 
 
 class MsbKernelManager(
@@ -101,6 +102,7 @@ class MsbKernelManager(
         # This gateway's sandboxes: its provisioners reach it as their manager's parent's (registry.registry_of), its
         # pool and the MCP bridge's sessions through this manager.
         self.sandbox_registry = SandboxRegistry()
+        self.sandbox_registry.pool_counts_as_sessions = self.msb_settings.pool_counts_as_sessions
         self.pool = KernelPool(self, parse_pool_sizes(self.msb_settings.pool_size), self.msb_settings.pool_counts_as_sessions)
         # Every kernel's sockets are in this one context (jupyter_client's shared_context): ZeroMQ's default of 1023
         # would stop the gateway at about 500 idle kernels. Sized now, before its first socket.
@@ -190,7 +192,8 @@ class MsbKernelManager(
             self.check_share(flavor)  # the caller's own share first: a person at their limit costs the others nothing
             from_pool = kernel_id is None and self.pool.can_serve(kernel_name, kwargs)
             if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
-                self.check_limits(flavor)  # no await between the check and the reservation: starts cannot race past it
+                check_session_limit(self.sandbox_registry.sessions_counted(), self.msb_settings.max_sessions, SESSION_ADVICE)
+                self.check_capacity(flavor)
         except MsbError as exc:
             why = metrics.start_failure_reason(exc)
             metrics.KERNEL_START_FAILURES.labels(why).inc()
@@ -198,6 +201,8 @@ class MsbKernelManager(
             raise
         pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
         kernel_id = pooled or kernel_id or self.new_kernel_id()
+        if not (pooled and self.pool.counts_as_sessions):  # checked above, with no await since: starts cannot race past it
+            self.sandbox_registry.claim_session(kernel_id, self.msb_settings.max_sessions, SESSION_ADVICE)
         record = KernelRecord(kernel_id, kernel_name, template, request)
         self.records[kernel_id] = record
         try:
@@ -213,6 +218,7 @@ class MsbKernelManager(
             metrics.KERNEL_START_FAILURES.labels(why).inc()
             audit.record("start", f"failed: {why}", kernel_id, kernel_name=kernel_name)
             self.records.pop(kernel_id, None)
+            self.sandbox_registry.release_session(kernel_id)
             record.close()
             # jupyter_client keeps a failed start among its pending kernels, where shutdown_all would try (and fail) to stop it.
             pending_starts_of(self).pop(kernel_id, None)
@@ -239,6 +245,7 @@ class MsbKernelManager(
     def remove_kernel(self, kernel_id: str):  # type: ignore[override]
         """Every way a kernel ends (shutdown, cull, death) comes through here: release what it held."""
         km = super().remove_kernel(kernel_id)
+        self.sandbox_registry.release_session(kernel_id)  # its provisioner's cleanup does too, where it ran
         record = self.records.pop(kernel_id, None)
         if record is not None:
             record.close()
