@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from msb_kernels import slow_imports
 from msb_kernels.config import load_settings
-from msb_kernels.environments.cli import add_env_parser
+from msb_kernels.environments.env_command import add_env_parser
 from msb_kernels.errors import MsbError
-from msb_kernels.gateway.cli import add_serve_parser
-from msb_kernels.identity.cli import add_users_parser
+from msb_kernels.gateway.serve_command import add_serve_parser
+from msb_kernels.identity.users_command import add_users_parser
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,8 +74,7 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from msb_kernels.environments import kernelspecs as environment_kernelspecs
-    from msb_kernels.environments import list_environments
+    from msb_kernels.environments import environment_kernelspecs, list_environments
     from msb_kernels.kernelspecs import install
 
     settings = load_settings()
@@ -203,7 +202,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     if args.env is not None:
-        from msb_kernels.environments.cli import cmd_image_build_env
+        from msb_kernels.environments.env_command import cmd_image_build_env
 
         if args.template != "python" or args.online:
             why = "environments hold Python packages: build `python --env NAME`" if args.template != "python" else "drop --online"

@@ -3,7 +3,7 @@
 Counters and histograms live in prometheus_client's default registry, which jupyter_server's /metrics handler
 serves (behind the gateway's token), and MSB_METRICS_PORT's listener too. What changes between scrapes without
 an event (sessions by state, each kernel's cgroup, the pool, the gateway's own memory) is read at scrape time by
-the gateway's collector (gateway/metrics.py). Names follow Prometheus' conventions: msb_ prefix, _total counters,
+the gateway's collector (gateway/scrape.py). Names follow Prometheus' conventions: msb_ prefix, _total counters,
 base units (seconds, bytes).
 """
 

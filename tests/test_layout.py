@@ -119,7 +119,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("the MCP bridge", ("mcp_bridge",)),
     ("the gateway", ("msb_kernels.gateway",)),
-    ("commands", ("msb_kernels.cli", "msb_kernels.gateway.cli", "msb_kernels.environments.cli", "msb_kernels.identity.cli")),
+    (
+        "commands",
+        (
+            "msb_kernels.cli",
+            "msb_kernels.gateway.serve_command",
+            "msb_kernels.environments.env_command",
+            "msb_kernels.identity.users_command",
+        ),
+    ),
 ]
 
 

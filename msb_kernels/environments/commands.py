@@ -14,9 +14,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from msb_kernels.choice import ENVIRONMENT_NAME, RESERVED_ENVIRONMENT_NAMES
 from msb_kernels.config import MsbSettings
-from msb_kernels.environments import building, interpreters, kernelspecs
+from msb_kernels.environments import building, environment_kernelspecs, interpreters
+from msb_kernels.environments.environment import ADDED, CREATED, Environment
 from msb_kernels.environments.kernel_images import build_command
-from msb_kernels.environments.record import ADDED, CREATED, Environment
 from msb_kernels.environments.store import EnvironmentStore, list_environments
 from msb_kernels.environments.usage import kernels_using
 from msb_kernels.errors import InvalidRequest, MsbError
@@ -37,7 +37,7 @@ def check_new_name(name: str, store: EnvironmentStore) -> None:
             f"NAME {name!r}: an environment of that name exists", [f"`msb-kernels env remove {name}` first, or pick another name"]
         )
     found = KernelSpecManager().find_kernel_specs()
-    clashes = sorted(k for k in found if k == name or k in {c.kernel_name for c in kernelspecs.choices(name)})
+    clashes = sorted(k for k in found if k == name or k in {c.kernel_name for c in environment_kernelspecs.choices(name)})
     if clashes:
         raise InvalidRequest(
             f"NAME {name!r} clashes with the installed kernelspec {', '.join(clashes)} ({found[clashes[0]]})",
@@ -52,10 +52,10 @@ def now() -> str:
 def _register(environment: Environment, store: EnvironmentStore, settings: MsbSettings, prefix: str | None, user: bool) -> list[str]:
     """The kernelspecs first, then the record: a failure between takes back the kernelspecs."""
     try:
-        lines = kernelspecs.install(environment, settings, prefix, user)
+        lines = environment_kernelspecs.install(environment, settings, prefix, user)
         store.put(environment)
     except BaseException:
-        kernelspecs.remove(environment.name)
+        environment_kernelspecs.remove(environment.name)
         raise
     return lines
 
@@ -127,7 +127,7 @@ def remove(name: str, settings: MsbSettings) -> list[str]:
             f"environment {name} is in use by {len(using)} live kernel(s): {', '.join(using)}",
             ["shut those kernels down (or wait for them to be culled), then remove it again"],
         )
-    lines = kernelspecs.remove(name)
+    lines = environment_kernelspecs.remove(name)
     store.drop(name)
     if environment.origin == CREATED and Path(environment.python).is_relative_to(store.created_dir(name)):
         building.shutil.rmtree(store.created_dir(name), ignore_errors=True)
@@ -160,7 +160,7 @@ def check(names: list[str], settings: MsbSettings) -> tuple[bool, list[str]]:
             continue
         looked = dataclasses.replace(environment, python_version=interpreter.version, packages=interpreter.packages)
         EnvironmentStore.of(settings).put(looked)  # what it holds now, for env list, the MCP tools and its kernelspecs
-        kernelspecs.refresh(looked)
+        environment_kernelspecs.refresh(looked)
         lines.append(
             f"{environment.name}: Python {interpreter.version}, ipykernel {interpreter.ipykernel}, {len(interpreter.packages)} packages"
         )

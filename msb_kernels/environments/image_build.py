@@ -22,8 +22,8 @@ from pathlib import Path
 
 from msb_kernels.backends.core.hostpaths import WHOLE_DIRS, under
 from msb_kernels.config import MsbSettings
+from msb_kernels.environments.environment import Environment
 from msb_kernels.environments.interpreters import checked, clean_env
-from msb_kernels.environments.record import Environment
 from msb_kernels.environments.store import EnvironmentStore
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.images import GUEST_HOME

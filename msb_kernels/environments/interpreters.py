@@ -10,7 +10,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from msb_kernels.environments.record import Package
+from msb_kernels.environments.environment import Package
 from msb_kernels.errors import InvalidRequest
 
 # ipykernel 6.x (the oldest whose launcher the provisioner drives) needs 3.8; the kernel code here uses 3.9's syntax.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from msb_kernels.config import MsbSettings
-from msb_kernels.environments.record import Environment
+from msb_kernels.environments.environment import Environment
 from msb_kernels.errors import ConfigError
 
 STORE_FILE = "environments.json"

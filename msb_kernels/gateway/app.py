@@ -57,8 +57,8 @@ from msb_kernels.gateway.auth.identity import MsbIdentityProvider
 from msb_kernels.gateway.handlers import JsonNotFoundHandler, gateway_handlers, serve_only, use_json_not_found
 from msb_kernels.gateway.kernels.manager import MsbKernelManager
 from msb_kernels.gateway.kernels.websocket import PerSocketIdentityConnection
-from msb_kernels.gateway.kernelspecs import MsbKernelSpecManager
 from msb_kernels.gateway.mcp.asgi import AsgiHandler
+from msb_kernels.gateway.sandboxed_kernelspecs import MsbKernelSpecManager
 from msb_kernels.gateway.sessions import MsbSessionManager
 from msb_kernels.identity.hub import HubService
 from msb_kernels.identity.people import SYSTEM, acting_as, set_acting
@@ -206,7 +206,7 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
         self.web_app.settings["msb_hub_service"] = self.hub_service
         use_json_not_found(self.web_app)
         from msb_kernels.gateway.mcp.mount import mount_mcp
-        from msb_kernels.gateway.metrics import register, serve_metrics
+        from msb_kernels.gateway.scrape import register, serve_metrics
 
         self.mcp_lifespan = mount_mcp(self)
         # Only what the gateway is for: kernels, kernelspecs, the caller's sessions, its own routes and /mcp.

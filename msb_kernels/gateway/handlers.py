@@ -27,7 +27,7 @@ from tornado import web
 
 from msb_kernels import __version__
 from msb_kernels.compat import KERNEL_ACTION_REGEX, KERNEL_ID_REGEX, SESSION_ID_REGEX, replace_not_found_handler
-from msb_kernels.gateway.errors import MsbErrorsMixin
+from msb_kernels.gateway.http_errors import MsbErrorsMixin
 from msb_kernels.gateway.kernels.handlers import MsbKernelActionHandler, MsbKernelHandler, MsbMainKernelHandler
 from msb_kernels.gateway.kernels.websocket import NoDelayKernelWebsocketHandler
 from msb_kernels.gateway.mcp.metadata import ProtectedResourceHandler

@@ -11,7 +11,7 @@ every sandbox it holds, as a kill of a gateway without adoption would.
 The keeper serves two kinds of socket, both 0600 in state dirs private to the gateway's user, which no sandbox sees:
 
 - ``<root>/keepers.sock``: a gateway hands a sandbox over. A request is a 4-byte length and a JSON plan
-  (adoption.keeper_plan), its descriptors (SCM_RIGHTS) on the first bytes: the lifeline, the sandbox's stderr,
+  (keeping.keeper_plan), its descriptors (SCM_RIGHTS) on the first bytes: the lifeline, the sandbox's stderr,
   and runsc's stderr, those the plan names, in that order. The answer is one JSON line, ``{"pid": <sandbox pid>,
   "keeper": <its pid>}`` or ``{"error": ...}``. The gateway keeps that connection open while it runs: the keeper
   exits once no gateway is connected and it holds no sandbox.

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from msb_kernels.backends.core import iodir
-from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KeeperLink, trusted_json
 from msb_kernels.backends.core.base import Sandbox, SandboxRecord, SandboxSpec
+from msb_kernels.backends.core.keeping import ADOPTION_RECORD, KeeperLink, trusted_json
 from msb_kernels.backends.core.processes import PidfdProcess, process_alive, process_start_time
 from msb_kernels.errors import SandboxError
 
@@ -56,7 +56,7 @@ def read_states(root: Path, backend: str) -> list[SandboxRecord]:
     """The sandboxes of one backend under root: ``owner_pid`` is the host process that owns each,
     ``init_pid`` the host process that is the sandbox, ``keeper_pid`` the keeper that holds it for its
     owner, if any (records without "backend" are the namespace backend's). A state file that a sandbox
-    could have written (see adoption.trusted_json) is passed over."""
+    could have written (see keeping.trusted_json) is passed over."""
     records: list[SandboxRecord] = []
     if not root.is_dir():
         return records

@@ -5,7 +5,7 @@
 - sandbox.py: a running (or hibernated) kernel, and its checkpoint and restore;
 - netstack.py: the tcp transport over gVisor's own network stack, which a checkpoint can save;
 - runsc.py: which runsc runs kernels (this environment's own, installed from Debian 13, before the host's);
-- hibernation.py: the images on disk (sealed, counted against a budget), and what would stop a checkpoint.
+- checkpoint_images.py: the images on disk (sealed, counted against a budget), and what would stop a checkpoint.
 """
 
 from msb_kernels.backends.gvisor.backend import GVisorBackend

@@ -12,7 +12,7 @@ Each sandbox has a directory under the runtime root:
 Under ipc (the default) the kernel creates its sockets in /run/kernel, a bind mount of io/; ``--host-uds=create``
 lets them appear on the host, where jupyter_client connects to them. Under tcp (MSB_TRANSPORT=tcp, and where
 kernels hibernate) they stay inside, behind gVisor's own network stack (netstack.py), which is what lets runsc
-checkpoint the sandbox (hibernation.py). Limits:
+checkpoint the sandbox (checkpoint_images.py). Limits:
 
 - memory: the kernel's address space is capped at the flavor inside gVisor (RLIMIT_AS), so an
   allocation past it is a MemoryError; the host cgroup holds the whole sandbox, Sentry included,
@@ -37,13 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msb_kernels.backends.gvisor.hibernation as hibernation
+import msb_kernels.backends.gvisor.checkpoint_images as checkpoint_images
 import msb_kernels.backends.gvisor.netstack as netstack
 import msb_kernels.backends.gvisor.platform as gvisor_platform
 import msb_kernels.backends.gvisor.runsc as runsc
-from msb_kernels.backends.core import adoption, cgroups, handout, idmap, iodir, scratch
-from msb_kernels.backends.core.adoption import KeeperLink
+from msb_kernels.backends.core import cgroups, handout, idmap, iodir, keeping, scratch
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
+from msb_kernels.backends.core.keeping import KeeperLink
 from msb_kernels.backends.core.ports import HostListeners, host_ports
 from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
@@ -92,7 +92,7 @@ class GVisorBackend(SandboxBackend):
         self.hierarchy, self.limits_note = cgroups.detect()
         self.no_disk = scratch.unavailable_reason()  # None: each kernel's /tmp and home are a disk of its flavor's size
         self.listeners = HostListeners(host_ports(settings), self.host_ip) if self.transport == "tcp" else None
-        self.images = hibernation.ImageStore(
+        self.images = checkpoint_images.ImageStore(
             settings.hibernate_root(),
             read_key(settings.hibernate_key_file) if settings.hibernate_key_file else None,
             settings.hibernate_disk_mib << 20 if settings.hibernate_disk_mib else None,
@@ -377,7 +377,7 @@ class GVisorBackend(SandboxBackend):
         self, spec: SandboxSpec, state_dir: Path, argv: list[str], stderr_read: int, stderr_write: int
     ) -> tuple[PidfdProcess, KeeperLink]:
         """runsc run as the child of the sandbox's keeper, which outlives this process."""
-        keeper_pid, runsc_pid = await adoption.start_keeper(
+        keeper_pid, runsc_pid = await keeping.start_keeper(
             state_dir, spec.adopt_grace, argv=argv, stderr_fd=stderr_read, child_stderr_fd=stderr_write, sweep_env=self.settings_env()
         )
         try:

@@ -1,5 +1,5 @@
 """gVisor's tcp transport: the kernel behind gVisor's own network stack, so that every socket it holds lives inside the
-sandbox, which is what lets runsc checkpoint it (hibernation.py). Under ipc its sockets are host Unix sockets
+sandbox, which is what lets runsc checkpoint it (checkpoint_images.py). Under ipc its sockets are host Unix sockets
 (``--host-uds=create``), which runsc refuses to save.
 
 Each kernel gets two network namespaces, joined by a veth pair and by nothing else:

@@ -1,5 +1,5 @@
 """A running (or hibernated) gVisor kernel: its runsc process, the host relay of the tcp transport, and the checkpoint
-and restore that hibernation asks for (hibernation.py for the image, backend.py for runsc itself)."""
+and restore that hibernation asks for (checkpoint_images.py for the image, backend.py for runsc itself)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msb_kernels.backends.gvisor.hibernation as hibernation
+import msb_kernels.backends.gvisor.checkpoint_images as checkpoint_images
 import msb_kernels.backends.gvisor.netstack as netstack
 from msb_kernels.backends.core import cgroups, handout, idmap, iodir
-from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import HostDirectory, Reconnect, SandboxSpec, SharedVolume
+from msb_kernels.backends.core.keeping import KeeperLink
 from msb_kernels.backends.core.processes import PidfdProcess
 from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
 from msb_kernels.backends.gvisor.bundle import GUEST_UID
@@ -206,7 +206,7 @@ class GVisorSandbox(HostCgroupSandbox):
                 if result.returncode != 0:
                     return [f"cannot look at its sockets ({checkpoint_error(result.stderr)})"]
                 tables[name] = result.stdout
-            blocking = hibernation.blocking_sockets(tables, saveable)
+            blocking = checkpoint_images.blocking_sockets(tables, saveable)
             if not blocking or time.monotonic() > deadline:
                 return blocking
             await asyncio.sleep(0.05)

@@ -36,8 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from msb_kernels.backends.core import adoption, iodir
-from msb_kernels.backends.core.adoption import KeeperLink, trusted_json
+from msb_kernels.backends.core import iodir, keeping
 from msb_kernels.backends.core.base import (
     SANDBOX_LABEL,
     Availability,
@@ -46,6 +45,7 @@ from msb_kernels.backends.core.base import (
     SandboxRecord,
     SandboxSpec,
 )
+from msb_kernels.backends.core.keeping import KeeperLink, trusted_json
 from msb_kernels.backends.core.ports import host_ports
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
 from msb_kernels.backends.core.state import new_state, own_kept_sandbox, record_owner, with_keeper, write_state
@@ -346,7 +346,7 @@ class MicrosandboxBackend(SandboxBackend):
         """A gateway's kernel: a keeper holds its grace period (the VM is detached anyway), and state.json says
         what adoption needs: the kernel's job and ports."""
         state_dir = self.root / spec.sandbox_id
-        keeper_pid, _ = await adoption.start_keeper(state_dir, spec.adopt_grace, sweep_env=self.settings_env())
+        keeper_pid, _ = await keeping.start_keeper(state_dir, spec.adopt_grace, sweep_env=self.settings_env())
         keeper = KeeperLink.own(state_dir, keeper_pid)
         self._write_state(spec, keeper_pid=keeper_pid, keeper_start=process_start_time(keeper_pid), job=job.id, ports=ports)
         return keeper

@@ -30,8 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from msb_kernels.backends.core import adoption, cgroups, hostpaths, idmap, iodir, scratch
-from msb_kernels.backends.core.adoption import KeeperLink
+from msb_kernels.backends.core import cgroups, hostpaths, idmap, iodir, keeping, scratch
 from msb_kernels.backends.core.base import (
     Availability,
     SandboxBackend,
@@ -39,6 +38,7 @@ from msb_kernels.backends.core.base import (
     SandboxSpec,
 )
 from msb_kernels.backends.core.guest import PIP_ENV, USER_PACKAGES
+from msb_kernels.backends.core.keeping import KeeperLink
 from msb_kernels.backends.core.ports import HostListeners, host_ports
 from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProcess, process_start_time
 from msb_kernels.backends.core.state import (
@@ -260,7 +260,7 @@ class NamespaceBackend(SandboxBackend):
                 await formatting.finish()
             if keep:
                 try:
-                    keeper_pid, _ = await adoption.start_keeper(
+                    keeper_pid, _ = await keeping.start_keeper(
                         state_dir,
                         spec.adopt_grace,
                         sandbox_pid=process.pid,

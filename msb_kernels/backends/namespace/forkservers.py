@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msb_kernels.backends.core.adoption import connect_unix, send_request
+from msb_kernels.backends.core.keeping import connect_unix, send_request
 from msb_kernels.errors import SandboxError
 
 log = logging.getLogger("msb_kernels")

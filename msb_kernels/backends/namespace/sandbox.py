@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from msb_kernels.backends.core import cgroups, handout, idmap
-from msb_kernels.backends.core.adoption import KeeperLink
 from msb_kernels.backends.core.base import HostDirectory, SandboxBackend, SandboxSpec, SharedVolume
+from msb_kernels.backends.core.keeping import KeeperLink
 from msb_kernels.backends.core.processes import PidfdProcess
 from msb_kernels.backends.core.state import HostCgroupSandbox, KernelStderr
 from msb_kernels.backends.namespace import uids

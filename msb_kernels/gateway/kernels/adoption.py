@@ -18,7 +18,7 @@ from tornado.ioloop import PeriodicCallback
 
 from msb_kernels import metrics
 from msb_kernels.backends import get_backend
-from msb_kernels.backends.core.adoption import ADOPTION_RECORD, trusted_json, write_private_json
+from msb_kernels.backends.core.keeping import ADOPTION_RECORD, trusted_json, write_private_json
 from msb_kernels.compat import kernels_of, open_activity_stream, utcnow
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.kernels.records import BusyFile, KernelRecord, last_activity_of

@@ -14,7 +14,7 @@ from jupyter_server.services.kernels.handlers import KernelActionHandler, Kernel
 from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
 
-from msb_kernels.gateway.errors import MsbErrorsMixin
+from msb_kernels.gateway.http_errors import MsbErrorsMixin
 from msb_kernels.start_request import START_REQUEST, StartRequest
 
 

@@ -12,8 +12,8 @@ What it keeps of each kernel is one KernelRecord (records.py), in ``records``: t
 through each other's public methods, not through dicts of their own, so each stays a room of its own. It owns the
 SandboxRegistry its provisioners, pool and the MCP bridge's sessions count sandboxes in (registry.py).
 
-It raises the project's own errors (msb_kernels.errors); the handlers turn them into HTTP answers (gateway/errors.py).
-The kernelspecs it offers are gateway/kernelspecs.py's: only sandboxed ones.
+It raises the project's own errors (msb_kernels.errors); the handlers turn them into HTTP answers (gateway/http_errors.py).
+The kernelspecs it offers are gateway/sandboxed_kernelspecs.py's: only sandboxed ones.
 """
 
 from __future__ import annotations

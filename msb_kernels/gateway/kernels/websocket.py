@@ -24,7 +24,7 @@ from tornado.ioloop import IOLoop
 
 from msb_kernels import audit
 from msb_kernels.compat import captured_ports_of, connection_counts_of, dropped_give_up_timer, offline_buffers_of, stop_ping
-from msb_kernels.gateway.errors import MsbErrorsMixin
+from msb_kernels.gateway.http_errors import MsbErrorsMixin
 from msb_kernels.identity.people import Person, acting, acting_as, acting_client
 
 

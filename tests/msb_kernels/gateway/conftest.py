@@ -26,7 +26,7 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from mcp_bridge import jupyter_ws
-from msb_kernels.backends.core.adoption import KEEPERS_SOCKET
+from msb_kernels.backends.core.keeping import KEEPERS_SOCKET
 from msb_kernels.gateway.app import JUPYTERLAB_ALLOWED_ENVS
 from tests.conftest import TEST_BASE, VENV_BIN, venv_environment
 

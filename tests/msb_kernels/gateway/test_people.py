@@ -319,7 +319,7 @@ async def test_each_person_has_their_own_directory_of_the_shared_volume(team):
 def test_sessions_per_person_keep_a_bounded_label_set():
     from types import SimpleNamespace
 
-    from msb_kernels.gateway.metrics import PEOPLE_LABELS, sessions_per_person
+    from msb_kernels.gateway.scrape import PEOPLE_LABELS, sessions_per_person
     from msb_kernels.identity.people import Owner
 
     records = [SimpleNamespace(owner=Owner("users-file", f"person{i}")) for i in range(300)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from msb_kernels.backends.core.adoption import (
+from msb_kernels.backends.core.keeping import (
     ADOPTION_RECORD,
     KEEPER_SOCKET,
     KEEPERS_SOCKET,

@@ -1,4 +1,4 @@
-"""Hibernation of gVisor kernels, live: runsc checkpoint and restore of real kernels (backends/gvisor/hibernation.py).
+"""Hibernation of gVisor kernels, live: runsc checkpoint and restore of real kernels (backends/gvisor/checkpoint_images.py).
 
 Each test gets a runtime dir of its own, so its backend has its own settings (key, disk budget). The gateway's side
 (when, and the clients that wake a kernel) is tests/msb_kernels/gateway/kernels/test_hibernation.py.
@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from msb_kernels.backends.gvisor import hibernation, netstack
+from msb_kernels.backends.gvisor import checkpoint_images, netstack
 from msb_kernels.errors import HibernationRefused, SandboxError
 from msb_kernels.gateway.kernels.hibernation import reconnect_of
 from tests.kernel_helpers import HostListener, connect_outcomes, execute
@@ -46,10 +46,10 @@ async def test_a_hibernated_kernel_frees_its_memory_and_wakes_with_every_variabl
     assert asleep < min(awake / 10, 4 * 2**20)  # no process, and the page cache it left given back
     image_dir = hibernating / sandbox.sandbox_id
     assert stat.S_IMODE(hibernating.stat().st_mode) == 0o700 and stat.S_IMODE(image_dir.stat().st_mode) == 0o700
-    assert sorted(os.listdir(image_dir)) == [hibernation.SEALED]
-    sealed = image_dir / hibernation.SEALED
+    assert sorted(os.listdir(image_dir)) == [checkpoint_images.SEALED]
+    sealed = image_dir / checkpoint_images.SEALED
     assert stat.S_IMODE(sealed.stat().st_mode) == 0o600 and sealed.stat().st_size == size
-    assert sealed.read_bytes().startswith(hibernation.MAGIC)
+    assert sealed.read_bytes().startswith(checkpoint_images.MAGIC)
 
     await sandbox.wake(reconnect_of(km))
     assert not sandbox.hibernated and not image_dir.exists()
@@ -160,18 +160,18 @@ async def test_over_its_network_stack_the_kernel_reaches_nothing_of_the_hosts(hi
 
 def test_a_sealed_image_opens_only_with_its_key_and_unchanged(tmp_path):
     plain = tmp_path / "plain"
-    plain.write_bytes(os.urandom(hibernation.CHUNK * 2 + 17))  # three chunks, the last one short
+    plain.write_bytes(os.urandom(checkpoint_images.CHUNK * 2 + 17))  # three chunks, the last one short
     key = secrets.token_bytes(32)
-    hibernation.seal_file(key, plain, tmp_path / "sealed")
-    hibernation.open_file(key, tmp_path / "sealed", tmp_path / "opened")
+    checkpoint_images.seal_file(key, plain, tmp_path / "sealed")
+    checkpoint_images.open_file(key, tmp_path / "sealed", tmp_path / "opened")
     assert (tmp_path / "opened").read_bytes() == plain.read_bytes()
     with pytest.raises(ValueError, match="does not open with MSB_HIBERNATE_KEY_FILE's key"):
-        hibernation.open_file(secrets.token_bytes(32), tmp_path / "sealed", tmp_path / "other")
+        checkpoint_images.open_file(secrets.token_bytes(32), tmp_path / "sealed", tmp_path / "other")
     sealed = (tmp_path / "sealed").read_bytes()
     cut = sealed[: len(sealed) - 100]  # the last chunk dropped, or cut short
     (tmp_path / "cut").write_bytes(cut)
     with pytest.raises(ValueError):
-        hibernation.open_file(key, tmp_path / "cut", tmp_path / "other")
+        checkpoint_images.open_file(key, tmp_path / "cut", tmp_path / "other")
 
 
 def test_what_stops_a_checkpoint_is_read_from_the_sandboxs_socket_tables():
@@ -182,5 +182,5 @@ def test_what_stops_a_checkpoint_is_read_from_the_sandboxs_socket_tables():
         "   2: 0100007F:223D 00000000:0000 0A 0\n"  # the user's listener on 127.0.0.1:8765
         "   3: 0100007F:223E 0100007F:223D 07 0\n"  # closed: nothing left of it
     )
-    found = hibernation.blocking_sockets({"tcp": tcp, "udp": ""}, {("tcp", "10.0.0.2", 8550)})
+    found = checkpoint_images.blocking_sockets({"tcp": tcp, "udp": ""}, {("tcp", "10.0.0.2", 8550)})
     assert found == ["tcp connected 10.0.0.2:8550 to 10.0.0.1:60178", "tcp listening on 127.0.0.1:8765"]

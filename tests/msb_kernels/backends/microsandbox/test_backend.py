@@ -203,7 +203,7 @@ def test_template_picks_image_and_guest_command(tmp_path, monkeypatch):
 def test_an_environments_kernel_runs_its_own_image_or_is_refused_naming_the_command(tmp_path, monkeypatch):
     """microVMs cannot boot here: what a start would ask for. An environment's kernel runs the image its record names,
     with its interpreter at its host path (the image holds it there); one without an image is refused."""
-    from msb_kernels.environments.record import Environment
+    from msb_kernels.environments.environment import Environment
     from msb_kernels.environments.store import EnvironmentStore
     from msb_kernels.errors import InvalidRequest
 

@@ -17,7 +17,7 @@ from datetime import datetime
 import pytest
 
 from msb_kernels.backends import backend_classes
-from msb_kernels.backends.core.adoption import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json
+from msb_kernels.backends.core.keeping import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.flavors import get_flavor
 from msb_kernels.gateway.kernels.records import KernelRecord

@@ -10,7 +10,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from msb_kernels.choice import KernelChoice
 from msb_kernels.config import MsbSettings
-from msb_kernels.environments.record import Environment
+from msb_kernels.environments.environment import Environment
 from msb_kernels.flavors import FLAVORS
 from msb_kernels.kernelspecs import kernelspec, write_kernelspec
 from msb_kernels.templates import TEMPLATES
