@@ -194,15 +194,15 @@ class MsbKernelManager(
             if not (from_pool and self.pool.counts_as_sessions):  # a counted pooled kernel is in the totals already
                 check_session_limit(self.sandbox_registry.sessions_counted(), self.msb_settings.max_sessions, SESSION_ADVICE)
                 self.check_capacity(flavor)
+            pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
+            kernel_id = pooled or kernel_id or self.new_kernel_id()
+            if not (pooled and self.pool.counts_as_sessions):  # no await since the check: starts cannot race past it
+                self.sandbox_registry.claim_session(kernel_id, self.msb_settings.max_sessions, SESSION_ADVICE)
         except MsbError as exc:
             why = metrics.start_failure_reason(exc)
             metrics.KERNEL_START_FAILURES.labels(why).inc()
             audit.record("start", f"refused: {why}", None, kernel_name=kernel_name, message=exc.message)
             raise
-        pooled = self.pool.reserve(kernel_name, kwargs) if from_pool else None
-        kernel_id = pooled or kernel_id or self.new_kernel_id()
-        if not (pooled and self.pool.counts_as_sessions):  # checked above, with no await since: starts cannot race past it
-            self.sandbox_registry.claim_session(kernel_id, self.msb_settings.max_sessions, SESSION_ADVICE)
         record = KernelRecord(kernel_id, kernel_name, template, request)
         self.records[kernel_id] = record
         try:
