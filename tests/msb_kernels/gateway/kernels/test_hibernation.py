@@ -173,7 +173,7 @@ async def test_an_image_that_cannot_be_restored_stops_the_kernel_and_says_why(ga
 async def test_a_stop_that_keeps_kernels_wakes_a_hibernated_one_for_the_next_gateway(gateway_factory) -> None:
     """A hibernated kernel has no process for a keeper to hold: `serve --keep-kernels` wakes it at the stop, and the
     next gateway adopts it, over tcp, with its state."""
-    from tests.msb_kernels.gateway.test_adoption import take_over
+    from tests.msb_kernels.gateway.kernels.test_adoption import take_over
 
     env = {"MSB_BACKEND": "gvisor", "MSB_HIBERNATE_AFTER_SECONDS": str(AFTER), "MSB_KEEP_KERNELS": "1"}
     first = await gateway_factory(extra_env=env, runtime_dir=TEST_BASE / "hib-keep")
