@@ -56,6 +56,7 @@ PERSON_JSON_FILE = REPO / "bench" / "results" / "scale-person.json"
 PERSON_SECTION = "## A person's listings on a gateway of everyone's kernels (issue 47)"
 PERSON_KERNELS = 5
 PERSON_LISTS = 20  # timed lists of each kind, per person and level
+PERSON_TARGET = 2.0  # issue 47: a person's listing at the last level costs at most this many times the first
 KERNEL = "msb-python-small"
 SMALL_MIB = 1024  # the small flavor's memory, as the capacity check counts it
 MiB = 1024 * 1024
@@ -569,6 +570,9 @@ def person_section_lines(results: dict, command: str) -> list[str]:
                 f"{level[who][kind]['p50_ms']:.1f} ms (×{level[who][kind]['p50_ms'] / first[who][kind]['p50_ms']:.2f})" for level in levels
             ]
             rows.append(f"| {title} {name} | " + " | ".join(cells) + " |")
+    last = levels[-1]
+    worst = max(last["person"][kind]["p50_ms"] / first["person"][kind]["p50_ms"] for kind in names)
+    verdict = "met" if worst <= PERSON_TARGET else "not met"
     return [
         "",
         f"Written by `{command}` ({results['runtime_seconds'] / 60:.1f} minutes) on {m['cpus']} CPUs ({m['cpu_model']}), "
@@ -577,6 +581,9 @@ def person_section_lines(results: dict, command: str) -> list[str]:
         f"Each list ran {PERSON_LISTS} times per level, each checked to name exactly the caller's kernels (an admin's: all).",
         "",
         *rows,
+        "",
+        f"Target (issue 47): pat's three listings at {last['sessions']} kernels within {PERSON_TARGET:g}× of their cost at "
+        f"{first['sessions']}: **{verdict}** (at most ×{worst:.2f}). An admin's lists name every kernel, so theirs grow with them.",
     ]
 
 
