@@ -31,7 +31,7 @@ def isolate(base: Path, max_sessions: int, backend: str = "namespace") -> None:
 def raise_host_limits(sessions: int) -> list[str]:
     """Lift what would stop the capacity run short of sessions idle kernels, where this process may; say what was
     changed, and what is still in the way and how to lift it."""
-    from msb_kernels.limits import raise_open_files
+    from msb_kernels.provisioning.limits import raise_open_files
 
     said = []
     # All the hard limit allows, as the gateway takes: a direct client's kernel holds a pidfd, pipes, a zmq context's

@@ -118,8 +118,8 @@ class Bench:
         from mcp_bridge.local_sessions import ManagedKernelSessions
         from mcp_bridge.options import BridgeOptions
         from mcp_bridge.server import build_server
-        from msb_kernels.config import load_settings
         from msb_kernels.identity.people import local_person
+        from msb_kernels.settings.config import load_settings
 
         results = {}
         for label, pool_size in (("pool", "python-small=1"), ("no_pool", "0")):
@@ -233,8 +233,8 @@ class Bench:
         from mcp_bridge.local_sessions import ManagedKernelSessions
         from mcp_bridge.options import BridgeOptions
         from mcp_bridge.server import build_server
-        from msb_kernels.config import load_settings
         from msb_kernels.identity.people import local_person
+        from msb_kernels.settings.config import load_settings
 
         n = self.args.executes
         log("starting msb-kernels serve and a plain jupyter server")
@@ -425,7 +425,7 @@ class Bench:
         # each, and one of ZeroMQ's default size stops near 500 kernels (issue 39).
         import zmq.asyncio
 
-        from msb_kernels.limits import size_zmq_context
+        from msb_kernels.provisioning.limits import size_zmq_context
 
         context = zmq.asyncio.Context()
         size_zmq_context(context, target)

@@ -18,7 +18,7 @@ MiB = 1024 * 1024
 def fork_servers() -> list[dict]:
     """The fork servers of this process's backend for the run's runtime dir."""
     from msb_kernels.backends import get_backend
-    from msb_kernels.config import load_settings
+    from msb_kernels.settings.config import load_settings
 
     return get_backend(load_settings()).stats().get("fork_servers", [])
 

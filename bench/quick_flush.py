@@ -3,7 +3,7 @@
     .venv/bin/python bench/quick_flush.py            # 400 rounds
     .venv/bin/python bench/quick_flush.py -n 100
 
-Both are the kernelspec python3 (no sandbox); the second runs msb_kernels.kernel_code.PYTHON_QUICK_FLUSH, the
+Both are the kernelspec python3 (no sandbox); the second runs msb_kernels.kernelspecs.kernel_code.PYTHON_QUICK_FLUSH, the
 code every sandboxed Python kernel runs at start, through --IPKernelApp.exec_lines. Each round times `1+1` to its
 reply and to its idle status on each, in an order that alternates, so the difference is the flush alone.
 """
@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:  # run as a script: the harness imports itself as 
 
 from bench.kernels import execute_rtt, execute_to_idle, start_kernel, stop_kernel  # noqa: E402
 from bench.stats import percentile  # noqa: E402
-from msb_kernels.kernel_code import PYTHON_QUICK_FLUSH  # noqa: E402
+from msb_kernels.kernelspecs.kernel_code import PYTHON_QUICK_FLUSH  # noqa: E402
 
 INSTALLED = "import sys; print(getattr(type(sys.stdout).flush, 'msb_quick_flush', False))"
 

@@ -112,7 +112,7 @@ async def pool_hand_out(gateway_url: str, token: str, rounds: int) -> dict:
         for _ in range(rounds):
             while sum((await client.get("/api/msb/stats")).json()["pool"]["waiting"].values()) < 1:
                 await asyncio.sleep(0.2)
-            # A variable the waiting kernel lacks makes a start its own (msb_kernels/pool.py): the same small kernel, cold.
+            # A variable the waiting kernel lacks makes a start its own (msb_kernels/provisioning/pool.py): the same small kernel, cold.
             for body, times in (
                 ({"name": "msb-python-small"}, hand_outs),
                 ({"name": "msb-python-small", "env": {"KERNEL_BENCH": "cold"}}, cold),

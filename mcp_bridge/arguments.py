@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions, SessionInfo
-from msb_kernels.choice import DEFAULT_ENVIRONMENT, KernelChoice
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest, SandboxError
-from msb_kernels.flavors import Flavor, get_flavor
-from msb_kernels.start_request import WHOLE_VOLUME, StartRequest, check_env
-from msb_kernels.templates import TEMPLATES, Template, get_template
+from msb_kernels.kernelspecs.choice import DEFAULT_ENVIRONMENT, KernelChoice
+from msb_kernels.kernelspecs.flavors import Flavor, get_flavor
+from msb_kernels.kernelspecs.templates import TEMPLATES, Template, get_template
+from msb_kernels.provisioning.start_request import WHOLE_VOLUME, StartRequest, check_env
+from msb_kernels.settings.config import MsbSettings
 
 
 def check_timeout(options: BridgeOptions, timeout: float | None) -> float:

@@ -23,10 +23,10 @@ from mcp_bridge.gateway_sessions import GatewayKernelSessions
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.sessions import KernelSessions
-from msb_kernels import slow_imports
-from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import MsbError
 from msb_kernels.identity.people import local_person
+from msb_kernels.jupyter import slow_imports
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 log = logging.getLogger("mcp_bridge")
 
@@ -38,7 +38,7 @@ def ensure_kernelspecs(settings: MsbSettings) -> None:
     try:
         KernelSpecManager().get_kernel_spec("msb-python-small")
     except NoSuchKernel:
-        from msb_kernels.kernelspecs import install
+        from msb_kernels.kernelspecs.spec_files import install
 
         for line in install(settings):
             print(f"msb-mcp: {line}", file=sys.stderr)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="msb-mcp %(levelname)s %(name)s: %(message)s")
     for flag, name in ((args.lab_url, "MSB_LAB_URL"), (args.lab_token, "MSB_LAB_TOKEN")):
         if flag:
-            os.environ[name] = flag  # one place reads and checks settings: msb_kernels.config
+            os.environ[name] = flag  # one place reads and checks settings: msb_kernels.settings.config
     if args.http and not args.token:
         print("msb-mcp: --http needs --token (clients send it as `Authorization: Bearer <token>`)", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """execute_command: a process run inside the session's sandbox by the kernel itself.
 
-The kernel runs a small runner (its template's command_code, msb_kernels.kernel_code)
+The kernel runs a small runner (its template's command_code, msb_kernels.kernelspecs.kernel_code)
 that starts the process with an argv list (no shell unless the caller asks for one),
 copies its stdout and stderr to the kernel's own streams as they come, and prints a
 marker with a per-call nonce and the exit status last. The request is silent and stores

@@ -21,8 +21,8 @@ from msb_kernels.errors import (
     MsbError,
     SandboxError,
 )
-from msb_kernels.flavors import FLAVORS
-from msb_kernels.templates import ErrorKind, get_template, strip_ansi
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.kernelspecs.templates import ErrorKind, get_template, strip_ansi
 
 KEPT_MIME_TYPES = ("text/plain", "text/html", "text/markdown", "text/latex", "image/png", "image/jpeg", "image/svg+xml", "application/json")
 MAX_RICH_OUTPUTS = 20

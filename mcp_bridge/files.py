@@ -18,13 +18,13 @@ from mcp_bridge.commands import new_marker
 from mcp_bridge.executions import Execution
 from mcp_bridge.sessions import SessionInfo
 from msb_kernels.backends.core.guest import SANDBOX_HOME
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest, MsbError, ResourceLimitExceeded, SandboxError
-from msb_kernels.flavors import FLAVORS, get_flavor
 from msb_kernels.identity.people import acting
 from msb_kernels.identity.volumes import volume_of
-from msb_kernels.labroot import root_path
-from msb_kernels.templates import get_template
+from msb_kernels.kernelspecs.flavors import FLAVORS, get_flavor
+from msb_kernels.kernelspecs.templates import get_template
+from msb_kernels.provisioning.labroot import root_path
+from msb_kernels.settings.config import MsbSettings
 
 CHUNK_BYTES = 1 << 20  # per step: 1.4 MB of base64 in one execute request or one answer
 STEP_TIMEOUT_SECONDS = 120.0

@@ -20,10 +20,10 @@ from mcp_bridge.sessions import (
     not_found,
     parse_kernel_name,
 )
-from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import InvalidRequest, ResourceLimitExceeded, SandboxError, error_from_body
-from msb_kernels.start_request import StartRequest
-from msb_kernels.status import epoch_seconds, session_status
+from msb_kernels.kernelspecs.choice import KernelChoice
+from msb_kernels.observability.status import epoch_seconds, session_status
+from msb_kernels.provisioning.start_request import StartRequest
 
 
 class GatewayConnection(KernelConnection):

@@ -29,9 +29,9 @@ from mcp_bridge.options import BridgeOptions
 from mcp_bridge.server import build_server
 from mcp_bridge.sessions import KernelSessions
 from mcp_bridge.supervisor import bridge_of
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import ConfigError, MsbError
 from msb_kernels.identity.people import local_person
+from msb_kernels.settings.config import MsbSettings
 
 
 class McpHttpApp:

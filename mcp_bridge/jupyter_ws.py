@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-from msb_kernels.status import iso_utc
+from msb_kernels.observability.status import iso_utc
 
 PROTOCOL_VERSION = "5.3"
 # Large enough for a figure or a big stream; tornado's default (10 MiB) closes the socket on one.

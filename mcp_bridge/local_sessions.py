@@ -23,13 +23,13 @@ from mcp_bridge.sessions import (
     not_found,
     parse_kernel_name,
 )
-from msb_kernels import registry
-from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SandboxError
-from msb_kernels.provisioner import describe_kernel
-from msb_kernels.start_request import StartRequest
-from msb_kernels.status import epoch_seconds, session_status
-from msb_kernels.turns import in_turns
+from msb_kernels.jupyter.turns import in_turns
+from msb_kernels.kernelspecs.choice import KernelChoice
+from msb_kernels.observability.status import epoch_seconds, session_status
+from msb_kernels.provisioning import registry
+from msb_kernels.provisioning.provisioner import describe_kernel
+from msb_kernels.provisioning.start_request import StartRequest
 
 
 async def wait_until_connected(kc: Any, timeout: float, is_alive: Callable) -> None:
@@ -162,10 +162,10 @@ def standalone_kernel_manager() -> Any:
 
     from jupyter_core.paths import jupyter_runtime_dir
 
-    from msb_kernels.choice import parse_pool_sizes
-    from msb_kernels.config import load_settings
-    from msb_kernels.limits import size_zmq_context
-    from msb_kernels.pool import KernelPool, PooledMultiKernelManager
+    from msb_kernels.kernelspecs.choice import parse_pool_sizes
+    from msb_kernels.provisioning.limits import size_zmq_context
+    from msb_kernels.provisioning.pool import KernelPool, PooledMultiKernelManager
+    from msb_kernels.settings.config import load_settings
 
     runtime = jupyter_runtime_dir()
     os.makedirs(runtime, mode=0o700, exist_ok=True)

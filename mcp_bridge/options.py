@@ -1,14 +1,14 @@
-"""How tool calls behave (waits, caps): the ``mcp_*`` settings of msb_kernels.config, as one value.
+"""How tool calls behave (waits, caps): the ``mcp_*`` settings of msb_kernels.settings.config, as one value.
 
 The settings themselves (``MSB_MCP_*`` variables, ``c.MsbSettings.mcp_*``), their defaults
-and their checks are defined once, in :class:`msb_kernels.config.MsbSettings`.
+and their checks are defined once, in :class:`msb_kernels.settings.config.MsbSettings`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from msb_kernels.config import MsbSettings, load_settings
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from mcp_bridge.rendering import error_result, validation_error
 from mcp_bridge.sessions import KernelSessions
 from mcp_bridge.supervisor import Bridge
 from mcp_bridge.tools import TOOLS, choices_json
-from msb_kernels import audit
-from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, SandboxError
-from msb_kernels.flavors import describe_flavors
 from msb_kernels.identity.people import Person, acting_as
-from msb_kernels.metrics import MCP_CALLS
+from msb_kernels.kernelspecs.flavors import describe_flavors
+from msb_kernels.observability import audit
+from msb_kernels.observability.metrics import MCP_CALLS
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 log = logging.getLogger("mcp_bridge")
 TOOL_NAMES = {entry.function.__name__ for entry in TOOLS}  # a metric's labels: only names a tool has

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mcp_bridge.executions import Execution
-from msb_kernels.choice import KernelChoice
 from msb_kernels.errors import MsbError, SessionNotFound
-from msb_kernels.start_request import StartRequest
-from msb_kernels.status import iso_utc
+from msb_kernels.kernelspecs.choice import KernelChoice
+from msb_kernels.observability.status import iso_utc
+from msb_kernels.provisioning.start_request import StartRequest
 
 log = logging.getLogger("mcp_bridge")
 

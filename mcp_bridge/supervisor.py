@@ -22,10 +22,10 @@ from mcp_bridge.notebooks.hub import PersonalLabs
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result
 from mcp_bridge.sessions import KernelConnection, KernelSessions, Runs, SessionInfo
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import MsbError, SandboxError
-from msb_kernels.flavors import FLAVORS
-from msb_kernels.templates import get_template
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.kernelspecs.templates import get_template
+from msb_kernels.settings.config import MsbSettings
 
 log = logging.getLogger("mcp_bridge")
 

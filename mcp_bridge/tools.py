@@ -38,13 +38,13 @@ from mcp_bridge.options import BridgeOptions
 from mcp_bridge.rendering import execution_result, model_result
 from mcp_bridge.sessions import SessionInfo
 from mcp_bridge.supervisor import Bridge, bridge_of
-from msb_kernels.choice import DEFAULT_ENVIRONMENT
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import InvalidRequest
-from msb_kernels.flavors import FLAVORS, describe_flavors
 from msb_kernels.identity.people import acting
 from msb_kernels.identity.volumes import docker_volume, has_own_directory, own_directory, volume_of
-from msb_kernels.templates import LANGUAGE_ALIASES, TEMPLATES, get_template
+from msb_kernels.kernelspecs.choice import DEFAULT_ENVIRONMENT
+from msb_kernels.kernelspecs.flavors import FLAVORS, describe_flavors
+from msb_kernels.kernelspecs.templates import LANGUAGE_ALIASES, TEMPLATES, get_template
+from msb_kernels.settings.config import MsbSettings
 
 LANGUAGE_CHOICES = ["python", "node", "javascript"]
 

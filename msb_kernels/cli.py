@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msb_kernels import slow_imports
-from msb_kernels.config import load_settings
 from msb_kernels.environments.env_command import add_env_parser
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.serve_command import add_serve_parser
 from msb_kernels.identity.users_command import add_users_parser
+from msb_kernels.jupyter import slow_imports
+from msb_kernels.settings.config import load_settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,7 +46,7 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-    from msb_kernels.compat import disarm_exit_cleanup
+    from msb_kernels.jupyter.compat import disarm_exit_cleanup
 
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(notebook, kernel_name=kernel, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
@@ -75,7 +75,7 @@ def run_notebook(path: Path, kernel: str, timeout: int) -> int:
 
 def cmd_install(args: argparse.Namespace) -> int:
     from msb_kernels.environments import environment_kernelspecs, list_environments
-    from msb_kernels.kernelspecs import install
+    from msb_kernels.kernelspecs.spec_files import install
 
     settings = load_settings()
     for line in install(settings, prefix=args.prefix, user=args.user):
@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from msb_kernels.kernelspecs import install
+    from msb_kernels.kernelspecs.spec_files import install
 
     for line in install(load_settings(), node=False):  # the demo is a Python notebook: no npm run at each demo
         print(line)
@@ -102,8 +102,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from msb_kernels.backends import backend_classes, choose_backend, unloadable_backends
     from msb_kernels.backends.core import cgroups
-    from msb_kernels.flavors import FLAVORS
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.flavors import FLAVORS
+    from msb_kernels.kernelspecs.templates import TEMPLATES
 
     settings = load_settings()
     print(
@@ -156,10 +156,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _print_backends(settings) -> dict[str, str]:
     """Each backend's look at the host, then, where that says ok, a real start of a small kernel from the installed
-    kernelspec's interpreter (msb_kernels.probe). Returns the backends that failed their start, with why."""
-    from msb_kernels import probe
+    kernelspec's interpreter (msb_kernels.provisioning.probe). Returns the backends that failed their start, with why."""
     from msb_kernels.backends import backend_classes
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.templates import TEMPLATES
+    from msb_kernels.provisioning import probe
 
     argv = _installed_argv("msb-python-small") or TEMPLATES["python"].argv()
     failed: dict[str, str] = {}

@@ -13,7 +13,7 @@ set by the shipped JupyterHub config). Lab asks ``/api/resolvePath?path=...&kern
 names; jupyter_server's gateway kernel manager has no provisioner, and jupyter_client's ``resolve_path`` asserts one,
 so Lab's server answered 500. A gateway kernel's files are not this server's, so it resolves nothing in the kernel's
 scope, as jupyter_client's own base provisioner does, and the server's own scope answers. Its servers also drop
-tornado's ping warning (msb_kernels.server_logs), which every kernel connect printed.
+tornado's ping warning (msb_kernels.jupyter.server_logs), which every kernel connect printed.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 from jupyter_server.gateway.managers import GatewayKernelManager, GatewayMappingKernelManager, GatewaySessionManager
 from traitlets import default
 
-from msb_kernels.server_logs import quiet_the_ping_unit_clash
-from msb_kernels.start_request import NOTEBOOK
+from msb_kernels.jupyter.server_logs import quiet_the_ping_unit_clash
+from msb_kernels.provisioning.start_request import NOTEBOOK
 
 
 class GatewaySessions(GatewaySessionManager):

@@ -89,8 +89,8 @@ def _no_kernels_outlive_their_test() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def installed_kernelspecs() -> Path:
     """The msb kernelspecs, installed once into the isolated prefix (as `msb-kernels install` does)."""
-    from msb_kernels.config import load_settings
-    from msb_kernels.kernelspecs import install
+    from msb_kernels.kernelspecs.spec_files import install
+    from msb_kernels.settings.config import load_settings
 
     install(load_settings(), prefix=str(TEST_BASE / "prefix"))
     yield TEST_BASE / "prefix" / "share" / "jupyter" / "kernels"

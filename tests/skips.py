@@ -20,7 +20,7 @@ import pytest
 
 from msb_kernels.backends.core import cgroups
 from msb_kernels.backends.gvisor import GVisorBackend
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 
 # reason pattern -> why CI's host (2 cores, paravirtual KVM, root, cgroups v1, no internet) lacks it
 EXPECTED_SKIPS: dict[str, str] = {

@@ -55,7 +55,7 @@ def _package_files(*names: str) -> list[Path]:
 def built_archive(kind: str) -> Path:
     """The Docker-save archive of the kernel ("python") or gateway image, built with the CLI unless cached."""
     if kind == "python":
-        key = _digest([*(REPO / "msb_kernels" / "images").glob("*.py"), REPO / "msb_kernels" / "templates.py"])
+        key = _digest([*(REPO / "msb_kernels" / "images").glob("*.py"), REPO / "msb_kernels" / "kernelspecs" / "templates.py"])
     else:
         key = _digest(_package_files("msb_kernels", "mcp_bridge")) + "-" + built_archive("python").stem
     archive = IMAGE_CACHE / f"{kind}-{key}.tar"

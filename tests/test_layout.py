@@ -29,7 +29,8 @@ def imports() -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             targets = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                # `from package import module` uses the module; the package only where a name is not a module of it
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in found else node.module for a in node.names]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             for target in targets:
@@ -74,43 +75,36 @@ def test_egress_never_imports_the_backends():
 # The layers, from the ground up. A module's layer is that of the longest name here that it is or is inside of.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "ground: errors, the flavors, limits, templates and the kernel's own code",
+        "ground: errors; what a kernel is (its template, code, flavor and choice); what is reported; where the Jupyter "
+        "servers are met; the sandboxes a manager counts and their limit; the checks of single settings",
         (
             "msb_kernels",
             "msb_kernels.errors",
-            "msb_kernels.flavors",
-            "msb_kernels.limits",
-            "msb_kernels.turns",
-            "msb_kernels.status",
-            "msb_kernels.server_logs",
-            "msb_kernels.slow_imports",
-            "msb_kernels.metrics",
-            "msb_kernels.kernel_code",
-            "msb_kernels.templates",
-            "msb_kernels.choice",
-            "msb_kernels.registry",
-            "msb_kernels.setting_checks",
+            "msb_kernels.kernelspecs",
+            "msb_kernels.observability",
+            "msb_kernels.jupyter",
+            "msb_kernels.provisioning.registry",
+            "msb_kernels.provisioning.limits",
+            "msb_kernels.settings.value_checks",
         ),
     ),
     (
         "people: who asks, what one start asks for, the audit trail",
-        ("msb_kernels.identity", "msb_kernels.start_request", "msb_kernels.audit"),
+        ("msb_kernels.identity", "msb_kernels.provisioning.start_request", "msb_kernels.observability.audit"),
     ),
     ("egress: the way out of a sandbox", ("msb_kernels.egress",)),
-    ("settings", ("msb_kernels.config", "msb_kernels.probe_verdicts")),
+    ("settings", ("msb_kernels.settings", "msb_kernels.provisioning.probe_verdicts")),
     (
-        "what kernels run: kernelspecs, images, environments' records",
-        ("msb_kernels.kernelspecs", "msb_kernels.images", "msb_kernels.environments"),
+        "what kernels run: kernelspec files, images, environments' records",
+        ("msb_kernels.kernelspecs.spec_files", "msb_kernels.images", "msb_kernels.environments"),
     ),
     ("sandboxes: the backends", ("msb_kernels.backends",)),
     (
-        "kernels in sandboxes: the provisioner, the pool, the probe, and the commands that start sandboxes",
+        "kernels in sandboxes: provisioning (the provisioner, the pool, the probe, a Lab's root), the Jupyter internals "
+        "touched, a Lab in front, and the commands that start sandboxes",
         (
-            "msb_kernels.labroot",
-            "msb_kernels.probe",
-            "msb_kernels.provisioner",
-            "msb_kernels.pool",
-            "msb_kernels.compat",
+            "msb_kernels.provisioning",
+            "msb_kernels.jupyter.compat",
             "msb_kernels.jupyterlab",
             "msb_kernels.environments.commands",
             "msb_kernels.environments.image_build",
@@ -184,3 +178,15 @@ def test_the_readme_is_a_front_door():
     """At most 350 lines (issue 47): what a newcomer needs first, and links to docs/ for the rest."""
     lines = len((REPO / "README.md").read_text().splitlines())
     assert lines <= 350, f"the README has {lines} lines: move the detail into docs/ and link to it"
+
+
+def test_the_readme_map_names_every_package_and_top_level_module():
+    """The map matches the tree (issue 47): each package of msb_kernels, and each module left at its top, has a row
+    (a row's first column names it, as `msb_kernels/<name>/` or `msb_kernels/<name>.py`)."""
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Where things are") :].split("\n## ", 1)[0]
+    named = {name for line in table.splitlines() if line.startswith("| `") for name in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
+    root = REPO / "msb_kernels"
+    parts = [f"msb_kernels/{p.name}/" for p in root.iterdir() if (p / "__init__.py").exists()]
+    parts += [f"msb_kernels/{p.name}" for p in root.glob("*.py") if p.name != "__init__.py"]
+    assert sorted(p for p in parts if not any(name.startswith(p) for name in named)) == []

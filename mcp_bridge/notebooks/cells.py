@@ -15,7 +15,7 @@ from pycrdt import Array, Map, Text
 
 from mcp_bridge.notebooks.documents import LiveNotebook
 from msb_kernels.errors import InvalidRequest
-from msb_kernels.templates import strip_ansi
+from msb_kernels.kernelspecs.templates import strip_ansi
 
 CELL_TYPES = ("code", "markdown", "raw")
 

@@ -4,7 +4,7 @@ Every backend is an entry point in the ``msb_kernels.backends`` group, the built
 (pyproject.toml): ``namespace`` (namespace/) runs everywhere Linux namespaces work; ``gvisor`` (gvisor.py)
 puts gVisor's application kernel between the code and the host where runsc is installed; ``microsandbox``
 (microsandbox/) boots a microVM per kernel where the host can. ``auto`` takes the first that can run here in
-``auto_order`` (the microVM first), and says why; msb_kernels.probe makes sure a kernel starts in it.
+``auto_order`` (the microVM first), and says why; msb_kernels.provisioning.probe makes sure a kernel starts in it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import importlib
 import logging
 
 from msb_kernels.backends.core.base import Availability, Sandbox, SandboxBackend, SandboxSpec
-from msb_kernels.config import MsbSettings, backend_locations
 from msb_kernels.errors import BackendUnavailable
+from msb_kernels.settings.config import MsbSettings, backend_locations
 
 log = logging.getLogger("msb_kernels")
 
@@ -80,7 +80,7 @@ def choose_backend(requested: str, skip: dict[str, str] | None = None) -> tuple[
 def get_backend(settings: MsbSettings, name: str | None = None) -> SandboxBackend:
     """One backend instance per (choice, runtime dir, transport) in this process; logs the choice once.
 
-    name: the backend MSB_BACKEND=auto settled on after its start probe (msb_kernels.probe)."""
+    name: the backend MSB_BACKEND=auto settled on after its start probe (msb_kernels.provisioning.probe)."""
     name, why = (name, f"picked {name}: it passed its start probe") if name else choose_backend(settings.backend)
     key = (name, str(settings.runtime_root()), backend_classes()[name].transport_for(settings))
     if key not in _instances:

@@ -1,4 +1,4 @@
-"""The egress settings' checks and accepted values, which msb_kernels.config reads into its own tables."""
+"""The egress settings' checks and accepted values, which msb_kernels.settings.config reads into its own tables."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from msb_kernels.egress.dns import parse_dns_servers
 from msb_kernels.egress.policy import RULE_FORMS, Policy, PolicyError
 from msb_kernels.errors import ConfigError
-from msb_kernels.setting_checks import check_private_file
+from msb_kernels.settings.value_checks import check_private_file
 
 
 def _network_allow(value: str) -> str | None:

@@ -1,7 +1,7 @@
 """What one kernel's start is granted: the operator's list or a narrower one the session asked for, and its secrets.
 
 One definition for every way a kernel starts (the gateway's REST API, MCP sessions, nbclient and papermill): a
-StartRequest (msb_kernels.start_request) asks with its ``network_allow`` (rules, or ``none``; the wire's
+StartRequest (msb_kernels.provisioning.start_request) asks with its ``network_allow`` (rules, or ``none``; the wire's
 ``KERNEL_NETWORK_ALLOW``) and its ``secrets`` (JSON, secrets.py; ``KERNEL_SECRETS``); neither ever reaches the kernel's
 environment, and a refusal names them as the client called them (the MCP tools' ``network_allow`` and ``secrets``).
 The operator's list is MSB_NETWORK_ALLOW, or the public internet where MSB_ALLOW_NETWORK is true; a request may narrow
@@ -21,7 +21,7 @@ from msb_kernels.egress.policy import RULE_FORMS, Policy, PolicyError
 from msb_kernels.egress.secrets import PLACEHOLDER_PREFIX, Secret, make_secrets, parse_declarations
 from msb_kernels.egress.tls import CA_DIR
 from msb_kernels.errors import ConfigError, InvalidRequest
-from msb_kernels.start_request import NETWORK_ALLOW, StartRequest
+from msb_kernels.provisioning.start_request import NETWORK_ALLOW, StartRequest
 
 NO_NETWORK = "none"
 SESSION_SOURCE = f"this session's network_allow ({NETWORK_ALLOW})"

@@ -26,13 +26,13 @@ from urllib.parse import urlsplit
 
 import h11
 
-from msb_kernels import metrics
 from msb_kernels.egress import dns
 from msb_kernels.egress.policy import Policy, normalize_name, refusal_for_address
 from msb_kernels.egress.route import HEADER_MAGIC
 from msb_kernels.egress.secrets import Redaction, Secret, sendable, substitute_headers
 from msb_kernels.egress.streams import Stream, TLSStream, splice
 from msb_kernels.egress.tls import HELLO, NEED_MORE, CertificateAuthority, read_client_hello
+from msb_kernels.observability import metrics
 
 log = logging.getLogger("msb_kernels.egress")
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager
 
-from msb_kernels.choice import ENVIRONMENT_NAME, RESERVED_ENVIRONMENT_NAMES
-from msb_kernels.config import MsbSettings
 from msb_kernels.environments import building, environment_kernelspecs, interpreters
 from msb_kernels.environments.environment import ADDED, CREATED, Environment
 from msb_kernels.environments.kernel_images import build_command
 from msb_kernels.environments.store import EnvironmentStore, list_environments
 from msb_kernels.environments.usage import kernels_using
 from msb_kernels.errors import InvalidRequest, MsbError
-from msb_kernels.templates import LANGUAGE_ALIASES
+from msb_kernels.kernelspecs.choice import ENVIRONMENT_NAME, RESERVED_ENVIRONMENT_NAMES
+from msb_kernels.kernelspecs.templates import LANGUAGE_ALIASES
+from msb_kernels.settings.config import MsbSettings
 
 
 def check_new_name(name: str, store: EnvironmentStore) -> None:
@@ -139,9 +139,9 @@ def remove(name: str, settings: MsbSettings) -> list[str]:
 
 def check(names: list[str], settings: MsbSettings) -> tuple[bool, list[str]]:
     """Each environment's interpreter looked at, then a kernel started from it in every backend that runs here."""
-    from msb_kernels import probe
     from msb_kernels.backends import backend_classes
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.templates import TEMPLATES
+    from msb_kernels.provisioning import probe
 
     environments = [get(n, settings) for n in names] if names else list_environments(settings)
     lines: list[str] = []

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from msb_kernels.config import MsbSettings, load_settings
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 
 def _print(lines: list[str]) -> None:

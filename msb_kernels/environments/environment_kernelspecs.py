@@ -8,12 +8,12 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager
 
-from msb_kernels.choice import KernelChoice
-from msb_kernels.config import MsbSettings
 from msb_kernels.environments.environment import Environment
-from msb_kernels.flavors import FLAVORS
-from msb_kernels.kernelspecs import kernelspec, write_kernelspec
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.choice import KernelChoice
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.kernelspecs.spec_files import kernelspec, write_kernelspec
+from msb_kernels.kernelspecs.templates import TEMPLATES
+from msb_kernels.settings.config import MsbSettings
 
 
 def choices(name: str) -> list[KernelChoice]:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msb_kernels.backends.core.hostpaths import WHOLE_DIRS, under
-from msb_kernels.config import MsbSettings
 from msb_kernels.environments.environment import Environment
 from msb_kernels.environments.interpreters import checked, clean_env
 from msb_kernels.environments.store import EnvironmentStore
@@ -29,6 +28,7 @@ from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.images import GUEST_HOME
 from msb_kernels.images.archives import append_layer, layer_members
 from msb_kernels.images.builds import BuildResult, Loader
+from msb_kernels.settings.config import MsbSettings
 
 # Where a kernel's engine mounts a filesystem of its own (Swarm: tmpfs on the home and /tmp; the kernel's files under
 # /run): an interpreter there would be hidden in the image, so the build refuses it.

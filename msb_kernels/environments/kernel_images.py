@@ -7,12 +7,12 @@ environment's interpreter at the path it has on the host: its kernelspec's argv 
 
 from __future__ import annotations
 
-from msb_kernels.choice import DEFAULT_ENVIRONMENT
-from msb_kernels.config import MsbSettings
 from msb_kernels.environments.store import EnvironmentStore
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.images import image_for
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.choice import DEFAULT_ENVIRONMENT
+from msb_kernels.kernelspecs.templates import TEMPLATES
+from msb_kernels.settings.config import MsbSettings
 
 
 def default_tag(settings: MsbSettings, name: str) -> str:

@@ -14,9 +14,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from msb_kernels.config import MsbSettings
 from msb_kernels.environments.environment import Environment
 from msb_kernels.errors import ConfigError
+from msb_kernels.settings.config import MsbSettings
 
 STORE_FILE = "environments.json"
 FORMAT = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from msb_kernels.backends import backend_classes, get_backend
-from msb_kernels.config import MsbSettings
+from msb_kernels.settings.config import MsbSettings
 
 log = logging.getLogger("msb_kernels")
 

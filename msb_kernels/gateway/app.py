@@ -28,7 +28,7 @@ A start past MSB_MAX_SESSIONS or the capacity answers HTTP 429 with a JSON body:
 KERNEL_FLAVOR 400, always as JSON and never with a traceback.
 
 Plus MSB_SESSION_TIMEOUT_SECONDS (idle time before a kernel is culled; a kernelspec's
-``metadata.cull_idle_timeout`` overrides it) and MSB_MAX_SESSIONS from msb_kernels.config.
+``metadata.cull_idle_timeout`` overrides it) and MSB_MAX_SESSIONS from msb_kernels.settings.config.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ from traitlets import Bool, Integer, default
 
 from msb_kernels import __version__
 from msb_kernels.backends import choose_backend
-from msb_kernels.compat import ServerAppHooks
-from msb_kernels.config import load_settings
 from msb_kernels.errors import ConfigError, MsbError
 from msb_kernels.gateway.auth.authorizer import MsbAuthorizer
 from msb_kernels.gateway.auth.identity import MsbIdentityProvider
@@ -63,8 +61,10 @@ from msb_kernels.gateway.sessions import MsbSessionManager
 from msb_kernels.identity.hub import HubService
 from msb_kernels.identity.people import SYSTEM, acting_as, set_acting
 from msb_kernels.identity.tokens import Tokens
-from msb_kernels.limits import open_files_advice, raise_open_files
-from msb_kernels.server_logs import quiet_the_ping_unit_clash
+from msb_kernels.jupyter.compat import ServerAppHooks
+from msb_kernels.jupyter.server_logs import quiet_the_ping_unit_clash
+from msb_kernels.provisioning.limits import open_files_advice, raise_open_files
+from msb_kernels.settings.config import load_settings
 
 # The variables JupyterLab's server is told to pass on (--GatewayClient.allowed_envs): it sends KERNEL_*
 # variables by itself, JPY_SESSION_NAME (the notebook's path, for stats and get_sessions) only when allowed.
@@ -373,9 +373,9 @@ class MsbGatewayApp(ServerAppHooks, ServerApp):
                 self.log.error("MCP bridge failed to start: %s", exc)
 
     async def _probe_backend(self) -> None:
-        """MSB_BACKEND=auto: which backend a kernel from the default kernelspec's interpreter starts in (msb_kernels.probe)."""
-        from msb_kernels.choice import KernelChoice
-        from msb_kernels.probe import backend_for_start
+        """MSB_BACKEND=auto: which backend a kernel from the default kernelspec's interpreter starts in (msb_kernels.provisioning.probe)."""
+        from msb_kernels.kernelspecs.choice import KernelChoice
+        from msb_kernels.provisioning.probe import backend_for_start
 
         name = KernelChoice.of("python", self.msb_settings.default_flavor).kernel_name
         try:

@@ -26,11 +26,11 @@ from jupyter_server.services.sessions.handlers import SessionHandler, SessionRoo
 from tornado import web
 
 from msb_kernels import __version__
-from msb_kernels.compat import KERNEL_ACTION_REGEX, KERNEL_ID_REGEX, SESSION_ID_REGEX, replace_not_found_handler
 from msb_kernels.gateway.http_errors import MsbErrorsMixin
 from msb_kernels.gateway.kernels.handlers import MsbKernelActionHandler, MsbKernelHandler, MsbMainKernelHandler
 from msb_kernels.gateway.kernels.websocket import NoDelayKernelWebsocketHandler
 from msb_kernels.gateway.mcp.metadata import ProtectedResourceHandler
+from msb_kernels.jupyter.compat import KERNEL_ACTION_REGEX, KERNEL_ID_REGEX, SESSION_ID_REGEX, replace_not_found_handler
 
 
 class MsbSessionRootHandler(MsbErrorsMixin, SessionRootHandler):

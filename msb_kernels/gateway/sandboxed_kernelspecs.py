@@ -8,9 +8,9 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 
-from msb_kernels.choice import CONVENTIONAL_NAMES, DEFAULT_TEMPLATE, conventional_choice
-from msb_kernels.config import load_settings
-from msb_kernels.kernelspecs import PROVISIONER_NAME
+from msb_kernels.kernelspecs.choice import CONVENTIONAL_NAMES, DEFAULT_TEMPLATE, conventional_choice
+from msb_kernels.kernelspecs.spec_files import PROVISIONER_NAME
+from msb_kernels.settings.config import load_settings
 
 
 def _is_sandboxed(resource_dir: str) -> bool:

@@ -1,7 +1,7 @@
 """The gateway's side of /metrics: what is read at scrape time (sessions by state, each kernel's cgroup, the pool,
 the gateway's own memory and what it retains), and MSB_METRICS_PORT's listener.
 
-The counters (starts, failures, stops, restarts, OOM kills, MCP calls, adoptions, egress) are msb_kernels.metrics';
+The counters (starts, failures, stops, restarts, OOM kills, MCP calls, adoptions, egress) are msb_kernels.observability.metrics';
 jupyter_server's own metrics stay where they are, in the same default registry, at the same /metrics.
 """
 
@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from msb_kernels.compat import kernels_of
 from msb_kernels.gateway.host import gateway_process_stats
 from msb_kernels.gateway.kernels.records import backend_of, sandbox_of
+from msb_kernels.jupyter.compat import kernels_of
 
 log = logging.getLogger("msb_kernels")
 

@@ -63,8 +63,8 @@ def _config_from_args(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from msb_kernels.config import load_settings
     from msb_kernels.gateway.app import MsbGatewayApp
+    from msb_kernels.settings.config import load_settings
 
     config = _config_from_args(args)
     load_settings(config)  # a bad MSB_* value or flag stops here, before anything starts

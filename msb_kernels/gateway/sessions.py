@@ -17,9 +17,9 @@ from typing import Any
 from jupyter_server.services.sessions.sessionmanager import SessionManager
 from tornado import web
 
-from msb_kernels.compat import kernels_of
 from msb_kernels.identity.people import SYSTEM, acting_as
-from msb_kernels.start_request import NOTEBOOK, START_REQUEST, StartRequest
+from msb_kernels.jupyter.compat import kernels_of
+from msb_kernels.provisioning.start_request import NOTEBOOK, START_REQUEST, StartRequest
 
 COLUMNS = ("session_id", "path", "name", "type", "kernel_id")  # jupyter_server's session table
 

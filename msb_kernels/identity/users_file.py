@@ -20,7 +20,7 @@ from pathlib import Path
 
 from msb_kernels.errors import ConfigError, InvalidRequest
 from msb_kernels.identity.people import USER_NAME, Person
-from msb_kernels.setting_checks import check_private_file
+from msb_kernels.settings.value_checks import check_private_file
 
 SETTING = "MSB_USERS_FILE"
 
@@ -53,7 +53,7 @@ def check_name(name: str) -> str:
 
 def check_mode(path: Path) -> None:
     """Refuse a file that another user can read or write, naming the mode and the chmod that fixes it (the same rule
-    as every private file's: setting_checks.check_private_file). A missing file is read's to report."""
+    as every private file's: value_checks.check_private_file). A missing file is read's to report."""
     problem = check_private_file(str(path)) if path.exists() else None
     if problem:
         raise ConfigError(f"{SETTING}={path} {problem}: other users could change who is an admin here", [f"chmod 600 {path}"])

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 
 if TYPE_CHECKING:
-    from msb_kernels.config import MsbSettings
+    from msb_kernels.settings.config import MsbSettings
 
 GUEST_USER = "sandbox"  # the images' unprivileged user (uid 1000, home /home/sandbox)
 GUEST_UID = 1000

@@ -16,7 +16,7 @@ from pathlib import Path
 from msb_kernels.errors import SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, GUEST_USER, IMAGE_CURVE_LABEL, IMAGE_SHARED_DIR, TEMPLATE_LABEL
 from msb_kernels.images.rootfs import ipykernel_speaks_curve
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 
 
 def _owned_by_root_unless_home(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -27,7 +27,7 @@ from msb_kernels.images.rootfs import (
     pip_into_rootfs,
     run_logged,
 )
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 
 Loader = Callable[[Path, str], object]
 
@@ -154,9 +154,9 @@ def build_gateway(
     default; `msb-kernels swarm-proxy` runs from it too."""
     from importlib.metadata import requires
 
-    from msb_kernels.config import load_settings
-    from msb_kernels.flavors import FLAVORS
-    from msb_kernels.kernelspecs import kernelspec
+    from msb_kernels.kernelspecs.flavors import FLAVORS
+    from msb_kernels.kernelspecs.spec_files import kernelspec
+    from msb_kernels.settings.config import load_settings
 
     started = time.monotonic()
     source = package_source()

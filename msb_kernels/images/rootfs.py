@@ -185,7 +185,7 @@ def add_sandbox_user(rootfs: Path) -> None:
 
 def install_tslab_from_host(rootfs: Path) -> None:
     """Copy the host's tslab (from `msb-kernels install`) into /opt/msb-kernels/node, with /usr/local/bin/tslab."""
-    from msb_kernels.templates import node_prefix, tslab_entry
+    from msb_kernels.kernelspecs.templates import node_prefix, tslab_entry
 
     if not tslab_entry().exists():
         raise SandboxError(

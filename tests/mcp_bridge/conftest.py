@@ -22,8 +22,8 @@ import pytest
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.options import BridgeOptions
 from mcp_bridge.server import build_server
-from msb_kernels.config import load_settings
 from msb_kernels.identity.people import local_person
+from msb_kernels.settings.config import load_settings
 from tests.msb_kernels.gateway.conftest import wait_until
 
 VENV_BIN = Path(sys.executable).parent
@@ -114,7 +114,7 @@ async def python_session(mcp_server) -> str:
 async def node_session(mcp_server) -> str:
     from mcp import Client
 
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.templates import TEMPLATES
 
     reason = TEMPLATES["node"].unavailable_reason()
     if reason:

@@ -9,7 +9,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
 
-from msb_kernels import registry
+from msb_kernels.provisioning import registry
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error, until_finished
 from tests.mcp_bridge.test_tools import call
 from tests.skips import needs_cgroups

@@ -10,8 +10,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_bridge.server import build_server
-from msb_kernels.config import load_settings
 from msb_kernels.identity.people import local_person
+from msb_kernels.settings.config import load_settings
 from tests.mcp_bridge.conftest import TEST_OPTIONS, VENV_BIN, child_env, result_error, wait_until_running
 from tests.msb_kernels.gateway.conftest import init_pids, launch_gateway, wait_until
 

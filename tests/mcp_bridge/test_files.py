@@ -13,8 +13,8 @@ from mcp import Client
 
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
-from msb_kernels.config import load_settings
 from msb_kernels.identity.people import local_person
+from msb_kernels.settings.config import load_settings
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error
 from tests.skips import every_builtin_backend
 

@@ -17,7 +17,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from msb_kernels.backends import get_backend
-from msb_kernels.config import load_settings
+from msb_kernels.settings.config import load_settings
 from tests.mcp_bridge.conftest import (
     VENV_BIN,
     child_env,

@@ -14,8 +14,8 @@ from mcp import Client
 from mcp_bridge.models import ToolResult
 from mcp_bridge.notebooks import tools as notebook_tools
 from mcp_bridge.tools import TOOLS
-from msb_kernels import registry
 from msb_kernels.errors import error_types
+from msb_kernels.provisioning import registry
 from tests.mcp_bridge.conftest import result_error
 
 pytestmark = pytest.mark.asyncio

@@ -14,9 +14,9 @@ from mcp import Client
 
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
-from msb_kernels import registry
-from msb_kernels.config import load_settings
 from msb_kernels.identity.people import local_person
+from msb_kernels.provisioning import registry
+from msb_kernels.settings.config import load_settings
 from tests.conftest import make_persons
 from tests.mcp_bridge.conftest import TEST_OPTIONS, result_error, wait_until_running
 

@@ -19,8 +19,8 @@ from mcp_bridge.http import asgi_app
 from mcp_bridge.local_sessions import ManagedKernelSessions, standalone_kernel_manager
 from mcp_bridge.server import build_server
 from msb_kernels.backends import get_backend
-from msb_kernels.config import load_settings
 from msb_kernels.identity.people import local_person
+from msb_kernels.settings.config import load_settings
 from tests.kernel_helpers import execute
 from tests.mcp_bridge.conftest import (
     TEST_OPTIONS,

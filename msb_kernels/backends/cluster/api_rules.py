@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from msb_kernels.backends.cluster.swarm import LABEL
-from msb_kernels.choice import ENVIRONMENT_NAME
-from msb_kernels.config import MsbSettings
+from msb_kernels.kernelspecs.choice import ENVIRONMENT_NAME
+from msb_kernels.settings.config import MsbSettings
 
 NAME_PREFIX = "msb-"  # of every service, secret and config the swarm backend makes
 MAX_BODY_BYTES = 2**20  # a kernel's spec and its connection file are a few KiB

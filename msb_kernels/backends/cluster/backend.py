@@ -32,18 +32,18 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from msb_kernels import registry
 from msb_kernels.backends.cluster.engine import Engine, KernelService, ServiceRecord, TaskState
 from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.base import SANDBOX_LABEL, Availability, Sandbox, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.core.state import remove_state_dir
-from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.egress.route import RELAY_LAUNCHER, relay_source
 from msb_kernels.environments.kernel_images import kernel_argv, kernel_image, missing_image_advice
 from msb_kernels.errors import BackendUnavailable, ResourceLimitExceeded, SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, IMAGE_CURVE_LABEL, IMAGE_SHARED_DIR, image_for
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
+from msb_kernels.provisioning import registry
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 log = logging.getLogger("msb_kernels")
 

@@ -42,8 +42,8 @@ from msb_kernels.backends.cluster.api_rules import (
     split_path,
 )
 from msb_kernels.backends.cluster.swarm import LABEL
-from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.errors import SandboxError
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 log = logging.getLogger("msb_kernels")
 

@@ -2,7 +2,7 @@
 
 A backend turns a SandboxSpec (a kernel command, a flavor, a directory for the
 kernel's connection file and sockets) into a running, sized, isolated Sandbox.
-The provisioner (msb_kernels.provisioner) only talks to these two abstract classes,
+The provisioner (msb_kernels.provisioning.provisioner) only talks to these two abstract classes,
 so a new backend is one module and an entry point in the ``msb_kernels.backends`` group, as the
 built-in ones are (pyproject.toml). Each docstring names its caller.
 """
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.errors import ConfigError, HibernationRefused, SandboxError
-from msb_kernels.flavors import Flavor
+from msb_kernels.kernelspecs.flavors import Flavor
 
 if TYPE_CHECKING:
-    from msb_kernels.config import MsbSettings
+    from msb_kernels.settings.config import MsbSettings
 
 SANDBOX_LABEL = "msb-kernels"  # every sandbox we create carries this label, for orphan sweeps
 
@@ -196,13 +196,13 @@ class Sandbox(abc.ABC):
     def stderr_tail(self) -> list[str]:
         """The kernel's last lines on stderr, where the host reads them; [] where it cannot.
 
-        Called by the start probe (msb_kernels.probe) and cleanup's log line, to say why a kernel died at once."""
+        Called by the start probe (msb_kernels.provisioning.probe) and cleanup's log line, to say why a kernel died at once."""
         return []
 
     async def hand_out(self, shared_volume: SharedVolume | None, host_directories: list[HostDirectory]) -> None:
         """Show this volume and these directories to the kernel of a sandbox started with SandboxSpec.handout, where a fresh start would
         have shown them, and take its slots away; SandboxError where it cannot (the pool then stops it). Called by the
-        warm pool when it hands the kernel to a request (msb_kernels.pool)."""
+        warm pool when it hands the kernel to a request (msb_kernels.provisioning.pool)."""
         raise SandboxError(f"{type(self).__name__} cannot show directories to a running kernel")
 
     def info(self) -> dict:
@@ -261,14 +261,14 @@ class SandboxBackend(abc.ABC):
     @classmethod
     def start_identity(cls) -> dict[str, Any]:
         """What besides availability's reason tells this backend's runtime replaced: its binary's file (see
-        msb_kernels.probe_verdicts.file_identity). Part of the key a start probe's verdict is kept under on disk."""
+        msb_kernels.provisioning.probe_verdicts.file_identity). Part of the key a start probe's verdict is kept under on disk."""
         return {}
 
     @classmethod
     def probe_hint(cls, error: str) -> str | None:
         """What to do about a failed start probe whose error is given, when this backend knows (a runtime too old).
 
-        Called by msb_kernels.probe, whose summary `msb-kernels doctor` prints and auto logs."""
+        Called by msb_kernels.provisioning.probe, whose summary `msb-kernels doctor` prints and auto logs."""
         return None
 
     # Why this backend's kernels get no disk of the flavor's size (core/scratch.py), or None where they get one. A
@@ -285,7 +285,7 @@ class SandboxBackend(abc.ABC):
     async def prepare(cls, settings: MsbSettings) -> None:
         """What this backend works out once per process before its first start (gVisor: which platform is fastest).
 
-        Called by msb_kernels.probe before its clock starts, so a probe's time is a start's; a backend's create needs
+        Called by msb_kernels.provisioning.probe before its clock starts, so a probe's time is a start's; a backend's create needs
         it too and does it there when no probe ran."""
         return None
 

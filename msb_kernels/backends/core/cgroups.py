@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.flavors import Flavor
+from msb_kernels.kernelspecs.flavors import Flavor
 
 GROUP_PARENT = "msb-kernels"
 CPU_PERIOD_US = 100_000

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from msb_kernels.errors import ResourceLimitExceeded, SandboxError
 
 if TYPE_CHECKING:
-    from msb_kernels.config import MsbSettings
+    from msb_kernels.settings.config import MsbSettings
 
 PORTS_PER_KERNEL = 5
 

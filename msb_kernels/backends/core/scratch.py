@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from msb_kernels.errors import SandboxError
-from msb_kernels.flavors import FLAVORS, Flavor
+from msb_kernels.kernelspecs.flavors import FLAVORS, Flavor
 
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 IMAGE_SUFFIX = ".img"

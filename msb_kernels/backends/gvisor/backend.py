@@ -58,9 +58,9 @@ from msb_kernels.backends.core.state import (
 from msb_kernels.backends.gvisor.bundle import DISK_HOME, DISK_TMP, GUEST_UID, SENTRY_MEMORY_MIB, write_bundle
 from msb_kernels.backends.gvisor.runsc import INSTALL_HINT, runsc_path
 from msb_kernels.backends.gvisor.sandbox import GVisorSandbox, checkpoint_error
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.setting_checks import read_key
+from msb_kernels.settings.config import MsbSettings
+from msb_kernels.settings.value_checks import read_key
 
 log = logging.getLogger("msb_kernels")
 
@@ -147,7 +147,7 @@ class GVisorBackend(SandboxBackend):
     @classmethod
     def start_identity(cls) -> dict[str, Any]:
         # --version is in availability's reason; a wrapper or a rebuilt binary with the same version is not
-        from msb_kernels.probe_verdicts import file_identity
+        from msb_kernels.provisioning.probe_verdicts import file_identity
 
         return {"runsc": file_identity(runsc_path())}
 

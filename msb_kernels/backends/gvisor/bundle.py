@@ -17,8 +17,8 @@ from msb_kernels.backends.core import handout, hostpaths, iodir
 from msb_kernels.backends.core.base import SandboxSpec
 from msb_kernels.backends.core.guest import ETC_ENTRIES, PIP_ENV, REAPER, SANDBOX_HOME, SANDBOX_USER, SYSTEM_DIRS
 from msb_kernels.egress.route import relay_source
-from msb_kernels.flavors import Flavor
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.flavors import Flavor
+from msb_kernels.kernelspecs.templates import TEMPLATES
 
 GUEST_UID = 1000  # the kernel's uid and gid inside; what it makes through the gofer is this host uid's too
 SENTRY_MEMORY_MIB = 384  # the Sentry, the gofer and their page tables, beside the kernel's own memory

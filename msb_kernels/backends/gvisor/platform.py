@@ -6,7 +6,7 @@ runsc's default since 2023 and wins where traps are cheap; kvm needs /dev/kvm an
 MSB_RUNSC_PLATFORM empty the backend times that very import under each platform this runsc offers, once, and keeps
 the fastest where it beats systrap by more than the few percent that runs differ by (on this project's 2-core VMs,
 systrap 1.27-1.47 s against ptrace 1.39-1.49 s: systrap kept). The choice is kept on disk beside the start probe's
-verdicts (msb_kernels.probe_verdicts), keyed by the runsc binary, the interpreter and the host's boot, so a new
+verdicts (msb_kernels.provisioning.probe_verdicts), keyed by the runsc binary, the interpreter and the host's boot, so a new
 process does not pay the measurement (about 7 s) again. MSB_RUNSC_PLATFORM set is used as is, unmeasured.
 """
 
@@ -22,8 +22,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from msb_kernels import probe_verdicts
 from msb_kernels.backends.gvisor.runsc import runsc_path
+from msb_kernels.provisioning import probe_verdicts
 
 CANDIDATES = ("systrap", "ptrace", "kvm")
 DEFAULT = "systrap"  # runsc's own default since 2023

@@ -4,7 +4,7 @@ Debian 12's runsc (0.0~20221219) fails coreutils' ``statx`` with EINVAL, so ``ls
 Debian 13's (0.0~20240729, one static binary) runs them. The README's commands install that binary into this
 environment (``scripts/install-runsc``, into OWN_RUNSC), and it is used before the host's own. Where it is absent (a
 host without apt, a user without root) the host's runsc is used, and the start probe, which runs ``ls`` and ``stat``
-(msb_kernels.probe), decides whether ``auto`` may pick it; ``msb-kernels doctor`` names the fix when it may not.
+(msb_kernels.provisioning.probe), decides whether ``auto`` may pick it; ``msb-kernels doctor`` names the fix when it may not.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Runsc:
 
 
 def _chosen_path() -> tuple[str | None, str]:
-    from msb_kernels.config import load_settings
+    from msb_kernels.settings.config import load_settings
 
     named = load_settings().runsc
     if named:

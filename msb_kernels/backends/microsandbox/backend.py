@@ -49,15 +49,15 @@ from msb_kernels.backends.core.keeping import KeeperLink, trusted_json
 from msb_kernels.backends.core.ports import host_ports
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
 from msb_kernels.backends.core.state import new_state, own_kept_sandbox, record_owner, with_keeper, write_state
-from msb_kernels.backends.microsandbox.host import run_doctor
 from msb_kernels.backends.microsandbox.images import image_supports_curve
+from msb_kernels.backends.microsandbox.msb_cli import run_doctor
 from msb_kernels.backends.microsandbox.smoke import smoke_boot
 from msb_kernels.backends.microsandbox.vm import GUEST_IO_DIR, create_kwargs, guest_argv, guest_env, record_from_handle, sandbox_name
-from msb_kernels.config import MsbSettings, load_settings
 from msb_kernels.environments.kernel_images import kernel_image, missing_image_advice
 from msb_kernels.errors import BackendUnavailable, InvalidRequest, MsbError, SandboxError
 from msb_kernels.images import GUEST_HOME, GUEST_USER, image_for
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
+from msb_kernels.settings.config import MsbSettings, load_settings
 
 log = logging.getLogger("msb_kernels")
 

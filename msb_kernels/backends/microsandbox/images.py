@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from msb_kernels.backends.microsandbox.host import msb_binary, msb_cli_environment
+from msb_kernels.backends.microsandbox.msb_cli import msb_binary, msb_cli_environment
 from msb_kernels.errors import InvalidRequest, SandboxError
 from msb_kernels.images import IMAGE_CURVE_LABEL
 from msb_kernels.images.archives import append_layer
 from msb_kernels.images.builds import BuildResult
 from msb_kernels.images.rootfs import add_sandbox_user, ipykernel_speaks_curve
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 
 ONLINE_BASES = {"python": "python:3.12-slim", "node": "node:20-slim"}
 
@@ -86,7 +86,7 @@ async def _online_layer(template: str, base: str, out: Path, timeout: float) -> 
     from microsandbox import Network, PullPolicy, Volume
     from microsandbox import Sandbox as VM
 
-    from msb_kernels.templates import TSLAB_VERSION
+    from msb_kernels.kernelspecs.templates import TSLAB_VERSION
 
     name = f"msbk-build-{os.getpid()}"
     vm = await VM.create(
@@ -127,7 +127,7 @@ def build_online(
     """base image + `pip install` (or npm) in a builder microVM -> one more layer -> msb load -> tag."""
     if template not in ONLINE_BASES:
         raise InvalidRequest(f"image template {template!r} is not one of {', '.join(ONLINE_BASES)}")
-    from msb_kernels.backends.microsandbox.host import run_doctor
+    from msb_kernels.backends.microsandbox.msb_cli import run_doctor
 
     ok, reason, _ = run_doctor()
     if not ok:

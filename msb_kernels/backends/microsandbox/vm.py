@@ -11,9 +11,9 @@ from typing import Any
 from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.base import SANDBOX_LABEL, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.processes import owner_alive, process_start_time
-from msb_kernels.config import MsbSettings
 from msb_kernels.environments.kernel_images import kernel_argv, kernel_image
 from msb_kernels.images import GUEST_HOME, GUEST_PATH, GUEST_UID, LOCAL_IMAGE_PREFIX
+from msb_kernels.settings.config import MsbSettings
 
 GUEST_IO_DIR = "/run/kernel"
 NAME_PREFIX = "msbk-"

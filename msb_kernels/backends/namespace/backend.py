@@ -53,9 +53,9 @@ from msb_kernels.backends.core.state import (
 from msb_kernels.backends.namespace import network, uids
 from msb_kernels.backends.namespace.forkservers import ForkServers, forkable
 from msb_kernels.backends.namespace.sandbox import NamespaceSandbox
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable, SandboxError
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
+from msb_kernels.settings.config import MsbSettings
 
 log = logging.getLogger("msb_kernels")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from jupyter_server.auth.identity import IdentityProvider, User
 from tornado import web
 
-from msb_kernels import audit
 from msb_kernels.identity.hub import HubUnreachable
 from msb_kernels.identity.people import Person, set_acting
 from msb_kernels.identity.tokens import Tokens
+from msb_kernels.observability import audit
 
 
 class MsbUser(User):

@@ -16,15 +16,15 @@ from jupyter_client.session import Session
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado.ioloop import PeriodicCallback
 
-from msb_kernels import metrics
 from msb_kernels.backends import get_backend
 from msb_kernels.backends.core.keeping import ADOPTION_RECORD, trusted_json, write_private_json
-from msb_kernels.compat import kernels_of, open_activity_stream, utcnow
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.kernels.records import BusyFile, KernelRecord, last_activity_of
 from msb_kernels.identity.people import SYSTEM, acting_as
-from msb_kernels.provisioner import describe_kernel
-from msb_kernels.start_request import START_REQUEST
+from msb_kernels.jupyter.compat import kernels_of, open_activity_stream, utcnow
+from msb_kernels.observability import metrics
+from msb_kernels.provisioning.provisioner import describe_kernel
+from msb_kernels.provisioning.start_request import START_REQUEST
 
 RECORD_INTERVAL = 10.0  # seconds between refreshes of kept kernels' adoption records (their last activity)
 BUSY_RECORD = "busy.json"  # BusyFile's, beside the adoption record

@@ -13,10 +13,10 @@ from jupyter_client.kernelspec import NoSuchKernel
 
 from msb_kernels.backends import get_backend
 from msb_kernels.errors import NoSuchKernelspec, ResourceLimitExceeded
-from msb_kernels.flavors import FLAVORS, Flavor, get_flavor
 from msb_kernels.gateway.host import host_memory_mib
 from msb_kernels.identity.people import acting
-from msb_kernels.start_request import StartRequest
+from msb_kernels.kernelspecs.flavors import FLAVORS, Flavor, get_flavor
+from msb_kernels.provisioning.start_request import StartRequest
 
 CLUSTER_CAPACITY_MIB = 2**40  # no bound of this host's
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from msb_kernels import metrics
-from msb_kernels.compat import kernels_of, start_culler
 from msb_kernels.identity.people import SYSTEM, set_acting
-from msb_kernels.turns import in_turns
+from msb_kernels.jupyter.compat import kernels_of, start_culler
+from msb_kernels.jupyter.turns import in_turns
+from msb_kernels.observability import metrics
 
 
 class CullingMixin:

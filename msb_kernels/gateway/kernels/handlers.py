@@ -1,7 +1,7 @@
 """The kernel service's REST handlers (``/api/kernels``): jupyter_server's, with the gateway's JSON errors.
 
 ``POST /api/kernels`` reads the body's ``env`` (KERNEL_* variables, as the Jupyter kernel gateway reads them, and the
-session's own) into the kernel's StartRequest (msb_kernels.start_request), so that ``KERNEL_FLAVOR`` picks the flavor;
+session's own) into the kernel's StartRequest (msb_kernels.provisioning.start_request), so that ``KERNEL_FLAVOR`` picks the flavor;
 who the caller is (the owner, the volume) the kernel manager adds from the token alone.
 """
 
@@ -15,7 +15,7 @@ from jupyter_server.utils import ensure_async, url_escape, url_path_join
 from tornado import web
 
 from msb_kernels.gateway.http_errors import MsbErrorsMixin
-from msb_kernels.start_request import START_REQUEST, StartRequest
+from msb_kernels.provisioning.start_request import START_REQUEST, StartRequest
 
 
 class MsbMainKernelHandler(MsbErrorsMixin, MainKernelHandler):

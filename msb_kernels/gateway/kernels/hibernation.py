@@ -24,17 +24,17 @@ from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
-from msb_kernels import metrics
 from msb_kernels.backends.core.base import Reconnect
-from msb_kernels.compat import kernels_of, pending_starts_of, utcnow
 from msb_kernels.errors import HibernationRefused, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.kernels.records import last_activity_of, sandbox_of
 from msb_kernels.identity.people import SYSTEM, acting_as, may_see, set_acting
-from msb_kernels.status import iso_utc
+from msb_kernels.jupyter.compat import kernels_of, pending_starts_of, utcnow
+from msb_kernels.observability import metrics
+from msb_kernels.observability.status import iso_utc
 
 log = logging.getLogger("msb_kernels")
 
-HIBERNATED = "hibernated"  # the execution_state a hibernated kernel reports (the session status too: msb_kernels.status)
+HIBERNATED = "hibernated"  # the execution_state a hibernated kernel reports (the session status too: msb_kernels.observability.status)
 RECENT_REFUSALS = 20
 SETTLE_SECONDS = 10.0  # at most, for IOPub to be heard after a restore; then the other channels open all the same
 

@@ -28,17 +28,6 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 from tornado import web
 from traitlets import default
 
-from msb_kernels import audit, metrics
-from msb_kernels.choice import DEFAULT_TEMPLATE, KernelChoice, conventional_choice, parse_pool_sizes
-from msb_kernels.compat import (
-    MappingKernelManagerHooks,
-    kernels_of,
-    pending_starts_of,
-    serve_starts_through,
-    shutdown_all_now,
-    use_start_request,
-)
-from msb_kernels.config import load_settings
 from msb_kernels.errors import InvalidRequest, MsbError, NobodyActing, ResourceLimitExceeded, SandboxError
 from msb_kernels.gateway.host import give_memory_back
 from msb_kernels.gateway.kernels.adoption import AdoptionMixin
@@ -50,12 +39,23 @@ from msb_kernels.gateway.kernels.stats import StatsMixin
 from msb_kernels.gateway.kernels.websocket import ClosedClientBuffersMixin
 from msb_kernels.identity.people import acting, may_see
 from msb_kernels.identity.volumes import volume_of
-from msb_kernels.limits import check_session_limit, over_limit, size_zmq_context
-from msb_kernels.pool import KernelPool, PooledMultiKernelManager
-from msb_kernels.provisioner import describe_kernel
-from msb_kernels.registry import SandboxRegistry
-from msb_kernels.start_request import NOTEBOOK, START_REQUEST, StartRequest
-from msb_kernels.status import iso_utc
+from msb_kernels.jupyter.compat import (
+    MappingKernelManagerHooks,
+    kernels_of,
+    pending_starts_of,
+    serve_starts_through,
+    shutdown_all_now,
+    use_start_request,
+)
+from msb_kernels.kernelspecs.choice import DEFAULT_TEMPLATE, KernelChoice, conventional_choice, parse_pool_sizes
+from msb_kernels.observability import audit, metrics
+from msb_kernels.observability.status import iso_utc
+from msb_kernels.provisioning.limits import check_session_limit, over_limit, size_zmq_context
+from msb_kernels.provisioning.pool import KernelPool, PooledMultiKernelManager
+from msb_kernels.provisioning.provisioner import describe_kernel
+from msb_kernels.provisioning.registry import SandboxRegistry
+from msb_kernels.provisioning.start_request import NOTEBOOK, START_REQUEST, StartRequest
+from msb_kernels.settings.config import load_settings
 
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
 SESSION_ADVICE = ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"]

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from msb_kernels.errors import InvalidRequest
-from msb_kernels.flavors import Flavor, get_flavor
 from msb_kernels.identity.people import Owner
-from msb_kernels.provisioner import describe_kernel
-from msb_kernels.start_request import StartRequest
+from msb_kernels.kernelspecs.flavors import Flavor, get_flavor
+from msb_kernels.provisioning.provisioner import describe_kernel
+from msb_kernels.provisioning.start_request import StartRequest
 
 
 class BusyFile:

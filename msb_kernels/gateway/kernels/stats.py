@@ -8,13 +8,13 @@ from typing import Any
 
 from jupyter_server.utils import ensure_async
 
-from msb_kernels.compat import connection_counts_of, kernels_of
-from msb_kernels.flavors import FLAVORS
 from msb_kernels.gateway.host import gateway_process_stats, host_cpus
 from msb_kernels.gateway.kernels.records import last_activity_of
 from msb_kernels.identity.people import acting, may_see
-from msb_kernels.provisioner import describe_kernel
-from msb_kernels.status import iso_utc, session_status
+from msb_kernels.jupyter.compat import connection_counts_of, kernels_of
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.observability.status import iso_utc, session_status
+from msb_kernels.provisioning.provisioner import describe_kernel
 
 
 class StatsMixin:

@@ -22,10 +22,10 @@ from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebso
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from tornado.ioloop import IOLoop
 
-from msb_kernels import audit
-from msb_kernels.compat import captured_ports_of, connection_counts_of, dropped_give_up_timer, offline_buffers_of, stop_ping
 from msb_kernels.gateway.http_errors import MsbErrorsMixin
 from msb_kernels.identity.people import Person, acting, acting_as, acting_client
+from msb_kernels.jupyter.compat import captured_ports_of, connection_counts_of, dropped_give_up_timer, offline_buffers_of, stop_ping
+from msb_kernels.observability import audit
 
 
 class PerSocketIdentityConnection(ZMQChannelsWebsocketConnection):

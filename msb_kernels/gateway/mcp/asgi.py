@@ -24,7 +24,7 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from msb_kernels.compat import response_finished, set_current_user
+from msb_kernels.jupyter.compat import response_finished, set_current_user
 
 log = logging.getLogger("msb_kernels")
 

@@ -22,9 +22,9 @@ import pytest
 
 from msb_kernels.backends import backend_classes
 from msb_kernels.backends.core import iodir
-from msb_kernels.config import backend_locations
-from msb_kernels.flavors import FLAVORS
-from msb_kernels.provisioner import GUEST_CONNECTION_FILE
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.provisioning.provisioner import GUEST_CONNECTION_FILE
+from msb_kernels.settings.config import backend_locations
 from tests.conftest import REPO, TEST_BASE, KernelFactory
 from tests.kernel_helpers import (
     HostListener,
@@ -331,7 +331,7 @@ async def test_curve_encryption_over_tcp_or_when_asked(variant, start_kernel):
     """tcp turns CurveZMQ on by itself; any backend does under transport_encryption='auto'.
     A client without the keys then gets no answer: the channels really are encrypted."""
     from msb_kernels.backends import get_backend
-    from msb_kernels.config import load_settings
+    from msb_kernels.settings.config import load_settings
 
     backend, transport = variant
     if not await get_backend(load_settings()).supports_curve("python"):
@@ -370,7 +370,7 @@ async def test_a_persons_volume_is_theirs_in_each_of_their_kernels_and_no_one_el
     cluster's (MSB_SHARED_VOLUME_NAME). Each of alice's kernels reads and adds to what her earlier ones wrote; bob's
     sees none of it (docs/teams.md, "Your files"). On a cluster a local named volume is its node's own: a kernel finds
     what her kernels on the same node wrote. Three of hers on two nodes put two on one node, so that holds at least once."""
-    from msb_kernels.start_request import StartRequest
+    from msb_kernels.provisioning.start_request import StartRequest
 
     backend, _ = variant
     if backend_classes()[backend].runs_on_cluster:

@@ -9,12 +9,12 @@ import ssl
 
 import pytest
 
-from msb_kernels.config import load_settings
 from msb_kernels.egress import dns
 from msb_kernels.egress.policy import Policy, PolicyError, parse_rule, refusal_for_address
 from msb_kernels.egress.secrets import parse_declarations, substitute_headers
 from msb_kernels.egress.tls import HELLO, NEED_MORE, NOT_TLS, read_client_hello
 from msb_kernels.errors import ConfigError
+from msb_kernels.settings.config import load_settings
 
 
 def test_rules_read_names_wildcards_networks_and_ports():

@@ -11,8 +11,8 @@ import secrets
 
 import pytest
 
-from msb_kernels import metrics
 from msb_kernels.errors import InvalidRequest
+from msb_kernels.observability import metrics
 from tests import skips
 from tests.conftest import VENV_BIN, KernelFactory
 from tests.kernel_helpers import execute

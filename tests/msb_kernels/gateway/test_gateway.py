@@ -23,7 +23,7 @@ from tornado.httpclient import HTTPClientError
 
 from mcp_bridge import jupyter_ws
 from msb_kernels.backends.core import cgroups
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 from tests.mcp_bridge.conftest import TICKS, call_with_progress
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, init_pids, pid_alive, wait_until
 from tests.skips import needs_runsc

@@ -37,8 +37,8 @@ async def lab(gateway: Gateway) -> AsyncIterator[HttpServer]:
 
 
 def test_the_launcher_lists_the_sandboxed_kernels_by_display_name(page: LabPage) -> None:
-    from msb_kernels.choice import KernelChoice
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.choice import KernelChoice
+    from msb_kernels.kernelspecs.templates import TEMPLATES
 
     for category in ("Notebook", "Console"):
         titles = page.launcher_titles(category)
@@ -150,7 +150,7 @@ def test_interrupt_and_restart_from_the_toolbar(page: LabPage) -> None:
 
 
 def test_a_node_notebook_runs_without_a_reload(page: LabPage) -> None:
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.templates import TEMPLATES
 
     if reason := TEMPLATES["node"].unavailable_reason():
         pytest.skip(f"node kernels unavailable: {reason}")

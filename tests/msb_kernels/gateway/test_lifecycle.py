@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mcp_bridge import jupyter_ws
-from msb_kernels.limits import files_needed, zmq_max_sockets
+from msb_kernels.provisioning.limits import files_needed, zmq_max_sockets
 from tests.conftest import TEST_BASE, VENV_BIN, soft_open_files
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, free_port, init_pids, launch_jupyter_server, pid_alive, wait_until
 

@@ -21,7 +21,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_bridge import jupyter_ws
-from msb_kernels.templates import TEMPLATES
+from msb_kernels.kernelspecs.templates import TEMPLATES
 from tests.conftest import REPO
 from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, KernelSocket, launch_gateway, launch_jupyter_server, wait_until
 

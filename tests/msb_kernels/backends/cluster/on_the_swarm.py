@@ -173,7 +173,7 @@ async def test_the_sweep_removes_kernels_whose_owner_is_gone_and_keeps_the_rest(
 
     from msb_kernels.backends import get_backend
     from msb_kernels.backends.cluster import backend as cluster
-    from msb_kernels.config import load_settings
+    from msb_kernels.settings.config import load_settings
 
     km, kc = await start_kernel()
     backend = get_backend(load_settings())

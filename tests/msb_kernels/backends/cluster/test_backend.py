@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from msb_kernels import registry
 from msb_kernels.backends.cluster import backend as cluster
 from msb_kernels.backends.cluster.engine import ServiceRecord, TaskState
 from msb_kernels.backends.cluster.swarm import _timestamp
-from msb_kernels.config import MsbSettings
+from msb_kernels.provisioning import registry
+from msb_kernels.settings.config import MsbSettings
 
 
 def test_docker_times_with_and_without_a_fraction():
@@ -58,7 +58,7 @@ def test_whose_kernel_is_held_adoptable_or_an_orphan(backend, monkeypatch):
 
 def test_a_gateways_owner_is_the_same_across_its_restarts(backend, tmp_path):
     from msb_kernels.backends.core.base import SandboxSpec
-    from msb_kernels.flavors import FLAVORS
+    from msb_kernels.kernelspecs.flavors import FLAVORS
 
     spec = SandboxSpec("k", FLAVORS["small"], "python", [], {}, tmp_path, owner_pid=1, adopt_grace=600)
     assert backend.owner_for(spec) == "msb_gateway"

@@ -32,7 +32,7 @@ from msb_kernels.backends.cluster.api_rules import MAX_BODY_BYTES, Policy, Refus
 from msb_kernels.backends.cluster.engine import KernelService
 from msb_kernels.backends.cluster.socket_proxy import build_app
 from msb_kernels.backends.cluster.swarm import DockerSwarm
-from msb_kernels.config import load_settings
+from msb_kernels.settings.config import load_settings
 from tests.engines import DockerEngine, EngineUnavailable, busybox_archive
 
 NETWORK = "msb-kernels"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from msb_kernels.backends.core import scratch
-from msb_kernels.config import load_settings
 from msb_kernels.errors import SandboxError
-from msb_kernels.flavors import FLAVORS
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.settings.config import load_settings
 from tests.kernel_helpers import execute
 
 SMALL = FLAVORS["small"]

@@ -80,8 +80,8 @@ async def test_memory_past_the_flavor_is_a_memory_error_with_advice_and_the_kern
 async def test_fork_bomb_is_refused_inside_gvisor_and_never_crashes_the_sandbox(start_kernel, monkeypatch):
     """The same bomb as the namespace test's, at a lower MSB_MAX_PROCESSES: forks under ptrace are slow."""
     from msb_kernels.backends.gvisor import process_limit
-    from msb_kernels.config import load_settings
-    from msb_kernels.flavors import FLAVORS
+    from msb_kernels.kernelspecs.flavors import FLAVORS
+    from msb_kernels.settings.config import load_settings
 
     monkeypatch.setenv("MSB_MAX_PROCESSES", "48")
     km, kc = await start_kernel()
@@ -211,7 +211,7 @@ async def test_forks_of_sleeping_children_are_refused_before_memory_runs_out_and
     """Each flavor at once (the loop is the Sentry's work under ptrace, some 20 s of a CPU each): small and large
     kernels directly, the medium one through the gateway's WebSocket, as a notebook runs it."""
     from msb_kernels.backends.gvisor import process_limit
-    from msb_kernels.flavors import FLAVORS
+    from msb_kernels.kernelspecs.flavors import FLAVORS
     from tests.msb_kernels.gateway.conftest import KernelSocket, launch_gateway
 
     async def direct(flavor: str) -> str:

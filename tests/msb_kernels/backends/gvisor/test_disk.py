@@ -10,8 +10,8 @@ import pytest
 
 from msb_kernels.backends.core import scratch
 from msb_kernels.backends.gvisor.backend import DISK_DIR
-from msb_kernels.flavors import FLAVORS
 from msb_kernels.gateway.kernels.hibernation import reconnect_of
+from msb_kernels.kernelspecs.flavors import FLAVORS
 from tests.kernel_helpers import execute
 from tests.skips import needs_runsc
 

@@ -30,7 +30,7 @@ from msb_kernels.backends.gvisor import GVisorBackend
 from msb_kernels.backends.microsandbox import backend as backend_module
 from msb_kernels.backends.microsandbox import images
 from msb_kernels.backends.microsandbox.backend import MicrosandboxBackend
-from msb_kernels.backends.microsandbox.host import msb_binary, parse_doctor, run_doctor
+from msb_kernels.backends.microsandbox.msb_cli import msb_binary, parse_doctor, run_doctor
 from msb_kernels.backends.microsandbox.vm import (
     GUEST_IO_DIR,
     LABEL_HOST,
@@ -42,10 +42,10 @@ from msb_kernels.backends.microsandbox.vm import (
     guest_env,
     sandbox_name,
 )
-from msb_kernels.config import MsbSettings
 from msb_kernels.errors import BackendUnavailable
-from msb_kernels.flavors import FLAVORS
 from msb_kernels.images import IMAGE_CURVE_LABEL, TEMPLATE_LABEL, archives, builds
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.settings.config import MsbSettings
 
 CPU_VIRT = any(flag in open("/proc/cpuinfo").read().split() for flag in ("vmx", "svm"))
 MSB = msb_binary()
@@ -222,7 +222,7 @@ def test_an_environments_kernel_runs_its_own_image_or_is_refused_naming_the_comm
 
 
 def test_ports_come_from_the_range_and_show_in_stats(monkeypatch):
-    from tests.msb_kernels.test_ports import free_block
+    from tests.msb_kernels.backends.core.test_ports import free_block
 
     first = free_block(10)
     monkeypatch.setenv("MSB_PORT_RANGE", f"{first}-{first + 9}")

@@ -240,7 +240,7 @@ refused
 @needs_cgroups
 async def test_fork_bomb_is_contained(start_kernel):
     """An exponential fork bomb stops at the flavor's pids limit; another sandbox can still start processes."""
-    from msb_kernels.config import load_settings
+    from msb_kernels.settings.config import load_settings
 
     limit = load_settings().max_processes
     km, kc = await start_kernel()
@@ -350,8 +350,8 @@ async def test_sweep_stops_a_running_sandbox_whose_owner_died(runtime_root):
     """Without the lifeline (an owner that is gone but whose sandbox still runs), the sweep kills it."""
     from msb_kernels.backends import get_backend
     from msb_kernels.backends.core.base import SandboxSpec
-    from msb_kernels.config import load_settings
-    from msb_kernels.flavors import FLAVORS
+    from msb_kernels.kernelspecs.flavors import FLAVORS
+    from msb_kernels.settings.config import load_settings
 
     backend = get_backend(load_settings())
     stand_in_owner = subprocess.Popen(["sleep", "60"])

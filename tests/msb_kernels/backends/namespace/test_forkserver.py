@@ -223,7 +223,7 @@ async def test_a_forked_kernel_reads_the_provisioners_command_line_as_traitlets_
     from ipykernel.kernelapp import IPKernelApp
 
     from msb_kernels.backends.namespace import forkserver_program as forkserver
-    from msb_kernels.templates import TEMPLATES
+    from msb_kernels.kernelspecs.templates import TEMPLATES
 
     km, kc = await start_kernel()
     guest_argv = (await execute(kc, "from ipykernel.kernelapp import IPKernelApp; IPKernelApp.instance().argv")).value

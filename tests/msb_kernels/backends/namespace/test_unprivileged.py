@@ -22,7 +22,7 @@ import pytest
 from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ
 from msb_kernels.backends.namespace import network
 from msb_kernels.egress.netlink import host_ipv4_addresses
-from msb_kernels.flavors import FLAVORS
+from msb_kernels.kernelspecs.flavors import FLAVORS
 from tests.conftest import REPO
 from tests.kernel_helpers import HostListener, live_processes
 
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.skipif(
 SCRIPT = textwrap.dedent("""
     import asyncio, json, logging, os, sys
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from msb_kernels.config import load_settings
-    from msb_kernels.kernelspecs import install
+    from msb_kernels.settings.config import load_settings
+    from msb_kernels.kernelspecs.spec_files import install
     from jupyter_client.manager import AsyncKernelManager
     install(load_settings(), prefix=os.environ["HOME"])
     CODE = '''
@@ -111,7 +111,7 @@ def unprivileged_python() -> Path:
     (site / "msb_kernels-0.0.0.dist-info").mkdir(exist_ok=True)
     (site / "msb_kernels-0.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: msb-kernels\nVersion: 0.0.0\n")
     (site / "msb_kernels-0.0.0.dist-info" / "entry_points.txt").write_text(
-        "[jupyter_client.kernel_provisioners]\nmsb-sandbox = msb_kernels.provisioner:SandboxProvisioner\n"
+        "[jupyter_client.kernel_provisioners]\nmsb-sandbox = msb_kernels.provisioning.provisioner:SandboxProvisioner\n"
     )
     subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
     return venv / "bin" / "python"

@@ -19,10 +19,10 @@ import pytest
 from msb_kernels.backends import backend_classes
 from msb_kernels.backends.core.keeping import ADOPTION_RECORD, KEEPER_SOCKET, trusted_json
 from msb_kernels.errors import InvalidRequest
-from msb_kernels.flavors import get_flavor
 from msb_kernels.gateway.kernels.records import KernelRecord
 from msb_kernels.identity.people import Owner
-from msb_kernels.start_request import StartRequest
+from msb_kernels.kernelspecs.flavors import get_flavor
+from msb_kernels.provisioning.start_request import StartRequest
 from tests.conftest import TEST_BASE, VENV_BIN
 from tests.msb_kernels.gateway.conftest import (
     Gateway,

@@ -12,12 +12,12 @@ from tornado import web
 
 from mcp_bridge.local_sessions import ManagedKernelSessions
 from mcp_bridge.server import build_server
-from msb_kernels.config import load_settings
 from msb_kernels.errors import NobodyActing
 from msb_kernels.gateway.kernels.manager import MsbKernelManager
 from msb_kernels.gateway.sandboxed_kernelspecs import MsbKernelSpecManager
 from msb_kernels.identity.people import SYSTEM, Person, acting_as
-from msb_kernels.start_request import START_REQUEST, StartRequest
+from msb_kernels.provisioning.start_request import START_REQUEST, StartRequest
+from msb_kernels.settings.config import load_settings
 from tests.mcp_bridge.conftest import TEST_OPTIONS
 
 ALICE = Person("alice", source="users-file")

@@ -6,8 +6,8 @@ import pytest
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 from traitlets import TraitError
 
-from msb_kernels.compat import utcnow
 from msb_kernels.gateway.kernels.records import last_activity_of
+from msb_kernels.jupyter.compat import utcnow
 
 
 def test_a_kernel_whose_start_has_not_returned_has_no_last_activity_yet() -> None:
