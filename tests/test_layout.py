@@ -190,3 +190,17 @@ def test_the_readme_map_names_every_package_and_top_level_module():
     parts = [f"msb_kernels/{p.name}/" for p in root.iterdir() if (p / "__init__.py").exists()]
     parts += [f"msb_kernels/{p.name}" for p in root.glob("*.py") if p.name != "__init__.py"]
     assert sorted(p for p in parts if not any(name.startswith(p) for name in named)) == []
+
+
+def test_the_architecture_package_table_matches_the_packages():
+    """docs/architecture.md's table of msb_kernels' packages names each package once, and only packages that exist."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Where things are") :].split("\n## ", 1)[0]
+    named = [
+        name.rstrip("/")
+        for line in section.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`([\w]+/)`", line.split(" | ")[0])
+    ]
+    packages = sorted(p.name for p in (REPO / "msb_kernels").iterdir() if (p / "__init__.py").exists())
+    assert sorted(named) == packages
