@@ -148,7 +148,7 @@ def test_without_node_the_user_is_told_and_python_kernels_are_unaffected(tmp_pat
     assert shutil.which("node", path=path) is None
     env = {**os.environ, "PATH": path}
     code = (
-        "import sys; from msb_kernels import templates; templates.node_prefix = lambda: __import__('pathlib').Path(sys.argv[1]);"
+        "import sys; from msb_kernels.kernelspecs import templates; templates.node_prefix = lambda: __import__('pathlib').Path(sys.argv[1]);"
         "from msb_kernels.cli import main; sys.exit(main(['install', '--prefix', sys.argv[1]]))"
     )
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
