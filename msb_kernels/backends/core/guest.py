@@ -66,9 +66,23 @@ while True:
             break
         if pid == kernel:
             code = os.waitstatus_to_exitcode(status)
-            try:  # a path, or a file descriptor opened before init gave up the right to open it
-                with open(int(status_path) if status_path.isdigit() else status_path, "w") as f:
-                    f.write(str(code))
+            try:  # a file descriptor opened before init gave up the right to open it, or a path
+                if status_path.isdigit():
+                    os.write(int(status_path), str(code).encode())
+                else:
+                    # The kernel could write in io/ too: what it left at the path (a FIFO, which an open would block on
+                    # for good, hiding its death; a link) is replaced by a file of ours, never opened.
+                    fresh = status_path + ".reaper"
+                    try:
+                        os.unlink(fresh)
+                    except OSError:
+                        pass
+                    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+                    try:
+                        os.write(fd, str(code).encode())
+                    finally:
+                        os.close(fd)
+                    os.rename(fresh, status_path)
             except OSError:
                 pass
             os._exit(code if code >= 0 else 128 - code)
