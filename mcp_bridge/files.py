@@ -20,10 +20,10 @@ from mcp_bridge.sessions import SessionInfo
 from msb_kernels.backends.core.guest import SANDBOX_HOME
 from msb_kernels.errors import InvalidRequest, MsbError, ResourceLimitExceeded, SandboxError
 from msb_kernels.identity.people import acting
-from msb_kernels.identity.volumes import volume_of
 from msb_kernels.kernelspecs.flavors import FLAVORS, get_flavor
 from msb_kernels.kernelspecs.templates import get_template
 from msb_kernels.provisioning.labroot import root_path
+from msb_kernels.provisioning.person_places import person_for
 from msb_kernels.settings.config import MsbSettings
 
 CHUNK_BYTES = 1 << 20  # per step: 1.4 MB of base64 in one execute request or one answer
@@ -35,7 +35,7 @@ NO_ROOM, TOO_BIG, SYMLINK_LOOP = 28, 27, 40
 def roots(settings: MsbSettings) -> list[str]:
     """Where a session's files may be: its /tmp, its home, the shared volume when there is one, and the acting
     person's Lab root (the notebooks' folder their Lab shows) when the sandboxes show one."""
-    lab = root_path(settings, volume_of(acting()))
+    lab = root_path(settings, person_for(settings, acting()))
     return [
         "/tmp",
         SANDBOX_HOME,

@@ -40,10 +40,11 @@ from mcp_bridge.sessions import SessionInfo
 from mcp_bridge.supervisor import Bridge, bridge_of
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.identity.people import acting
-from msb_kernels.identity.volumes import docker_volume, has_own_directory, own_directory, volume_of
+from msb_kernels.identity.volumes import docker_volume, has_own_directory
 from msb_kernels.kernelspecs.choice import DEFAULT_ENVIRONMENT
 from msb_kernels.kernelspecs.flavors import FLAVORS, describe_flavors
 from msb_kernels.kernelspecs.templates import LANGUAGE_ALIASES, TEMPLATES, get_template
+from msb_kernels.provisioning.person_places import volume_key
 from msb_kernels.settings.config import MsbSettings
 
 LANGUAGE_CHOICES = ["python", "node", "javascript"]
@@ -398,10 +399,10 @@ async def get_volume_path(
             volume_path=guest,
             available=True,
             description=f"{person.name}'s own directory of the shared volume, mounted at {guest} in each of {person.name}'s "
-            f"sandboxes (host: {own_directory(host, person.slug)}); no other person's kernels see it",
+            f"sandboxes (host: {host / volume_key(bridge.settings, person)}); no other person's kernels see it",
         )
     elif host is None and bridge.settings.shared_volume_name:
-        named = docker_volume(bridge.settings.shared_volume_name, volume_of(person))
+        named = docker_volume(bridge.settings.shared_volume_name, volume_key(bridge.settings, person))
         whose = f"{person.name}'s own" if has_own_directory(person) else "the whole"
         response = VolumePathResponse(
             volume_path=guest,

@@ -31,6 +31,7 @@ def _isolate_environment() -> Path:
     base = Path(tempfile.mkdtemp(prefix="msbt-", dir="/tmp"))
     os.environ["MSB_RUNTIME_DIR"] = str(base / "rt")
     os.environ["MSB_SCRATCH_DIR"] = str(base / "scratch")
+    os.environ["MSB_STATE_DIR"] = str(base / "state")  # the person registry: one per run, as one per host
     # The namespace sandbox unless a test asks for another: with runsc installed, auto would pick gVisor.
     os.environ["MSB_BACKEND"] = "namespace"
     # Tests that count sandboxes must not see pool kernels; the pool's own tests turn it on.

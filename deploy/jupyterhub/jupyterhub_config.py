@@ -112,6 +112,10 @@ if "MSB_LAB_ROOT_PATH" not in gateway_env:
         homes.mkdir(exist_ok=True)
     if homes.is_dir():
         gateway_env["MSB_LAB_ROOT_PATH"] = str(homes / "{username}")
+if knob("SPAWNER") != "simple":
+    # LocalProcessSpawner runs each person's server as the host login of their name: their files are that login's,
+    # and so is their home. Only a source declared so ever reaches a login (docs/teams.md, "What a name reaches").
+    gateway_env.setdefault("MSB_HOST_ACCOUNTS", "hub")
 c.JupyterHub.services = [
     {
         "name": SERVICE,
@@ -165,12 +169,17 @@ if knob("SPAWNER") == "simple":
 
     def _home_of_their_own(spawner) -> None:
         """Each person's home made theirs before their server makes it (as root, root's): as LocalProcessSpawner's
-        homes are their users', so that their kernels write there as them (docs/teams.md, "Your files")."""
-        from msb_kernels.identity.volumes import make_own
+        homes are their users', so that their kernels write there as them (docs/teams.md, "Your files"). Made by the
+        gateway's own rule, as the ids the gateway keeps for them (the Hub shares its MSB_* settings)."""
+        from msb_kernels.identity.people import Owner
+        from msb_kernels.provisioning import labroot, person_places
+        from msb_kernels.settings.config import load_settings
 
-        home = Path(spawner.home_dir_template.format(username=spawner.user.name))
-        if not home.exists():
-            make_own(home.parent, home)
+        for name, value in gateway_env.items():  # the gateway's settings, MSB_LAB_ROOT_PATH among them
+            if name.startswith("MSB_"):
+                os.environ.setdefault(name, value)
+        settings = load_settings()
+        labroot.root_of(settings, person_places.people_of(settings).get(Owner("hub", spawner.user.name)))
 
     c.Spawner.pre_spawn_hook = _home_of_their_own
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]  # the server of this venv, whatever PATH says

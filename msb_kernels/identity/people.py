@@ -22,8 +22,9 @@ from typing import Any, Literal
 Source = Literal["token", "users-file", "hub", "local", "system"]
 SOURCES: tuple[str, ...] = ("token", "users-file", "hub", "local", "system")
 
-# A name as the users file accepts it; JupyterHub's names are taken as the Hub gives them (see Person.slug).
-USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
+# A name as the users file accepts it; JupyterHub's names are taken as the Hub gives them. A name is never a key to
+# anything on the host: person_registry.py gives each person one of the gateway's own.
+USER_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}\Z")  # \Z: "$" lets a last newline in
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,6 @@ class Person:
     @property
     def is_system(self) -> bool:
         return self.source == "system"
-
-    @property
-    def slug(self) -> str:
-        """The name made safe as one path component (a per-person directory): letters, digits, '.', '_', '-' kept,
-        anything else as %XX, so two different names never share a directory."""
-        safe = "".join(c if c.isalnum() or c in "._-" else f"%{ord(c):02X}" for c in self.name)
-        return safe if safe not in ("", ".", "..") else f"%{safe}"
 
 
 # The gateway acting for itself: it sees every kernel and owns none. Only code that no request started says it is this.

@@ -1,32 +1,30 @@
-"""Each person's own part of the shared volume (MSB_SHARED_VOLUME_PATH).
+"""Each person's own part of the shared volume (MSB_SHARED_VOLUME_PATH), and how a directory becomes a person's.
 
-A kernel started by a person of the users file or of JupyterHub mounts ``<shared volume>/<their name>`` at the guest
-path, never the whole volume: two people's kernels never see each other's files. The single token's person (one
-person, today's setup) and the system's pooled kernels keep the whole volume, as before. The gateway's kernel manager
-writes the choice into the kernel's StartRequest (``volume``, from the caller, never from the request), where every
-later start of the kernel finds it; the provisioner mounts it.
+A kernel started by a person of the users file or of JupyterHub mounts ``<shared volume>/<their key>`` at the guest
+path, never the whole volume: two people's kernels never see each other's files. The key is the gateway's, never the
+person's name (person_registry.py). The single token's person (one person, today's setup) and the system's pooled
+kernels keep the whole volume, as before. The gateway's kernel manager writes the choice into the kernel's
+StartRequest (``volume``, from the caller, never from the request), where every later start of the kernel finds it;
+the provisioner mounts it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import pwd
-import re
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+from msb_kernels.errors import SandboxError
 from msb_kernels.identity.people import Person
+from msb_kernels.identity.person_registry import Ids, PersonRegistry, Registered, legacy_slug
 
 WHOLE_VOLUME = "."  # a StartRequest's volume: the whole shared volume
-# Host ids for people without a host account of their own: above any login's (60000 at most), below the namespace
-# sandboxes' (backends/namespace/uids.py), and used by no process.
-PERSON_IDS = range(1_000_000_000, 1_001_000_000)
-# A uid below this is the system's (login.defs' UID_MIN): a directory of such an owner is never shown as a sandbox's
-# (backends/core/idmap.py), or the sandbox could make files of root (or of a daemon) on the host.
-FIRST_PERSON_UID = 1000
-LAST_LOGIN_UID = 60000  # login.defs' UID_MAX: above it are accounts such as nobody (65534), never a person's
-DOCKER_NAME_CHARS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 USER_PACKAGES_DIR = ".python"  # in a kernel's volume: the packages its person installs with `pip install --user`
+MAX_DEPTH = 512  # directories deep that make_own walks: one descriptor open per level
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 
 
 def has_own_directory(person: Person | None) -> bool:
@@ -34,78 +32,104 @@ def has_own_directory(person: Person | None) -> bool:
     return person is not None and person.source in ("users-file", "hub")
 
 
-def volume_of(person: Person) -> str:
-    """The part of the shared volume a person's kernels mount (a StartRequest's volume): their own directory, or the
-    whole volume for the single token's person, the desktop's one user and the system (the pool)."""
-    return person.slug if has_own_directory(person) else WHOLE_VOLUME
-
-
-def own_directory(root: Path, slug: str) -> Path:
-    """A person's directory of the volume at ``root`` (``slug`` is Person.slug: one path component)."""
-    return root / slug
-
-
-def volume_for(root: Path | None, volume: str | None) -> Path | None:
-    """The host directory a kernel mounts as its shared volume (``volume``: its StartRequest's): none, the whole
-    volume, or its person's own, made on first use (``_make_own``)."""
-    if root is None or volume is None:
-        return None
-    if volume == WHOLE_VOLUME:
-        return root
-    own = own_directory(root, volume)
-    if own.resolve().parent != root.resolve():  # a slug is one path component (Person.slug); refuse anything else
-        raise ValueError(f"volume={volume!r} is not one directory name")
-    if not own.is_dir() or (os.geteuid() == 0 and own.lstat().st_uid == 0):
-        make_own(root, own)
-    return own
-
-
-def make_own(root: Path, own: Path) -> None:
-    """A person's directory of the volume (or of a Lab root's parent: labroot.py), theirs alone. As root it is made 0700 and owned by the person's host uid
-    (``person_ids``), whatever the volume's own owner and mode, so each sandbox shows it as its own user's
-    (backends/core/idmap.py): everything any of the person's kernels writes there is theirs on the host. One an
-    earlier version made as the volume's owner (root), with what its sandboxes wrote inside, becomes the person's,
-    without following a link. Not as root, the sandboxes run as this process's own user: the directory is made with
-    the volume's mode."""
+def own_volume(root: Path, person: Registered, registry: PersonRegistry) -> Path:
+    """The person's directory of the volume at ``root``, ``<root>/<key>``: made on first use, theirs alone. As root it is
+    0700 and their ids' (Registered.ids), whatever the volume's own owner and mode, so each sandbox shows it as its own
+    user's (backends/core/idmap.py). Where an earlier version kept their files under their name
+    (``legacy_slug``), that directory moves under the key and becomes theirs, without following a link, if the
+    registry says it is theirs to take (PersonRegistry.left_by_an_earlier_version). Not as root, the sandboxes run as
+    this process's own user, whose everything in the volume is, so nothing tells a person's old directory from the
+    operator's: it is made with the volume's mode, and nothing is moved."""
+    own = root / person.key
+    legacy = root / legacy_slug(person.owner.name)
+    if os.geteuid() == 0 and not os.path.lexists(own) and legacy != own:
+        with contextlib.suppress(FileNotFoundError):
+            found = os.lstat(legacy)
+            if stat.S_ISDIR(found.st_mode) and registry.left_by_an_earlier_version(found, person, legacy.name):
+                os.rename(legacy, own)  # within the volume, by name: a link is never followed, and one there is not moved
     if os.geteuid() != 0:
         own.mkdir(mode=0o700, exist_ok=True)
         os.chmod(own, root.stat().st_mode & 0o7777)
-        return
-    uid, gid = person_ids(root, own.name)
-    own.mkdir(mode=0o700, exist_ok=True)
-    if own.is_symlink() or not own.is_dir():
-        raise ValueError(f"{own} is not a directory")
-    for _, directories, files, fd in os.fwalk(own, follow_symlinks=False):
-        for name in (*directories, *files):
-            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
-    os.chown(own, uid, gid, follow_symlinks=False)
-    os.chmod(own, 0o700)
+        return own
+    with opened(root) as parent:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(person.key, 0o700, dir_fd=parent)
+        st = os.stat(person.key, dir_fd=parent, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            raise SandboxError(
+                f"{own} is not a directory: {person.owner.name}'s volume cannot be shown", ["remove it; the gateway makes it anew"]
+            )
+        if (st.st_uid, st.st_gid, st.st_mode & 0o7777) != (person.ids.uid, person.ids.gid, 0o700):
+            make_own(parent, person.key, person.ids)
+    return own
 
 
-def person_ids(root: Path, slug: str) -> tuple[int, int]:
-    """The host uid and gid a person's files are kept as: their host account's where one of that name is a login's
-    (FIRST_PERSON_UID to LAST_LOGIN_UID: under JupyterHub's LocalProcessSpawner, the person's own), else one of PERSON_IDS that no
-    other directory of the volume is owned by, kept from then on as the owner of their directory."""
-    with contextlib.suppress(KeyError):
-        account = pwd.getpwnam(slug)
-        if FIRST_PERSON_UID <= account.pw_uid <= LAST_LOGIN_UID and account.pw_gid != 0:
-            return account.pw_uid, account.pw_gid
-    with contextlib.suppress(FileNotFoundError):
-        if (kept := own_directory(root, slug).lstat().st_uid) in PERSON_IDS:
-            return kept, kept
-    taken = {entry.stat(follow_symlinks=False).st_uid for entry in os.scandir(root)}
-    uid = next(candidate for candidate in PERSON_IDS if candidate not in taken)
-    return uid, uid
+def make_own(parent: int, name: str, ids: Ids) -> None:
+    """``name`` in the directory open at ``parent``, and everything in it, made ``ids``' (the directory 0700), before
+    any kernel of theirs shows it. Walked through descriptors opened O_NOFOLLOW|O_DIRECTORY one level at a time, so a
+    link swapped in anywhere during the walk is changed itself, never followed; it stays on the directory's own
+    filesystem (a mount inside is left as it is); a file with more than one link (which may be another's file, linked
+    in) is left as it was."""
+    top = os.open(name, _DIRECTORY, dir_fd=parent)
+    stack: list[tuple[int, Iterator[str]]] = []
+    try:
+        device = os.fstat(top).st_dev
+        os.fchown(top, ids.uid, ids.gid)
+        os.fchmod(top, 0o700)
+        stack.append((top, iter(os.listdir(top))))
+        while stack:
+            fd, names = stack[-1]
+            entry = next(names, None)
+            if entry is None:
+                stack.pop()
+                if fd != top:
+                    os.close(fd)
+                continue
+            try:
+                child = os.open(entry, _DIRECTORY, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP, errno.ENOENT, errno.ENXIO):
+                    raise
+                _give_entry(fd, entry, ids)
+                continue
+            if os.fstat(child).st_dev != device or len(stack) >= MAX_DEPTH:
+                os.close(child)
+                continue
+            stack.append((child, iter(os.listdir(child))))
+            os.fchown(child, ids.uid, ids.gid)
+    finally:
+        for fd, _ in stack:
+            if fd != top:
+                os.close(fd)
+        os.close(top)
+
+
+def _give_entry(directory: int, name: str, ids: Ids) -> None:
+    """One entry that is not a directory, by name in an open directory, never followed (a link itself is changed)."""
+    try:
+        st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            return
+        os.chown(name, ids.uid, ids.gid, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
+
+
+@contextlib.contextmanager
+def opened(path: Path) -> Iterator[int]:
+    """A descriptor of a directory the operator named (the volume, the Lab roots' parent), for the *at calls in it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def docker_volume(base: str, volume: str) -> str:
     """The Docker named volume of a StartRequest's volume on a cluster (MSB_SHARED_VOLUME_NAME=base): base itself for
-    the whole volume, ``base-<name>`` for a person's own; ``base--<slug in hex>`` where the slug holds a character
-    Docker's names lack (Person.slug escapes as %XX), which no plain one can be (it starts with a letter or digit), so
-    no two people share one."""
-    if volume == WHOLE_VOLUME:
-        return base
-    return f"{base}-{volume}" if DOCKER_NAME_CHARS.match(volume) else f"{base}--{volume.encode().hex()}"
+    the whole volume, ``base-<key>`` for a person's own (a key has only Docker's name characters and is distinct for
+    distinct people: person_registry.person_key)."""
+    return base if volume == WHOLE_VOLUME else f"{base}-{volume}"
 
 
 def user_base(guest_volume: str, environment: str) -> str:

@@ -30,7 +30,7 @@ from msb_kernels.identity.volumes import WHOLE_VOLUME
 from msb_kernels.jupyter.compat import jupyter_client_shutdown_all, jupyter_client_start_kernel, kernels_of, use_start_request
 from msb_kernels.kernelspecs.choice import KernelChoice
 from msb_kernels.kernelspecs.flavors import Flavor
-from msb_kernels.provisioning import labroot
+from msb_kernels.provisioning import labroot, person_places
 from msb_kernels.provisioning.registry import SandboxRegistry, registry_of
 from msb_kernels.provisioning.start_request import START_REQUEST, StartRequest
 from msb_kernels.settings.config import load_settings
@@ -173,7 +173,10 @@ class KernelPool:
             if request.volume is None and settings.shared_volume is not None:
                 return False
             return request.sandbox_shape(False) == POOL_REQUEST.sandbox_shape(False)
-        if labroot.working_dir(settings, request.working_dir, request.volume) is not None:
+        if (
+            request.working_dir
+            and labroot.working_dir(settings, request.working_dir, person_places.whose(settings, request.owner, request.volume)) is not None
+        ):
             return False  # a kernel for a notebook in the Lab root starts in its directory, which a waiting one is not in
         volume = settings.has_shared_volume
         return request.sandbox_shape(volume) == POOL_REQUEST.sandbox_shape(volume)

@@ -38,12 +38,12 @@ from msb_kernels.egress.grant import KernelNetwork, network_for
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.environments.kernel_images import kernel_image
 from msb_kernels.errors import ConfigError, InvalidRequest, ResourceLimitExceeded, SandboxError
-from msb_kernels.identity.volumes import docker_volume, user_base, volume_for
+from msb_kernels.identity.volumes import docker_volume, user_base
 from msb_kernels.jupyter.compat import curve_capable, kernel_supports_curve, send_interrupt_request, transport_encryption_policy
 from msb_kernels.kernelspecs.choice import DEFAULT_ENVIRONMENT
 from msb_kernels.kernelspecs.flavors import Flavor, get_flavor
 from msb_kernels.kernelspecs.templates import Template, get_template
-from msb_kernels.provisioning import labroot
+from msb_kernels.provisioning import labroot, person_places
 from msb_kernels.provisioning.probe import backend_for_start, distrust
 from msb_kernels.provisioning.registry import SandboxRegistry, registry_of
 from msb_kernels.provisioning.start_request import START_REQUEST, StartRequest
@@ -413,21 +413,24 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             egress, self.egress = self.egress, None
             await egress.close()
 
-    def _shared_volume(self, volume: str | None) -> SharedVolume | None:
+    def _shared_volume(self, request: StartRequest) -> SharedVolume | None:
         """The part of the shared volume this kernel mounts (its StartRequest's volume: its person's own, or the whole
         one): a host directory; on a cluster with MSB_SHARED_VOLUME_NAME, a Docker named volume (a host directory there
         is refused by the backend, by name)."""
         guest = self.settings.shared_volume_guest_path
-        if self.backend.runs_on_cluster and self.settings.shared_volume_name and volume is not None:
-            return SharedVolume(None, guest, docker_volume(self.settings.shared_volume_name, volume))
-        shared = volume_for(self.settings.shared_volume, volume)
+        if self.backend.runs_on_cluster and self.settings.shared_volume_name and request.volume is not None:
+            person = person_places.whose(self.settings, request.owner, request.volume)
+            named = docker_volume(self.settings.shared_volume_name, person.key if person else request.volume)
+            return SharedVolume(None, guest, named)
+        shared = person_places.volume_directory(self.settings, request.owner, request.volume)
         return SharedVolume(shared, guest) if shared else None
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
         request = self.start_request
         handout = request.for_pool and self.backend.hands_out  # its volume and Lab root come at hand-out (hand_out)
-        shared = None if handout else self._shared_volume(request.volume)
+        shared = None if handout else self._shared_volume(request)
+        person = None if handout else person_places.whose(self.settings, request.owner, request.volume)
         env = self._guest_env(argv[0], volume=shared is not None or (handout and self.settings.shared_volume is not None))
         registry = self.sandbox_registry
         try:
@@ -445,8 +448,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             io_dir=self.io_dir,
             readonly_paths=[*self.template_spec.readonly_paths(), *hostpaths.interpreter_paths(argv[0])],
             shared_volume=shared,
-            host_directories=[] if handout else labroot.lab_directories(self.settings, request.volume),
-            working_dir=None if handout else labroot.working_dir(self.settings, request.working_dir, request.volume),
+            host_directories=[] if handout else labroot.lab_directories(self.settings, person),
+            working_dir=None if handout else labroot.working_dir(self.settings, request.working_dir, person),
             copies=self._copies(),
             max_processes=self.settings.max_processes,
             allow_network=self.network.public,
@@ -521,9 +524,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         sandbox = self.sandbox
         if sandbox is None or not sandbox.spec.handout:
             raise SandboxError("this kernel was not started for a hand-out")
-        shared = self._shared_volume(request.volume)
-        directories = labroot.lab_directories(self.settings, request.volume)
-        working_dir = labroot.working_dir(self.settings, request.working_dir, request.volume)
+        shared = self._shared_volume(request)
+        person = person_places.whose(self.settings, request.owner, request.volume)
+        directories = labroot.lab_directories(self.settings, person)
+        working_dir = labroot.working_dir(self.settings, request.working_dir, person)
         if shared is not None or directories:  # else nothing to show: no helper, no exec
             await sandbox.hand_out(shared, directories)
         sandbox.spec = replace(sandbox.spec, shared_volume=shared, host_directories=directories, working_dir=working_dir)

@@ -86,6 +86,19 @@ class MsbSettings(Configurable):
         "is ready first come, first served instead of all late together. Unset = the host's CPUs.",
     ).tag(config=True)
     runtime_dir = Unicode(None, allow_none=True, help="Host directory for sandbox state and kernel sockets.").tag(config=True)
+    state_dir = Unicode(
+        None,
+        allow_none=True,
+        help="Host directory for what the gateway keeps across reboots: each person's key and host ids (people.json). "
+        "Unset = /var/lib/msb-kernels as root, else $XDG_STATE_HOME/msb-kernels (~/.local/state/msb-kernels).",
+    ).tag(config=True)
+    host_accounts = Unicode(
+        None,
+        allow_none=True,
+        help="The source whose names are this host's logins: hub (JupyterHub with LocalProcessSpawner, which runs each "
+        "person's server as their login) or users-file. Such a person's files are their login's, and their Lab root may "
+        "be their login's home. Unset = no name is an account: every person gets host ids of their own.",
+    ).tag(config=True)
     environments_dir = Unicode(
         None,
         allow_none=True,
@@ -358,6 +371,14 @@ class MsbSettings(Configurable):
             return Path(xdg) / "msb-kernels"
         return Path(f"/tmp/msb-kernels-{os.geteuid()}")
 
+    def state_root(self) -> Path:
+        """Where the gateway keeps what outlives a reboot (the person registry): on a disk, root's alone as root."""
+        if self.state_dir:
+            return Path(self.state_dir)
+        if os.geteuid() == 0:
+            return Path("/var/lib/msb-kernels")
+        return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "msb-kernels"
+
     def environments_root(self) -> Path:
         """Where `msb-kernels env`, install and the gateway all find the environments: one place per msb-kernels install."""
         return Path(self.environments_dir) if self.environments_dir else Path(sys.prefix) / "share" / "msb-kernels" / "environments"
@@ -408,6 +429,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "backend": lambda v: None if v in backend_names() else "is not a backend",
     "transport": lambda v: None if v in TRANSPORTS else "is not a transport",
     "shared_volume_path": checks.check_shared_path,
+    "host_accounts": lambda v: None if v in ("hub", "users-file") else "is not a source whose names are logins",
     "lab_root_path": checks.check_lab_root,
     "shared_volume_guest_path": checks.check_guest_path,
     "shared_volume_name": checks.check_volume_name,
@@ -470,6 +492,8 @@ _ACCEPTED: dict[str, str] = {
     "shared_volume_guest_path": "use an absolute path such as /shared, outside /usr, /etc, /proc, /dev, /run, /tmp and /home",
     "shared_volume_name": "use a Docker volume name that starts with msb- (letters, digits, _ . -), such as msb-shared",
     "runtime_dir": "use a writable directory with a short path",
+    "state_dir": "use a directory on a disk that survives reboots, readable by this user only",
+    "host_accounts": "use hub (JupyterHub's LocalProcessSpawner runs each person as their login) or users-file, or leave it unset",
     "environments_dir": "use an absolute path to a directory (made at the first `msb-kernels env add`), or unset it for the default",
     "scratch_dir": "use a writable directory on a disk with room for the flavors' disks",
     "disk_reserve": "use true or false",

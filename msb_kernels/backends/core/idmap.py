@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass
 
 from msb_kernels.errors import SandboxError
-from msb_kernels.identity.volumes import FIRST_PERSON_UID
+from msb_kernels.identity.person_registry import FIRST_PERSON_UID
 
 # The same numbers on every architecture: these calls came after the syscall tables were unified (Linux 5.2, 5.12).
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442

@@ -38,7 +38,6 @@ from msb_kernels.gateway.kernels.records import KernelRecord, backend_of, sandbo
 from msb_kernels.gateway.kernels.stats import StatsMixin
 from msb_kernels.gateway.kernels.websocket import ClosedClientBuffersMixin
 from msb_kernels.identity.people import acting, may_see
-from msb_kernels.identity.volumes import volume_of
 from msb_kernels.jupyter.compat import (
     MappingKernelManagerHooks,
     kernels_of,
@@ -51,6 +50,7 @@ from msb_kernels.kernelspecs.choice import DEFAULT_TEMPLATE, KernelChoice, conve
 from msb_kernels.observability import audit, metrics
 from msb_kernels.observability.status import iso_utc
 from msb_kernels.provisioning.limits import check_session_limit, over_limit, size_zmq_context
+from msb_kernels.provisioning.person_places import volume_key
 from msb_kernels.provisioning.pool import KernelPool, PooledMultiKernelManager
 from msb_kernels.provisioning.provisioner import describe_kernel
 from msb_kernels.provisioning.registry import SandboxRegistry
@@ -186,7 +186,7 @@ class MsbKernelManager(
             flavor, template, environment = self.flavor_for(kernel_name, asked)
             request = replace(asked, flavor=flavor.name, environment=environment).for_caller(
                 None if person.is_system else person.owner,
-                volume_of(person),  # never what the request asserts
+                volume_key(self.msb_settings, person),  # never what the request asserts
             )
             kwargs[START_REQUEST] = request
             self.check_share(flavor)  # the caller's own share first: a person at their limit costs the others nothing

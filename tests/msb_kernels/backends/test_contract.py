@@ -370,6 +370,8 @@ async def test_a_persons_volume_is_theirs_in_each_of_their_kernels_and_no_one_el
     cluster's (MSB_SHARED_VOLUME_NAME). Each of alice's kernels reads and adds to what her earlier ones wrote; bob's
     sees none of it (docs/teams.md, "Your files"). On a cluster a local named volume is its node's own: a kernel finds
     what her kernels on the same node wrote. Three of hers on two nodes put two on one node, so that holds at least once."""
+    from msb_kernels.identity.people import Owner
+    from msb_kernels.identity.person_registry import person_key
     from msb_kernels.provisioning.start_request import StartRequest
 
     backend, _ = variant
@@ -382,7 +384,8 @@ async def test_a_persons_volume_is_theirs_in_each_of_their_kernels_and_no_one_el
         monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", str(root))
 
     async def run(who: str, write: bool) -> tuple[dict, str | None]:
-        km, kc = await start_kernel(env={"MSB_BACKEND": backend}, start_request=StartRequest(volume=who))
+        owner = Owner("users-file", who)  # the gateway sets both from the caller (MsbKernelManager.start_kernel)
+        km, kc = await start_kernel(env={"MSB_BACKEND": backend}, start_request=StartRequest(owner=owner, volume=person_key(owner)))
         reply = await execute(kc, VOLUME_PROBE.replace("WRITE", str(write)).replace("WHO", who))
         assert reply.error is None, reply.traceback
         node = km.provisioner.sandbox.info().get("node")  # None: this host

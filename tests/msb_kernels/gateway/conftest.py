@@ -272,6 +272,14 @@ async def mcp_client(server: HttpServer, token: str | None = None) -> AsyncItera
             yield client
 
 
+def registered(name: str, source: str = "users-file") -> Any:
+    """The person as the gateway's registry holds them (the suite's MSB_STATE_DIR): their key and own host ids."""
+    from msb_kernels.identity.people import Owner
+    from msb_kernels.identity.person_registry import PersonRegistry
+
+    return PersonRegistry(Path(os.environ["MSB_STATE_DIR"])).get(Owner(source, name))
+
+
 def add_user(users_file: Path, name: str, admin: bool = False) -> str:
     """`msb-kernels users add`, as an operator runs it; returns the token it prints once."""
     out = subprocess.run(

@@ -26,6 +26,7 @@ import pytest
 
 from mcp_bridge import jupyter_ws
 from tests.conftest import REPO
+from tests.host_users import delete_host_user
 from tests.hub import Hub, UserServer, launch_hub
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records
@@ -56,19 +57,15 @@ listing.dispatchEvent(drop);
 def host_users() -> Iterator[dict[str, pwd.struct_passwd]]:
     """ann and ben as host users, each with a home of their own (0700), as an operator's useradd makes them."""
 
-    def delete(name: str) -> None:
-        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
-        subprocess.run(["userdel", "--remove", name], capture_output=True)
-
     for name in PEOPLE:
-        delete(name)  # a run killed before its cleanup left them
+        delete_host_user(name)  # a run killed before its cleanup left them
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name], check=True, capture_output=True)
         os.chmod(f"/home/{name}", 0o700)
     try:
         yield {name: pwd.getpwnam(name) for name in PEOPLE}
     finally:
         for name in PEOPLE:
-            delete(name)
+            delete_host_user(name)
 
 
 @pytest.fixture(scope="module")

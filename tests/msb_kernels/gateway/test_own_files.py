@@ -18,14 +18,23 @@ from pathlib import Path
 import pytest
 
 from msb_kernels.backends.core import handout, iodir
-from msb_kernels.identity.volumes import make_own
 from tests.conftest import TEST_BASE
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, init_pids, launch_gateway, mcp_client, wait_until
+from tests.msb_kernels.gateway.conftest import (
+    Gateway,
+    KernelSocket,
+    add_user,
+    init_pids,
+    launch_gateway,
+    mcp_client,
+    registered,
+    wait_until,
+)
 from tests.skips import needs_runsc
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a person's own host ids need a root gateway")]
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
-ALICE_UID = 1_000_888_001  # alice's host user, who runs her Lab (LocalProcessSpawner's)
+# alice's own host ids, which the gateway's registry gives her and the operator runs her Lab as.
+ALICE_UID = registered("alice").own.uid
 
 
 @dataclass
@@ -141,7 +150,7 @@ async def test_an_assistants_file_tools_see_the_persons_lab_and_volume_as_theirs
         finally:
             await client.call_tool("stop_session", {"session_id": session})
     assert (project / "from-assistant.txt").stat().st_uid == ALICE_UID  # her Lab shows it, as hers
-    own = team.shared / "alice"
+    own = team.shared / registered("alice").key
     assert (own / "notes" / "from-assistant.txt").read_text() == "from the assistant\n"
     assert {p.stat().st_uid for p in (own, own / "notes", own / "notes" / "from-assistant.txt")} == {own.stat().st_uid}
     assert own.stat().st_uid != 0 and own.stat().st_mode & 0o777 == 0o700 and team.shared.stat().st_mode & 0o777 == 0o755
@@ -208,8 +217,9 @@ async def test_a_pooled_kernel_is_handed_to_a_person_with_their_folder_and_volum
     handed = await pooled_kernel_waiting(team, "alice")
     pooled, init_pid = waiting_kernel(team)
     # Her own package, as `%pip install --user` left it in her volume by an earlier kernel.
-    volume = team.shared / "alice"
-    make_own(team.shared, volume)
+    volume = team.shared / registered("alice").key
+    volume.mkdir(mode=0o700, exist_ok=True)
+    os.chown(volume, ALICE_UID, ALICE_UID)
     site_dir = Path(sysconfig.get_path("purelib", "posix_user", vars={"userbase": str(volume / ".python" / "default")}))
     site_dir.mkdir(parents=True)
     (site_dir / "handed_mod.py").write_text("WHO = 'hers'\n")
@@ -272,5 +282,5 @@ async def test_a_kernel_handed_out_by_the_pool_hibernates_and_wakes_with_its_per
         assert (await alice.execute(code)).stdout.split() == ["before", str(project), "before"]
     finally:
         await team.end("alice", kernel, alice)
-    volume = team.shared / "alice"
+    volume = team.shared / registered("alice").key
     assert (volume / "after-wake.txt").stat().st_uid == volume.stat().st_uid != 0

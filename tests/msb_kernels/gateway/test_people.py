@@ -20,7 +20,7 @@ from mcp import Client
 from tornado.httpclient import HTTPClientError
 
 from tests.conftest import TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, launch_gateway, mcp_client, wait_until
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, launch_gateway, mcp_client, registered, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -301,7 +301,7 @@ async def test_each_person_has_their_own_directory_of_the_shared_volume(team):
         assert not wrote.is_error, wrote.content[0].text
         alice_session = wrote.structured_content["session_id"]
         volume = await alice.call_tool("get_volume_path", {})
-        assert str(shared / "alice") in volume.structured_content["description"]
+        assert str(shared / registered("alice").key) in volume.structured_content["description"]
     async with mcp_as(team, "bob") as bob:
         looked = await bob.call_tool(
             "execute_code",
@@ -309,9 +309,9 @@ async def test_each_person_has_their_own_directory_of_the_shared_volume(team):
         )
         assert looked.structured_content["results"][0]["data"]["text/plain"] == "([], False, False)", looked.content[0].text
         bob_session = looked.structured_content["session_id"]
-        assert str(shared / "bob") in (await bob.call_tool("get_volume_path", {})).structured_content["description"]
-    assert (shared / "alice" / "notes.txt").read_text() == "alice-only"
-    assert not (shared / "bob" / "notes.txt").exists()
+        assert str(shared / registered("bob").key) in (await bob.call_tool("get_volume_path", {})).structured_content["description"]
+    assert (shared / registered("alice").key / "notes.txt").read_text() == "alice-only"
+    assert not (shared / registered("bob").key / "notes.txt").exists()
     for who, session in (("alice", alice_session), ("bob", bob_session)):
         await team.rest(who, "DELETE", f"/api/kernels/{session}")
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import TEST_BASE
 from tests.msb_kernels.environments.wheels import PROBE_PACKAGE, PROBE_VALUE, package_wheel, probe_wheel
-from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, Reply, add_user, launch_gateway
+from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, Reply, add_user, launch_gateway, registered
 from tests.skips import needs_runsc
 
 pytestmark = pytest.mark.slow
@@ -105,8 +105,10 @@ async def test_a_user_install_is_kept_for_the_persons_next_session_and_for_nobod
         assert now.get("value") == PROBE_VALUE and now["file"].startswith("/shared/.python/default/lib/python3."), now
     finally:
         await people.end("alice", kernel, alice)
-    on_host = glob.glob(str(people.shared / "alice" / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE))
-    assert len(on_host) == 1, list((people.shared / "alice").rglob("*"))[:20]
+    on_host = glob.glob(
+        str(people.shared / registered("alice").key / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE)
+    )
+    assert len(on_host) == 1, list((people.shared / registered("alice").key).rglob("*"))[:20]
 
     kernel, alice = await people.session("alice")  # her next session: a new kernel
     try:
@@ -144,14 +146,16 @@ async def test_a_user_install_is_kept_for_the_persons_next_session_and_for_nobod
         assert (await bob.execute("open('/tmp/cell.txt').read()")).result == repr("!pip list --user\n")
     finally:
         await people.end("bob", kernel, bob)
-    assert glob.glob(str(people.shared / "bob" / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE))
+    assert glob.glob(
+        str(people.shared / registered("bob").key / ".python" / "default" / "lib" / "python3.*" / "site-packages" / PROBE_PACKAGE)
+    )
     # On the host, everything each person's kernels wrote is that person's alone, whichever sandbox wrote it.
     for who in ("alice", "bob"):
-        own = people.shared / who
+        own = people.shared / registered(who).key
         owners = {(path.lstat().st_uid, path.lstat().st_gid) for path in [own, *own.rglob("*")]}
         assert len(owners) == 1 and own.stat().st_mode & 0o777 == 0o700, (who, owners, oct(own.stat().st_mode))
     assert people.shared.stat().st_mode & 0o777 == 0o755 and people.shared.stat().st_uid == os.geteuid()
-    assert (people.shared / "alice").stat().st_uid != (people.shared / "bob").stat().st_uid
+    assert (people.shared / registered("alice").key).stat().st_uid != (people.shared / registered("bob").key).stat().st_uid
 
 
 async def test_packages_of_another_python_are_not_loaded(people):
@@ -161,7 +165,9 @@ async def test_packages_of_another_python_are_not_loaded(people):
     try:
         version = (await alice.execute("import sys; '%d.%d' % sys.version_info[:2]")).result.strip("'")
         major, minor = version.split(".")
-        older = people.shared / "alice" / ".python" / "default" / "lib" / f"python{major}.{int(minor) - 1}" / "site-packages"
+        older = (
+            people.shared / registered("alice").key / ".python" / "default" / "lib" / f"python{major}.{int(minor) - 1}" / "site-packages"
+        )
         older.mkdir(parents=True, exist_ok=True)
         (older / "msbolderpython.py").write_text("raise SystemError('built for another Python')\n")
         assert "No module named 'msbolderpython'" in (await where(alice, "msbolderpython")).get("error", "")

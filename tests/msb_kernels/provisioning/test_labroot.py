@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from msb_kernels.errors import ConfigError
-from msb_kernels.identity.volumes import WHOLE_VOLUME
+from msb_kernels.identity.people import Owner
 from msb_kernels.provisioning.labroot import lab_directories, working_dir
+from msb_kernels.provisioning.person_places import people_of
 from msb_kernels.settings.config import load_settings
 from tests.conftest import TEST_BASE
+from tests.host_users import host_user
 from tests.kernel_helpers import execute
 from tests.skips import every_builtin_backend
 
@@ -100,21 +102,26 @@ def test_bad_lab_roots_are_refused_with_the_setting_named(monkeypatch, tmp_path)
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(tmp_path))
     monkeypatch.setenv("MSB_RUNTIME_DIR", str(tmp_path / "rt"))
     with pytest.raises(ConfigError, match="MSB_RUNTIME_DIR"):
-        lab_directories(load_settings(), WHOLE_VOLUME)
+        lab_directories(load_settings(), None)
 
 
 def test_only_a_directory_inside_the_root_becomes_the_working_dir(monkeypatch, tmp_path):
     root, project, sibling = lab_root()
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(root))
     settings = load_settings()
-    assert working_dir(settings, str(project), WHOLE_VOLUME) == str(project)
-    assert working_dir(settings, str(root), WHOLE_VOLUME) == str(root)
-    assert working_dir(settings, str(project / ".." / ".." / "private"), WHOLE_VOLUME) is None
-    assert working_dir(settings, str(sibling), WHOLE_VOLUME) is None
-    assert working_dir(settings, str(root) + "-evil", WHOLE_VOLUME) is None
+    assert working_dir(settings, str(project), None) == str(project)
+    assert working_dir(settings, str(root), None) == str(root)
+    assert working_dir(settings, str(project / ".." / ".." / "private"), None) is None
+    assert working_dir(settings, str(sibling), None) is None
+    assert working_dir(settings, str(root) + "-evil", None) is None
     (root / "link").symlink_to(sibling)
-    assert working_dir(settings, str(root / "link"), WHOLE_VOLUME) is None
-    assert working_dir(settings, None, WHOLE_VOLUME) is None
+    assert working_dir(settings, str(root / "link"), None) is None
+    assert working_dir(settings, None, None) is None
+
+
+def person(name: str, source: str = "users-file"):
+    """A person as the gateway's registry holds them (the suite's MSB_STATE_DIR)."""
+    return people_of(load_settings()).get(Owner(source, name))
 
 
 def test_one_root_is_the_host_users_and_a_persons_root_is_theirs_alone(monkeypatch, tmp_path):
@@ -124,18 +131,73 @@ def test_one_root_is_the_host_users_and_a_persons_root_is_theirs_alone(monkeypat
     root, project, _ = lab_root()
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(root))
     settings = load_settings()
-    assert [d.path for d in lab_directories(settings, WHOLE_VOLUME)] == [str(root)]
-    assert lab_directories(settings, "alice") == [] and working_dir(settings, str(project), "alice") is None
+    assert [d.path for d in lab_directories(settings, None)] == [str(root)]
+    assert lab_directories(settings, person("alice")) == [] and working_dir(settings, str(project), person("alice")) is None
 
     people = tmp_path / "labs"
     people.mkdir()
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(people / "{username}"))
     settings = load_settings()
-    assert lab_directories(settings, WHOLE_VOLUME) == []
-    shown = lab_directories(settings, "alice")
+    assert lab_directories(settings, None) == []
+    shown = lab_directories(settings, person("alice"))
     assert [(d.path, d.writable) for d in shown] == [(str(people / "alice"), True)]
     if os.geteuid() == 0:  # made as hers: 0700, of her own host ids
-        assert (people / "alice").stat().st_mode & 0o777 == 0o700 and (people / "alice").stat().st_uid >= 1000
+        st = (people / "alice").stat()
+        assert (st.st_mode & 0o777, st.st_uid) == (0o700, person("alice").own.uid)
     (people / "alice" / "project").mkdir()
-    assert working_dir(settings, str(people / "alice" / "project"), "alice") == str(people / "alice" / "project")
-    assert working_dir(settings, str(people / "alice" / "project"), "bob") is None
+    assert working_dir(settings, str(people / "alice" / "project"), person("alice")) == str(people / "alice" / "project")
+    assert working_dir(settings, str(people / "alice" / "project"), person("bob")) is None
+
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="other owners' directories and useradd need root: run the suite as root")
+
+
+@as_root
+def test_a_name_reaches_no_login_no_strangers_directory_and_no_link(monkeypatch, tmp_path):
+    """Issue 53: a person named like a host login, like root's directory, like a directory of another's ids, or whose
+    root is a link, is shown none of it; the start is refused naming MSB_LAB_ROOT_PATH and MSB_HOST_ACCOUNTS."""
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(labs / "{username}"))
+    stranger = labs / "stranger"
+    stranger.mkdir()
+    os.chown(stranger, person("someone-else").own.uid, person("someone-else").own.gid)  # another person's root
+    (labs / "rootdir").mkdir()  # root's, as another gateway's state directory would be
+    (labs / "linked").symlink_to(tmp_path)
+    (labs / "ops%40corp").mkdir()  # root's, named as an earlier version escaped ops@corp: not hers to take
+    with host_user("msbtlogin", uid=59222) as login:
+        (labs / "msbtlogin").mkdir()
+        os.chown(labs / "msbtlogin", login.pw_uid, login.pw_gid)  # the login's own home
+        settings = load_settings()
+        for name in ("msbtlogin", "rootdir", "stranger", "linked"):
+            with pytest.raises(ConfigError, match="MSB_LAB_ROOT_PATH") as refused:
+                lab_directories(settings, person(name))
+            assert "MSB_HOST_ACCOUNTS" in " ".join(refused.value.suggestions), name
+        assert (labs / "msbtlogin").stat().st_uid == login.pw_uid and (labs / "rootdir").stat().st_uid == 0
+        lab_directories(settings, person("ops@corp"))  # a new root of her own; root's stays where and whose it was
+        assert (labs / "ops%40corp").stat().st_uid == 0 and (labs / "ops@corp").stat().st_uid == person("ops@corp").own.uid
+
+        # Declared: a hub person is their login, and their login's home is theirs; a users-file one of that name is not.
+        monkeypatch.setenv("MSB_HOST_ACCOUNTS", "hub")
+        settings = load_settings()
+        assert [d.path for d in lab_directories(settings, people_of(settings).get(Owner("hub", "msbtlogin")))] == [str(labs / "msbtlogin")]
+        with pytest.raises(ConfigError):
+            lab_directories(settings, people_of(settings).get(Owner("users-file", "msbtlogin")))
+
+
+@as_root
+def test_an_earlier_versions_root_becomes_its_persons_and_ids_of_another_person_never_do(monkeypatch, tmp_path):
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    monkeypatch.setenv("MSB_LAB_ROOT_PATH", str(labs / "{username}"))
+    old = labs / "dora"
+    (old / "notes").mkdir(parents=True)
+    (old / "link").symlink_to("/etc")
+    earlier = 1_000_777_001  # an id an earlier version chose for her, which the registry never gave anyone
+    for path in (old, old / "notes"):
+        os.chown(path, earlier, earlier)
+    settings = load_settings()
+    dora = people_of(settings).get(Owner("users-file", "dora"))
+    assert [d.path for d in lab_directories(settings, dora)] == [str(old)]
+    assert {(old / p).lstat().st_uid for p in ("", "notes", "link")} == {dora.own.uid}
+    assert os.stat("/etc").st_uid == 0

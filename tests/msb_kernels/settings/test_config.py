@@ -43,6 +43,8 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "max_processes": ("64", 64),
     "concurrent_starts": ("3", 3),
     "runtime_dir": ("{tmp}/rt", "{tmp}/rt"),
+    "state_dir": ("{tmp}/state", "{tmp}/state"),
+    "host_accounts": ("hub", "hub"),
     "environments_dir": ("{tmp}/envs", "{tmp}/envs"),
     "scratch_dir": ("{tmp}/scratch", "{tmp}/scratch"),
     "disk_reserve": ("false", False),
@@ -162,6 +164,7 @@ BAD_VALUES: dict[str, str] = {
     "lab_url": "127.0.0.1:8888",
     "lab_root_path": "/usr/share",
     "lab_root_writable": "perhaps",
+    "host_accounts": "ldap",
     "network_allow": "pypi.org:99999",
     "network_dns": "dns.example",
     "network_ca_file": "/etc/hostname",
@@ -171,6 +174,7 @@ BAD_VALUES: dict[str, str] = {
 BAD_CONFIG_VALUES: dict[str, str] = {"token": " ", "swarm_owner": " "}
 FREE_FORM = {
     "runtime_dir",
+    "state_dir",
     "scratch_dir",
     "hibernate_dir",
     "lab_token",

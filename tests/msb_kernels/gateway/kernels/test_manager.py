@@ -16,6 +16,7 @@ from msb_kernels.errors import NobodyActing
 from msb_kernels.gateway.kernels.manager import MsbKernelManager
 from msb_kernels.gateway.sandboxed_kernelspecs import MsbKernelSpecManager
 from msb_kernels.identity.people import SYSTEM, Person, acting_as
+from msb_kernels.identity.person_registry import person_key
 from msb_kernels.provisioning.start_request import START_REQUEST, StartRequest
 from msb_kernels.settings.config import load_settings
 from tests.mcp_bridge.conftest import TEST_OPTIONS
@@ -43,7 +44,7 @@ async def test_nobody_sees_and_starts_nothing_the_system_sees_all_a_person_their
         kernel = await manager.start_kernel(kernel_name="msb-python-small", **{START_REQUEST: forged})
         assert kernel in manager and manager.list_kernel_ids() == [kernel]
     record = manager.record(kernel)
-    assert (record.owner, record.request.volume, dict(record.request.env)) == (ALICE.owner, "alice", {"PROJECT": "demo"})
+    assert (record.owner, record.request.volume, dict(record.request.env)) == (ALICE.owner, person_key(ALICE.owner), {"PROJECT": "demo"})
     assert record.request.flavor == "small"  # what the gateway chose, kept for every later start
 
     for caller in (None, BOB, Person("alice", source="hub"), Person("alice", source="token")):
