@@ -28,6 +28,7 @@ import h11
 
 from msb_kernels.egress import dns
 from msb_kernels.egress.policy import Policy, normalize_name, refusal_for_address
+from msb_kernels.egress.reflection import Reflection
 from msb_kernels.egress.route import HEADER_MAGIC
 from msb_kernels.egress.secrets import Redaction, Secret, sendable, substitute_headers
 from msb_kernels.egress.streams import Stream, TLSStream, splice
@@ -41,6 +42,7 @@ PEEK_TIMEOUT = 0.5  # a client that says nothing first (a server-speaks-first pr
 MAX_CONNECTIONS = 128  # open at once per kernel: a kernel cannot spend the gateway's descriptors
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate", b"te", b"upgrade"}
 RECENT_REFUSALS = 20
+HOLD_BYTES = 1 << 20  # of an answer to a request that carried a secret, checked whole before its head goes (reflection.py)
 _METHOD = re.compile(rb"^[A-Z]{3,10} ")
 
 
@@ -324,6 +326,7 @@ async def exchange(
                 return
             headers, sent = substitute_headers(_forwarded_headers(event.headers), sendable(egress.secrets, host, port, tls))
             redaction = Redaction(sent)
+            reflection = Reflection(sent) if redaction else None
             if redaction:  # an answer the proxy can read, to take the value out of it
                 headers = [(name, value) for name, value in headers if name.lower() != b"accept-encoding"]
                 headers.append((b"accept-encoding", b"identity"))
@@ -336,7 +339,14 @@ async def exchange(
             if not await _copy_message(server, client, upstream, stream, egress.count_bytes, 0):
                 return
             try:
-                copied = await _copy_message(upstream, stream, server, client, egress.count_bytes, 1, heads=True, redaction=redaction)
+                copied = await _copy_message(
+                    upstream, stream, server, client, egress.count_bytes, 1, heads=True, redaction=redaction, reflection=reflection
+                )
+            except Reflected as reflected:
+                refusal = egress.refuse(f"the answer of {host}:{port}", f"holds a piece of the secret {reflected.name}, {reflected.where}")
+                if server.our_state is h11.SEND_RESPONSE:
+                    await _answer(client, server, 502, refusal.message)
+                return  # its body had begun: the connection is cut, and the kernel's client sees an answer cut short
             except Refused as refusal:
                 await _answer(client, server, refusal.status, refusal.message)
                 return
@@ -354,6 +364,14 @@ async def exchange(
         await upstreams.close()
 
 
+class Reflected(Exception):
+    """An answer holds a piece of a secret in a form Redaction does not mask (reflection.py): refused."""
+
+    def __init__(self, name: str, where: str):
+        super().__init__(name)
+        self.name, self.where = name, where
+
+
 async def _copy_message(
     source: h11.Connection,
     source_stream: Stream,
@@ -363,10 +381,37 @@ async def _copy_message(
     index: int,
     heads=False,
     redaction: Redaction | None = None,
+    reflection: Reflection | None = None,
 ) -> bool:
     """Pass one message on from source to target: its response heads (with heads), its data, its end. False if the
     source ended first. redaction: what of a secret the request carried is masked on the way (Refused where the
-    answer is encoded, which the proxy cannot read)."""
+    answer is encoded, which the proxy cannot read). reflection: Reflected where a piece of a secret is in the answer
+    in another form; its head waits for the first HOLD_BYTES of its body, so that an answer of that size or less is
+    checked whole before anything of it goes (a 502); a longer one is cut where the piece shows."""
+    held: h11.Response | None = None
+    waiting: list[bytes] = []
+    scanning: asyncio.Future | None = None  # the scan of the data in `waiting`, in a thread, while the next is read
+
+    async def release(last: bool = False) -> None:
+        """Pass on what waits, once its scan says it holds no piece of a secret (Reflected where it does). Past the
+        head, a chunk goes on when the next arrives: its scan runs in a thread meanwhile (the automaton lets go of
+        the GIL), beside the reading and decrypting of the next."""
+        nonlocal held, scanning
+        if scanning is None and waiting:
+            scanning = asyncio.get_running_loop().run_in_executor(None, reflection.scan, waiting[0])
+        if scanning is not None and (found := await scanning) is not None:
+            raise Reflected(found.name, "in its body")
+        scanning = None
+        if held is not None:
+            await target_stream.send(target.send(held))
+            held = None
+        if waiting:
+            await target_stream.send(target.send(h11.Data(data=waiting.pop(0))))
+        if waiting and not last:  # the chunk that came meanwhile: scanned while the one after it is read
+            scanning = asyncio.get_running_loop().run_in_executor(None, reflection.scan, waiting[0])
+        elif waiting:
+            await release(last)
+
     while True:
         part = await _next_event(source, source_stream)
         if heads and isinstance(part, (h11.Response, h11.InformationalResponse)):
@@ -380,17 +425,38 @@ async def _copy_message(
                         "which the proxy cannot check for the secret",
                     )
                 forwarded = [(k, redaction.mask(v)) for k, v in forwarded]
+                if reflection and (found := next(filter(None, map(reflection.check, (v for _, v in forwarded))), None)):
+                    raise Reflected(found.name, "in a header")
             head = type(part)(status_code=part.status_code, headers=forwarded, reason=part.reason)
-            await target_stream.send(target.send(head))
+            if reflection and isinstance(head, h11.Response):
+                held = head
+            else:
+                await target_stream.send(target.send(head))
         elif isinstance(part, h11.Data):
             data = redaction.feed(part.data) if redaction else part.data
-            if data:
+            if reflection:
+                if held is not None:  # the first HOLD_BYTES, as one piece of data, checked before the head goes
+                    waiting[:] = [b"".join(waiting) + data]
+                    if len(waiting[0]) >= HOLD_BYTES:
+                        await release()
+                elif data:
+                    waiting.append(data)
+                    if len(waiting) > 1:
+                        await release()
+            elif data:
                 await target_stream.send(target.send(h11.Data(data=data)))
             count(index, len(part.data))
         elif isinstance(part, h11.EndOfMessage):
-            if redaction and (rest := redaction.flush()):
+            rest = redaction.flush() if redaction else b""
+            if reflection:
+                if held is not None:  # all of a short answer, its last bytes too, is checked before its head goes
+                    waiting[:] = [b"".join(waiting) + rest]
+                elif rest:
+                    waiting.append(rest)
+                await release(last=True)
+            elif rest:
                 await target_stream.send(target.send(h11.Data(data=rest)))
-            await target_stream.send(target.send(h11.EndOfMessage()))
+            await target_stream.send(target.send(h11.EndOfMessage()))  # trailers are never passed on
             return True
         else:
             return False

@@ -10,8 +10,9 @@ never over plain HTTP unless the operator's own declaration says ``"plain_http":
 placeholder is just text. Bodies are not rewritten.
 
 What the host answers never carries the value back to the kernel: an echo, a redirect or an error page that repeats
-the request has every form of the value that was sent masked (Redaction), and such a request asks for an unencoded
-answer, which the proxy can read.
+the request has every form of the value that was sent masked (Redaction); an answer that holds a piece of it in any
+other form a reflecting host is likely to use is refused (reflection.py); and such a request asks for an unencoded
+answer, which the proxy can read (an encoded one is refused).
 """
 
 from __future__ import annotations
@@ -137,9 +138,12 @@ def sendable(secrets: list[Secret], host: str, port: int, tls: bool) -> list[Sec
     return [secret for secret in secrets if secret.bound_for(host, port) and (tls or secret.plain_http)]
 
 
-def substitute_headers(headers: list[tuple[bytes, bytes]], secrets: list[Secret]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+def substitute_headers(
+    headers: list[tuple[bytes, bytes]], secrets: list[Secret]
+) -> tuple[list[tuple[bytes, bytes]], list[tuple[str, bytes]]]:
     """A request's headers with each secret put into the one header its declaration names (a Basic credential
-    decoded and encoded again), and every form of a value that went in (for Redaction)."""
+    decoded and encoded again), and every form of a value that went in, with its secret's name (for Redaction and
+    reflection.Reflection): the header as sent, the credential the proxy built, the value."""
     if not secrets:
         return headers, []
     rewritten, sent = [], []
@@ -162,7 +166,10 @@ def substitute_headers(headers: list[tuple[bytes, bytes]], secrets: list[Secret]
         final = substitute(text, mine)
         used = [secret for secret in mine if secret.placeholder in original or (decoded is not None and secret.placeholder in decoded)]
         if used and final != original:
-            sent += [final.encode("latin-1"), *(secret.value.encode() for secret in used)]
+            for secret in used:
+                sent += [(secret.name, final.encode("latin-1")), (secret.name, secret.value.encode())]
+                if decoded is not None:
+                    sent.append((secret.name, substitute(decoded, [secret]).encode("latin-1")))
         rewritten.append((name, final.encode("latin-1")))
     return rewritten, sent
 
@@ -172,9 +179,9 @@ class Redaction:
     framing holds), across the answer's chunks: the raw value, as the header carried it, base64 and URL-encoded. What
     repeats a request (an echo, a redirect, an error page) hands the kernel asterisks, never the value."""
 
-    def __init__(self, sent: list[bytes]):
+    def __init__(self, sent: list[tuple[str, bytes]]):
         forms: set[bytes] = set()
-        for value in sent:
+        for _, value in sent:
             forms |= {value, base64.b64encode(value), urllib.parse.quote(value.decode("latin-1"), safe="").encode()}
         self.forms = sorted((form for form in forms if len(form) >= 4), key=len, reverse=True)
         self.keep = max((len(form) for form in self.forms), default=1) - 1

@@ -89,7 +89,18 @@ class TLSStream(Stream):
             return data
         while True:
             try:
-                return self.tls.read(size)
+                data = self.tls.read(size)
+                # What else is decrypted already, up to size: one TLS record is 16 KiB at most, and each piece of data
+                # costs its way through the proxy (h11, the scan of an answer for a secret) however small it is.
+                while data and len(data) < size:
+                    try:
+                        more = self.tls.read(size - len(data))
+                    except (ssl.SSLWantReadError, ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                        break
+                    if not more:
+                        break
+                    data += more
+                return data
             except ssl.SSLWantReadError:
                 await self._flush()
                 if not await self._fill():

@@ -1,16 +1,49 @@
 """A web host for the egress tests, run inside a test-made network namespace (tests/upstreams.py).
 
 It serves files from --root (a package index among them) over HTTP and, with --cert, HTTPS; /echo answers with the
-request's line and headers; every request is logged as one JSON line (what a server saw: the secret tests read
+request's line and headers; /reflect?form=NAME hands back the request's Authorization in that form (REFLECTIONS, a
+reflecting host as an attacker meets one); every request is logged as one JSON line (what a server saw: the secret tests read
 which host got which Authorization). Standard library only.
 """
 
 import argparse
+import base64
+import gzip
 import json
 import os
 import ssl
 import threading
+import time
+import urllib.parse
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _basic_credential(header: str) -> str:
+    """The base64 of ``user:value`` alone, from a Basic header (else the header's value)."""
+    return header.split(" ", 1)[1] if header.lower().startswith("basic ") else base64.b64encode(header.encode()).decode()
+
+
+# What a reflecting host makes of the Authorization it got: (body text, extra response headers) by form.
+REFLECTIONS = {
+    "as-sent": lambda h: (h, {}),
+    "upper": lambda h: (h.upper(), {}),
+    "lower-header": lambda h: ("see the header", {"WWW-Authenticate": h.lower()}),
+    "json-slash": lambda h: (json.dumps({"got": h}).replace("/", "\\/"), {}),
+    "json-unicode": lambda h: (json.dumps({"got": "".join(f"\\u{ord(c):04x}" for c in h)}).replace("\\\\", "\\"), {}),
+    "pieces": lambda h: (h[: len(h) // 2] + " ...and then... " + h[len(h) // 2 :], {}),
+    "hex": lambda h: (h.encode().hex(), {}),
+    "hex-upper": lambda h: (h.encode().hex().upper(), {}),
+    "base64": lambda h: (base64.b64encode(h.encode()).decode(), {}),
+    "base64url": lambda h: (base64.urlsafe_b64encode(("x" + h).encode()).decode(), {}),
+    "base64-wrapped": lambda h: ("\n".join(base64.b64encode(("xy" + h).encode()).decode()[i : i + 8] for i in range(0, 200, 8)), {}),
+    "basic-credential": lambda h: (_basic_credential(h), {}),
+    "html": lambda h: ("<p>" + "".join(f"&#{ord(c)};" for c in h) + "</p>", {}),
+    "url": lambda h: (urllib.parse.quote(h, safe=""), {}),
+    "url-twice": lambda h: (urllib.parse.quote(urllib.parse.quote(h, safe=""), safe=""), {}),
+    "shell": lambda h: ("curl -H " + "".join("\\" + c for c in h), {}),
+    "location": lambda h: ("moved", {"Location": "https://elsewhere.msb.test/?t=" + urllib.parse.quote(h.upper())}),
+    "set-cookie": lambda h: ("cookie", {"Set-Cookie": "session=" + base64.urlsafe_b64encode(h.lower().encode()).decode() + "; Path=/"}),
+}
 
 
 def handler_for(root: str, log_path: str, scheme: str):
@@ -38,7 +71,60 @@ def handler_for(root: str, log_path: str, scheme: str):
                 self.end_headers()
                 self.wfile.write(body)
                 return
+            if self.path.startswith("/reflect"):
+                self._reflect(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query))
+                return
             super().do_GET()
+
+        def _reflect(self, query):
+            form, got = query.get("form", ["as-sent"])[0], self.headers.get("Authorization", "")
+            if form in ("chunks", "trailer", "gzip", "large"):
+                return self._reflect_framed(form, got, int(query.get("mib", ["2"])[0]))
+            text, headers = REFLECTIONS[form](got)
+            body = text.encode()
+            self.send_response(302 if form == "location" else 200)
+            for name, value in {"Content-Type": "text/plain", **headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _reflect_framed(self, form, got, mib):
+            """As sent, but framed as an attacker would frame it: the value split across two chunks sent apart; in a
+            trailer; gzip-compressed though the request asked for no encoding; or mib MiB into a large answer."""
+            self.protocol_version = "HTTP/1.1"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            if form == "gzip":
+                body = gzip.compress(got.upper().encode())
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
+            if form == "trailer":
+                self.send_header("Trailer", "X-Echo")
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            upper = got.upper().encode()
+            if form == "chunks":
+                chunk(upper[: len(upper) // 2])
+                time.sleep(0.2)
+                chunk(upper[len(upper) // 2 :])
+            elif form == "large":
+                block = b"0123456789abcdef" * 4096
+                for _ in range(mib * 16):
+                    chunk(block)
+                chunk(upper)
+                chunk(block)
+            else:
+                chunk(b"see the trailer")
+            self.wfile.write(b"0\r\n" + (b"X-Echo: " + upper + b"\r\n" if form == "trailer" else b"") + b"\r\n")
+            self.close_connection = True
 
         def do_HEAD(self):
             self._record()

@@ -139,7 +139,7 @@ def test_secrets_go_into_their_header_for_their_hosts_over_tls_only():
     rewritten, sent = substitute_headers(headers, sendable([secret], "api.msb.test", 443, tls=True))
     went = b"Basic " + base64.b64encode(b"user:real-value")
     assert rewritten == [(b"authorization", went), (b"x-token", b"Bearer msb-secret-0123")], "Authorization only, by default"
-    assert set(sent) == {went, b"real-value"}
+    assert set(sent) == {("TOKEN", went), ("TOKEN", b"real-value"), ("TOKEN", b"user:real-value")}  # the credential built too
     assert sendable([secret], "other.msb.test", 443, tls=True) == [] and sendable([secret], "api.msb.test", 80, tls=False) == []
     # The operator's own declaration may say plain_http; a session's may not.
     plain = parse_declarations(

@@ -1,0 +1,104 @@
+"""The cost of checking answers for a secret (issue 54): a 100 MiB download over HTTPS through the egress proxy,
+from a kernel whose request carries a secret (so the proxy masks and scans the whole answer: egress/reflection.py)
+against the same download without one, in the same kernel, rounds interleaved (as root).
+
+    .venv/bin/python bench/egress_secrets.py -n 5 --mib 100
+
+The host is in a test-made network namespace (tests/upstreams.py), with its own CA; the secret is bound to it, so the
+proxy ends the kernel's TLS for both downloads and the only difference is the scan. Reported: each download's p50
+wall time in the kernel (requests, 1 MiB reads), its throughput, and the ratio; the target is at most 1.2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.environment import isolate
+from bench.kernels import start_kernel, stop_kernel
+from bench.stats import percentile
+
+CELL = """
+import json, os, time, requests
+session = requests.Session()
+def download(headers):
+    started = time.perf_counter()
+    size = 0
+    with session.get("https://api.msb.test/big.bin", headers=headers, stream=True, timeout=600) as response:
+        response.raise_for_status()
+        for block in response.iter_content(1 << 20):
+            size += len(block)
+    return time.perf_counter() - started, size
+times = {{"with a secret": [], "without": []}}
+for _ in range({rounds}):
+    for kind, headers in (("with a secret", {{"Authorization": "Bearer " + os.environ["OP_TOKEN"]}}), ("without", {{}})):
+        seconds, size = download(headers)
+        assert size == {size}, size
+        times[kind].append(seconds)
+print("RESULT" + json.dumps(times))
+"""
+
+
+async def run(rounds: int, mib: int, backend: str) -> None:
+    from tests.upstreams import Upstream
+
+    base = Path(tempfile.mkdtemp(prefix="msbs-", dir="/tmp"))
+    isolate(base, max_sessions=2)
+    upstream = Upstream(base / "upstream").start()
+    try:
+        block = os.urandom(1 << 20)
+        with open(upstream.base / "root" / "big.bin", "wb") as big:
+            for _ in range(mib):
+                big.write(block)
+        secrets_file = base / "secrets.json"
+        secrets_file.write_text(json.dumps({"OP_TOKEN": {"value": "S3cr/T+k=" + os.urandom(12).hex(), "hosts": ["api.msb.test"]}}))
+        secrets_file.chmod(0o600)
+        os.environ.update(
+            {
+                "MSB_BACKEND": backend,
+                "MSB_NETWORK_ALLOW": "*.msb.test",
+                "MSB_NETWORK_DNS": upstream.dns,
+                "MSB_NETWORK_CA_FILE": upstream.ca_file,
+                "MSB_NETWORK_SECRETS_FILE": str(secrets_file),
+            }
+        )
+        _, km, kc = await start_kernel("msb-python-small")
+        outputs: list[dict] = []
+        try:
+            code = CELL.format(rounds=rounds, size=mib << 20)
+            await kc.execute_interactive(code, timeout=3600, output_hook=outputs.append)
+        finally:
+            await stop_kernel(km, kc)
+        text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+        if "RESULT" not in text:
+            raise RuntimeError(text[-2000:])
+        times = json.loads(text.split("RESULT", 1)[1])
+        without = percentile(times["without"], 50)
+        print(f"{backend}: {rounds} rounds of {mib} MiB over HTTPS through the proxy, {os.cpu_count()} CPUs")
+        for kind, found in times.items():
+            p50 = percentile(found, 50)
+            print(f"  {kind:14} p50 {p50:6.2f} s  {mib / p50:7.1f} MiB/s  {p50 / without:5.2f}x")
+    finally:
+        upstream.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--rounds", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--backend", default="namespace", choices=("namespace", "gvisor"))
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench/egress_secrets.py needs root: its upstream host is a network namespace it makes")
+    asyncio.run(run(args.rounds, args.mib, args.backend))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Whether an answer hands back a secret in some other form than the one that was sent (issue 54).
+
+Redaction (secrets.py) masks the forms a request carried, byte for byte. A host that reflects what it gets can hand it
+back changed: upper-cased, JSON-, HTML-, URL- or shell-escaped, in base64 or base64url (of the value, of the header,
+of a Basic credential), in hex, or in pieces with text between. Reflection looks for any 8-byte piece of a value
+in each of those forms; the proxy refuses an answer in which it finds one (a 502 naming the secret, or, once an
+answer's body has begun to flow, the connection cut), rather than pass it masked where it cannot say where the value
+is.
+
+How, cheaply enough for a 100 MiB download (bench/egress_secrets.py): every form of every piece is a literal, known
+when the request goes out, and holds one of a few 4-byte blocks, so one Aho-Corasick automaton of those blocks
+(ahocorasick_rs, Rust, which lets go of the GIL), each block in every mix of cases, finds every candidate in one pass
+over the answer as it is; the whole pieces, lower-cased, are checked around each (base64's pieces, lower-cased too,
+still hold about 47 bits). Text (no NUL
+byte) is read again without spacing, and where it holds an escape (a backslash, '%' or '&') unescaped, once and twice
+(a double-encoded value). Where two chunks meet, the end of one and the start of the next are read together, so a
+value split across chunks, frames or TLS records is found whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import re
+from dataclasses import dataclass
+
+import ahocorasick_rs
+
+PIECE = 8  # bytes of a value that count as handing it back (and the piece length searched for in each form)
+BASE64_PIECE = 9  # base64 characters that any PIECE bytes fix wholly, in any alignment (64 bits hold 9 whole cells)
+HEX_PIECE = 2 * PIECE
+BLOCK = 4  # bytes of the blocks the automaton looks for first (_Automaton)
+WIDEST = max(PIECE, BASE64_PIECE, HEX_PIECE)
+# Longest reach of one piece in any form here (\u00XX is 6 characters a byte), so a piece across two stretches is seen.
+OVERLAP = 6 * PIECE + 16
+_ESCAPES = (b"\\", b"%", b"&")
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_JSON_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|\\(.)", re.DOTALL)
+_SPACING = b" \t\r\n\"'"  # what a wrapped or quoted base64 text holds between its characters
+
+
+@dataclass(frozen=True)
+class Found:
+    """A piece of a secret, in some form, in an answer: which secret, never the value."""
+
+    name: str
+
+
+def _pieces(data: bytes, length: int, step: int = 1) -> set[bytes]:
+    return {data[i : i + length] for i in range(0, len(data) - length + 1, step)}
+
+
+def _base64_stable(value: bytes) -> list[tuple[bytes, int]]:
+    """The base64 characters that the value's bytes alone fix in base64 of anything holding it, at each of the three
+    alignments a byte can have in a base64 group; each with where its first whole group starts in it (any
+    BASE64_PIECE characters of it hold a whole group: a block)."""
+    stable = []
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + value + b"\0\0")
+        first = (offset * 8 + 5) // 6  # the first character none of whose bits come before the value
+        last = ((offset + len(value)) * 8) // 6  # past the last character all of whose bits are the value's
+        stable.append((encoded[first:last], -first % 4))
+    return stable
+
+
+# The entities an HTML page writes printable ASCII with, besides numeric ones (&#47; &#x2F;).
+_ENTITIES = {
+    b"amp": b"&",
+    b"lt": b"<",
+    b"gt": b">",
+    b"quot": b'"',
+    b"apos": b"'",
+    b"sol": b"/",
+    b"plus": b"+",
+    b"equals": b"=",
+    b"colon": b":",
+    b"num": b"#",
+    b"dollar": b"$",
+    b"percnt": b"%",
+    b"lpar": b"(",
+    b"rpar": b")",
+    b"comma": b",",
+    b"period": b".",
+    b"excl": b"!",
+    b"quest": b"?",
+    b"semi": b";",
+    b"lowbar": b"_",
+    b"hyphen": b"-",
+    b"ast": b"*",
+    b"commat": b"@",
+    b"lsqb": b"[",
+    b"rsqb": b"]",
+    b"lcub": b"{",
+    b"rcub": b"}",
+    b"verbar": b"|",
+    b"bsol": b"\\",
+    b"grave": b"`",
+    b"hat": b"^",
+    b"tilde": b"~",
+    b"nbsp": b" ",
+}
+_ENTITY = re.compile(rb"&(?:#([0-9]{1,7})|#[xX]([0-9a-fA-F]{1,6})|([A-Za-z]{2,8}));")
+_PERCENT = re.compile(rb"%([0-9a-fA-F]{2})")
+
+
+def unescape(data: bytes) -> bytes:
+    """data with JSON, shell, HTML and URL escapes undone (each once), as bytes."""
+
+    def json_char(match: re.Match) -> bytes:
+        code, byte, plain = match.groups()
+        if code is not None:
+            number = int(code, 16)
+            return bytes([number]) if number < 256 else b"?"
+        return bytes([int(byte, 16)]) if byte is not None else plain
+
+    def entity(match: re.Match) -> bytes:
+        decimal, hexadecimal, name = match.groups()
+        if name is not None:
+            return _ENTITIES.get(name.lower(), match.group(0))
+        number = int(decimal) if decimal is not None else int(hexadecimal, 16)
+        return bytes([number]) if number < 256 else b"?"
+
+    if b"\\" in data:
+        data = _JSON_ESCAPE.sub(json_char, data)
+    if b"&" in data:
+        data = _ENTITY.sub(entity, data)
+    if b"%" in data:
+        data = _PERCENT.sub(lambda match: bytes([int(match.group(1), 16)]), data)
+    return data
+
+
+class Reflection:
+    """The forms of what one request sent (each value with its secret's name), and a scanner of its answer's stream."""
+
+    def __init__(self, sent: list[tuple[str, bytes]]):
+        """sent: what a request carried, by secret (secrets.substitute_headers): the header, the credential the proxy
+        built, and the value itself, the shortest, which every other holds. Only the value's own pieces are looked
+        for: a piece of ``Bearer `` or ``user:`` is no secret."""
+        values: dict[str, bytes] = {}
+        for name, form in sent:
+            if name not in values or len(form) < len(values[name]):
+                values[name] = form
+        pieces: dict[bytes, str] = {}
+        blocks: set[bytes] = set()
+        for name, value in values.items():
+            if len(value) < PIECE:
+                continue
+            # All in lower case, searched in a lower-cased view: base64's pieces keep about 47 bits that way.
+            lower, hexadecimal = value.lower(), value.hex().encode()
+            for piece in _pieces(lower, PIECE) | _pieces(hexadecimal, HEX_PIECE, 2):
+                pieces.setdefault(piece, name)
+            blocks |= _pieces(lower, BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK)
+            for stable, group in _base64_stable(value):
+                for alphabet in (stable.lower(), stable.translate(_TO_URLSAFE).lower()):
+                    for piece in _pieces(alphabet, BASE64_PIECE):
+                        pieces.setdefault(piece, name)
+                    blocks |= _pieces(alphabet[group:], BLOCK, BLOCK)
+        self._pieces = _Automaton(pieces, blocks)
+        self._tail = b""
+
+    def __bool__(self) -> bool:
+        return bool(self._pieces)
+
+    def check(self, data: bytes) -> Found | None:
+        """A piece of a value in data, in any form here; None where there is none. Stateless: a header's value.
+        Text (no NUL byte) is read four more ways: without spacing (wrapped or quoted base64), and unescaped once and
+        twice (a double-encoded value), each without spacing too; a binary answer holds no escapes to undo."""
+        name = self._pieces.first(data)
+        if name is not None or b"\0" in data:
+            return Found(name) if name is not None else None
+        views = [data.translate(None, _SPACING)]
+        if any(escape in data for escape in _ESCAPES):
+            once = unescape(data)
+            twice = unescape(once)
+            views += [once, once.translate(None, _SPACING), twice, twice.translate(None, _SPACING)]
+        for view in views:
+            if (name := self._pieces.first(view)) is not None:
+                return Found(name)
+        return None
+
+    def scan(self, chunk: bytes) -> Found | None:
+        """check() over a stream: each chunk, and where it meets the chunk before (the end of that one and the start
+        of this), so a piece across them is found."""
+        found = self.check(self._tail + chunk[:OVERLAP]) if self._tail else None
+        found = found or self.check(chunk)
+        self._tail = (self._tail + chunk)[-OVERLAP:] if len(chunk) < OVERLAP else chunk[-OVERLAP:]
+        return found
+
+
+class _Automaton:
+    """One pass over a view for every piece at once. The pass looks for BLOCK-byte blocks that every piece holds one
+    of (any PIECE bytes of a value hold one of its blocks at a multiple of BLOCK; in base64 and hex, one whole group),
+    which an automaton of few, short patterns finds fastest; each block found is then checked against the whole
+    pieces around it."""
+
+    def __init__(self, pieces: dict[bytes, str], blocks: set[bytes]):
+        self.pieces = pieces
+        # Each block in every mix of cases: the answer is searched as it is, never lower-cased whole (a copy of it,
+        # made holding the GIL), and only what is around a block found is lower-cased to check the pieces.
+        holding: dict[bytes, set[bytes]] = {}
+        for block in blocks:
+            held = {piece for piece in pieces if block in piece}
+            for variant in itertools.product(*({bytes([c]), bytes([c]).upper()} for c in block)):
+                holding.setdefault(b"".join(variant), set()).update(held)
+        self.blocks = list(holding.values())
+        self.matcher = ahocorasick_rs.BytesAhoCorasick(list(holding), implementation=ahocorasick_rs.Implementation.DFA) if holding else None
+
+    def __bool__(self) -> bool:
+        return self.matcher is not None
+
+    def first(self, view: bytes) -> str | None:
+        if self.matcher is None:
+            return None
+        for index, start, end in self.matcher.find_matches_as_indexes(view, overlapping=True):
+            around = view[max(0, start - WIDEST) : end + WIDEST].lower()
+            for piece in self.blocks[index]:
+                if piece in around:
+                    return self.pieces[piece]
+        return None

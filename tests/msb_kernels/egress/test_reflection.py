@@ -1,0 +1,90 @@
+"""Finding a secret that an answer hands back changed (egress/reflection.py): every form of issue 54's table and
+its points 2 and 3, a value split across a stream's chunks, and no alarm on answers that do not hold it."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import urllib.parse
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from msb_kernels.egress.reflection import OVERLAP, Reflection
+
+VALUE = "S3cr3t/Tok+EN=abcdef0123"
+HEADER = "Bearer " + VALUE
+SENT = [("OP_TOKEN", HEADER.encode()), ("OP_TOKEN", VALUE.encode())]
+FORMS = {
+    "upper": HEADER.upper(),
+    "lower": HEADER.lower(),
+    "json with / escaped": json.dumps({"got": HEADER}).replace("/", "\\/"),
+    "json \\u escapes": "".join(f"\\u{ord(c):04x}" for c in HEADER),
+    "two pieces, text between": VALUE[:12] + " (and then) " + VALUE[12:],
+    "hex": VALUE.encode().hex(),
+    "HEX": VALUE.encode().hex().upper(),
+    "base64 of the header": base64.b64encode(HEADER.encode()).decode(),
+    "base64 at each alignment": " ".join(base64.b64encode((p + VALUE).encode()).decode() for p in ("x", "xy")),
+    "base64url": base64.urlsafe_b64encode(("?" + HEADER).encode()).decode(),
+    "base64, wrapped and quoted": '"'
+    + "\n".join(base64.b64encode(("abc" + VALUE).encode()).decode()[i : i + 6] for i in range(0, 60, 6))
+    + '"',
+    "Basic's user:value": base64.b64encode(f"user:{VALUE}".encode()).decode(),
+    "html entities": "".join(f"&#{ord(c)};" for c in HEADER),
+    "html hex entities, upper": "".join(f"&#x{ord(c):X};" for c in HEADER.upper()),
+    "url": urllib.parse.quote(HEADER, safe=""),
+    "url, every byte": "".join(f"%{c:02x}" for c in HEADER.encode()),
+    "url, twice": urllib.parse.quote(urllib.parse.quote(HEADER, safe=""), safe=""),
+    "shell": "".join("\\" + c for c in VALUE),
+    "an 8-byte piece alone": "x" + VALUE[5:13] + "y",
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_of_a_piece_of_the_value_is_found_and_named_by_its_secret(form: str) -> None:
+    found = Reflection(SENT).check(FORMS[form].encode())
+    assert found is not None and found.name == "OP_TOKEN", form
+
+
+def test_a_value_split_across_chunks_is_found_in_the_chunk_that_completes_it() -> None:
+    reflection = Reflection(SENT)
+    data = b"x" * 70_000 + HEADER.upper().encode() + b"y" * 100
+    cut = 70_000 + 10
+    assert reflection.scan(data[:cut]) is None
+    assert reflection.scan(data[cut:]).name == "OP_TOKEN"
+    assert OVERLAP >= len("".join(f"\\u{ord(c):04x}" for c in VALUE[:8]))  # a piece at its widest fits the overlap
+
+
+def test_answers_that_do_not_hold_it_pass() -> None:
+    reflection = Reflection(SENT)
+    noise = os.urandom(4 << 20)
+    for answer in (noise, base64.b64encode(noise), noise.hex().encode(), html.escape(repr(noise)).encode(), b"Bearer " + b"*" * 24):
+        assert reflection.scan(answer) is None
+    assert Reflection(SENT).check(VALUE[:7].encode()) is None  # shorter than a piece: not enough to count
+    assert not Reflection([])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=8, max_size=64),
+    st.integers(min_value=0, max_value=56),
+    st.sampled_from(["lower", "upper", "hex", "base64", "base64url", "url", "json"]),
+    st.binary(max_size=5),
+)
+def test_any_8_bytes_of_any_value_are_found_in_each_form_at_any_offset(value: str, start: int, form: str, prefix: bytes) -> None:
+    piece = value.encode()[start : start + 8]
+    if len(piece) < 8:
+        return
+    shown = {
+        "lower": piece.lower(),
+        "upper": piece.upper(),
+        "hex": piece.hex().encode(),
+        "base64": base64.b64encode(prefix + piece + prefix),
+        "base64url": base64.urlsafe_b64encode(prefix + piece),
+        "url": urllib.parse.quote(piece, safe="").encode(),
+        "json": json.dumps(piece.decode()).replace("/", "\\/").encode(),
+    }[form]
+    assert Reflection([("S", value.encode())]).check(b"<<" + shown + b">>") is not None, (form, shown)
