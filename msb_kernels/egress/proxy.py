@@ -388,29 +388,21 @@ async def _copy_message(
     answer is encoded, which the proxy cannot read). reflection: Reflected where a piece of a secret is in the answer
     in another form; its head waits for the first HOLD_BYTES of its body, so that an answer of that size or less is
     checked whole before anything of it goes (a 502); a longer one is cut where the piece shows."""
-    held: h11.Response | None = None
-    waiting: list[bytes] = []
-    scanning: asyncio.Future | None = None  # the scan of the data in `waiting`, in a thread, while the next is read
+    held: h11.Response | None = None  # a head that waits for the first HOLD_BYTES of its body to be checked
+    waiting = b""
 
-    async def release(last: bool = False) -> None:
-        """Pass on what waits, once its scan says it holds no piece of a secret (Reflected where it does). Past the
-        head, a chunk goes on when the next arrives: its scan runs in a thread meanwhile (the automaton lets go of
-        the GIL), beside the reading and decrypting of the next."""
-        nonlocal held, scanning
-        if scanning is None and waiting:
-            scanning = asyncio.get_running_loop().run_in_executor(None, reflection.scan, waiting[0])
-        if scanning is not None and (found := await scanning) is not None:
+    async def release() -> None:
+        """Pass on the head that waits and the data after it, once the scan says they hold no piece of a secret
+        (Reflected where they do). The scan is a few GB/s (reflection.py): on this thread, not worth a hand-off."""
+        nonlocal held, waiting
+        if (found := reflection.scan(waiting) if reflection else None) is not None:
             raise Reflected(found.name, "in its body")
-        scanning = None
         if held is not None:
             await target_stream.send(target.send(held))
             held = None
         if waiting:
-            await target_stream.send(target.send(h11.Data(data=waiting.pop(0))))
-        if waiting and not last:  # the chunk that came meanwhile: scanned while the one after it is read
-            scanning = asyncio.get_running_loop().run_in_executor(None, reflection.scan, waiting[0])
-        elif waiting:
-            await release(last)
+            await target_stream.send(target.send(h11.Data(data=waiting)))
+        waiting = b""
 
     while True:
         part = await _next_event(source, source_stream)
@@ -435,25 +427,17 @@ async def _copy_message(
         elif isinstance(part, h11.Data):
             data = redaction.feed(part.data) if redaction else part.data
             if reflection:
-                if held is not None:  # the first HOLD_BYTES, as one piece of data, checked before the head goes
-                    waiting[:] = [b"".join(waiting) + data]
-                    if len(waiting[0]) >= HOLD_BYTES:
-                        await release()
-                elif data:
-                    waiting.append(data)
-                    if len(waiting) > 1:
-                        await release()
+                waiting += data
+                if held is None or len(waiting) >= HOLD_BYTES:  # the first HOLD_BYTES go as one, checked whole
+                    await release()
             elif data:
                 await target_stream.send(target.send(h11.Data(data=data)))
             count(index, len(part.data))
         elif isinstance(part, h11.EndOfMessage):
             rest = redaction.flush() if redaction else b""
             if reflection:
-                if held is not None:  # all of a short answer, its last bytes too, is checked before its head goes
-                    waiting[:] = [b"".join(waiting) + rest]
-                elif rest:
-                    waiting.append(rest)
-                await release(last=True)
+                waiting += rest  # all of a short answer, its last bytes too, is checked before its head goes
+                await release()
             elif rest:
                 await target_stream.send(target.send(h11.Data(data=rest)))
             await target_stream.send(target.send(h11.EndOfMessage()))  # trailers are never passed on

@@ -8,10 +8,9 @@ answer's body has begun to flow, the connection cut), rather than pass it masked
 is.
 
 How, cheaply enough for a 100 MiB download (bench/egress_secrets.py): every form of every piece is a literal, known
-when the request goes out, and holds one of a few 4-byte blocks, so one Aho-Corasick automaton of those blocks
-(ahocorasick_rs, Rust, which lets go of the GIL), each block in every mix of cases, finds every candidate in one pass
-over the answer as it is; the whole pieces, lower-cased, are checked around each (base64's pieces, lower-cased too,
-still hold about 47 bits). Text (no NUL
+when the request goes out, and holds one of a few 4-byte blocks, so an Aho-Corasick matcher of those blocks
+(ahocorasick_rs, Rust, with SIMD) finds every candidate in one pass over the answer as it is, at a few GB/s; the whole
+pieces are checked around each. Text (no NUL
 byte) is read again without spacing, and where it holds an escape (a backslash, '%' or '&') unescaped, once and twice
 (a double-encoded value). Where two chunks meet, the end of one and the start of the next are read together, so a
 value split across chunks, frames or TLS records is found whole.
@@ -20,7 +19,6 @@ value split across chunks, frames or TLS records is found whole.
 from __future__ import annotations
 
 import base64
-import itertools
 import re
 from dataclasses import dataclass
 
@@ -30,6 +28,7 @@ PIECE = 8  # bytes of a value that count as handing it back (and the piece lengt
 BASE64_PIECE = 9  # base64 characters that any PIECE bytes fix wholly, in any alignment (64 bits hold 9 whole cells)
 HEX_PIECE = 2 * PIECE
 BLOCK = 4  # bytes of the blocks the automaton looks for first (_Automaton)
+TEDDY = 60  # blocks a matcher: ahocorasick_rs searches up to 64 literals with SIMD, more about 50 times slower
 WIDEST = max(PIECE, BASE64_PIECE, HEX_PIECE)
 # Longest reach of one piece in any form here (\u00XX is 6 characters a byte), so a piece across two stretches is seen.
 OVERLAP = 6 * PIECE + 16
@@ -140,33 +139,35 @@ class Reflection:
         for name, form in sent:
             if name not in values or len(form) < len(values[name]):
                 values[name] = form
-        pieces: dict[bytes, str] = {}
+        folded: dict[bytes, str] = {}  # compared in lower case: the value's pieces and their hex
+        exact: dict[bytes, str] = {}  # compared as they are: base64's (upper-cased base64 decodes to no value)
         blocks: set[bytes] = set()
         for name, value in values.items():
             if len(value) < PIECE:
                 continue
-            # All in lower case, searched in a lower-cased view: base64's pieces keep about 47 bits that way.
-            lower, hexadecimal = value.lower(), value.hex().encode()
-            for piece in _pieces(lower, PIECE) | _pieces(hexadecimal, HEX_PIECE, 2):
-                pieces.setdefault(piece, name)
-            blocks |= _pieces(lower, BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK)
+            hexadecimal = value.hex().encode()
+            for piece in _pieces(value.lower(), PIECE) | _pieces(hexadecimal, HEX_PIECE, 2):
+                folded.setdefault(piece, name)
+            # The cases a host hands text back in (as sent, lower, upper); every mix is caught around a block found.
+            for block in _pieces(value, BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK):
+                blocks |= {block, block.lower(), block.upper()}
             for stable, group in _base64_stable(value):
-                for alphabet in (stable.lower(), stable.translate(_TO_URLSAFE).lower()):
+                for alphabet in (stable, stable.translate(_TO_URLSAFE)):
                     for piece in _pieces(alphabet, BASE64_PIECE):
-                        pieces.setdefault(piece, name)
+                        exact.setdefault(piece, name)
                     blocks |= _pieces(alphabet[group:], BLOCK, BLOCK)
-        self._pieces = _Automaton(pieces, blocks)
+        self._pieces = _Automaton(folded, exact, blocks)
         self._tail = b""
 
     def __bool__(self) -> bool:
         return bool(self._pieces)
 
-    def check(self, data: bytes) -> Found | None:
+    def check(self, data: bytes, binary: bool | None = None) -> Found | None:
         """A piece of a value in data, in any form here; None where there is none. Stateless: a header's value.
         Text (no NUL byte) is read four more ways: without spacing (wrapped or quoted base64), and unescaped once and
         twice (a double-encoded value), each without spacing too; a binary answer holds no escapes to undo."""
         name = self._pieces.first(data)
-        if name is not None or b"\0" in data:
+        if name is not None or (b"\0" in data if binary is None else binary):
             return Found(name) if name is not None else None
         views = [data.translate(None, _SPACING)]
         if any(escape in data for escape in _ESCAPES):
@@ -181,39 +182,40 @@ class Reflection:
     def scan(self, chunk: bytes) -> Found | None:
         """check() over a stream: each chunk, and where it meets the chunk before (the end of that one and the start
         of this), so a piece across them is found."""
-        found = self.check(self._tail + chunk[:OVERLAP]) if self._tail else None
-        found = found or self.check(chunk)
+        binary = b"\0" in chunk  # where two chunks meet, read as the chunk is: text, or binary with no escapes
+        found = self.check(self._tail + chunk[:OVERLAP], binary) if self._tail else None
+        found = found or self.check(chunk, binary)
         self._tail = (self._tail + chunk)[-OVERLAP:] if len(chunk) < OVERLAP else chunk[-OVERLAP:]
         return found
 
 
 class _Automaton:
     """One pass over a view for every piece at once. The pass looks for BLOCK-byte blocks that every piece holds one
-    of (any PIECE bytes of a value hold one of its blocks at a multiple of BLOCK; in base64 and hex, one whole group),
-    which an automaton of few, short patterns finds fastest; each block found is then checked against the whole
-    pieces around it."""
+    of (any PIECE bytes of a value hold one of its blocks at a multiple of BLOCK; in base64 and hex, one whole group):
+    few, short patterns, which ahocorasick_rs finds with SIMD (Teddy: leftmost-first, at most TEDDY a matcher, a few
+    GB/s); around each block found, every piece is checked. A block hidden by an overlapping false one is inside
+    what is checked around that one."""
 
-    def __init__(self, pieces: dict[bytes, str], blocks: set[bytes]):
-        self.pieces = pieces
-        # Each block in every mix of cases: the answer is searched as it is, never lower-cased whole (a copy of it,
-        # made holding the GIL), and only what is around a block found is lower-cased to check the pieces.
-        holding: dict[bytes, set[bytes]] = {}
-        for block in blocks:
-            held = {piece for piece in pieces if block in piece}
-            for variant in itertools.product(*({bytes([c]), bytes([c]).upper()} for c in block)):
-                holding.setdefault(b"".join(variant), set()).update(held)
-        self.blocks = list(holding.values())
-        self.matcher = ahocorasick_rs.BytesAhoCorasick(list(holding), implementation=ahocorasick_rs.Implementation.DFA) if holding else None
+    def __init__(self, folded: dict[bytes, str], exact: dict[bytes, str], blocks: set[bytes]):
+        self.folded, self.exact = folded, exact
+        ordered = sorted(blocks)
+        self.matchers = [
+            ahocorasick_rs.BytesAhoCorasick(ordered[i : i + TEDDY], matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST)
+            for i in range(0, len(ordered), TEDDY)
+        ]
 
     def __bool__(self) -> bool:
-        return self.matcher is not None
+        return bool(self.matchers)
 
     def first(self, view: bytes) -> str | None:
-        if self.matcher is None:
-            return None
-        for index, start, end in self.matcher.find_matches_as_indexes(view, overlapping=True):
-            around = view[max(0, start - WIDEST) : end + WIDEST].lower()
-            for piece in self.blocks[index]:
-                if piece in around:
-                    return self.pieces[piece]
+        for matcher in self.matchers:
+            for _, start, end in matcher.find_matches_as_indexes(view):
+                around = view[max(0, start - WIDEST) : end + WIDEST]
+                folded = around.lower()
+                for piece, name in self.folded.items():
+                    if piece in folded:
+                        return name
+                for piece, name in self.exact.items():
+                    if piece in around:
+                        return name
         return None
