@@ -42,6 +42,7 @@ PEEK_TIMEOUT = 0.5  # a client that says nothing first (a server-speaks-first pr
 MAX_CONNECTIONS = 128  # open at once per kernel: a kernel cannot spend the gateway's descriptors
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate", b"te", b"upgrade"}
 RECENT_REFUSALS = 20
+WITHDRAW_AFTER = 3  # refused answers that held a piece of a secret, after which the kernel's requests no longer carry it
 HOLD_BYTES = 1 << 20  # of an answer to a request that carried a secret, checked whole before its head goes (reflection.py)
 _METHOD = re.compile(rb"^[A-Z]{3,10} ")
 
@@ -78,6 +79,11 @@ class KernelEgress:
     counts: dict[str, int] = field(default_factory=lambda: {"allowed": 0, "refused": 0, "dns_answered": 0, "dns_refused": 0})
     bytes: list[int] = field(default_factory=lambda: [0, 0])  # out, in
     refusals: deque = field(default_factory=lambda: deque(maxlen=RECENT_REFUSALS))
+    # Secrets no longer put into this kernel's requests: an answer refused for holding a piece of one tells the kernel
+    # that what it reflected was a piece (an oracle, one guessed byte a refusal), so after WITHDRAW_AFTER refusals the
+    # kernel learns nothing more from it. Still checked for in every answer of their hosts.
+    withdrawn: set = field(default_factory=set)
+    reflections: dict = field(default_factory=dict)
     tasks: set = field(default_factory=set)  # the connections being served, cancelled when the kernel goes
 
     def address_for(self, name: str) -> str:
@@ -122,6 +128,13 @@ class KernelEgress:
         """size bytes went out (index 0, to a host) or in (1)."""
         self.bytes[index] += size
         metrics.EGRESS_BYTES.labels(("out", "in")[index]).inc(size)
+
+    def reflected(self, name: str) -> None:
+        """An answer was refused for holding a piece of the secret name: after WITHDRAW_AFTER, it is withdrawn."""
+        self.reflections[name] = self.reflections.get(name, 0) + 1
+        if self.reflections[name] >= WITHDRAW_AFTER and name not in self.withdrawn:
+            self.withdrawn.add(name)
+            self.refuse(f"the secret {name}", f"after {WITHDRAW_AFTER} answers that held a piece of it: it is no longer sent")
 
     def secrets_for(self, host: str, port: int) -> list[Secret]:
         return [secret for secret in self.secrets if secret.bound_for(host, port)]
@@ -324,10 +337,15 @@ async def exchange(
             except Refused as refusal:
                 await _answer(client, server, refusal.status, refusal.message)
                 return
-            headers, sent = substitute_headers(_forwarded_headers(event.headers), sendable(egress.secrets, host, port, tls))
+            going = [secret for secret in sendable(egress.secrets, host, port, tls) if secret.name not in egress.withdrawn]
+            headers, sent = substitute_headers(_forwarded_headers(event.headers), going)
             redaction = Redaction(sent)
-            reflection = Reflection(sent) if redaction else None
-            if redaction:  # an answer the proxy can read, to take the value out of it
+            # Every answer of a secret's host is checked, whether this request carried it or not: a host that keeps what
+            # it got (a request bin, a "last request" page) hands it back to a later request, or queues it on the
+            # connection for the next.
+            bound = egress.secrets_for(host, port)
+            reflection = Reflection(sent + [(secret.name, secret.value.encode()) for secret in bound]) if sent or bound else None
+            if reflection:  # an answer the proxy can read, to take the value out of it
                 headers = [(name, value) for name, value in headers if name.lower() != b"accept-encoding"]
                 headers.append((b"accept-encoding", b"identity"))
             authority = host if port in (80, 443) else f"{host}:{port}"
@@ -344,6 +362,7 @@ async def exchange(
                 )
             except Reflected as reflected:
                 refusal = egress.refuse(f"the answer of {host}:{port}", f"holds a piece of the secret {reflected.name}, {reflected.where}")
+                egress.reflected(reflected.name)
                 if server.our_state is h11.SEND_RESPONSE:
                     await _answer(client, server, 502, refusal.message)
                 return  # its body had begun: the connection is cut, and the kernel's client sees an answer cut short
@@ -408,18 +427,22 @@ async def _copy_message(
         part = await _next_event(source, source_stream)
         if heads and isinstance(part, (h11.Response, h11.InformationalResponse)):
             forwarded = _forwarded_headers(part.headers)
-            if redaction:
+            reason = part.reason
+            if reflection:
                 encoding = next((v for k, v in forwarded if k.lower() == b"content-encoding"), b"identity").strip().lower()
                 if encoding not in (b"", b"identity"):
                     raise Refused(
                         502,
-                        f"msb-kernels: an answer to a request that carried a secret came {encoding.decode()}-encoded, "
+                        f"msb-kernels: an answer of a secret's host came {encoding.decode()}-encoded, "
                         "which the proxy cannot check for the secret",
                     )
-                forwarded = [(k, redaction.mask(v)) for k, v in forwarded]
-                if reflection and (found := next(filter(None, map(reflection.check, (v for _, v in forwarded))), None)):
-                    raise Reflected(found.name, "in a header")
-            head = type(part)(status_code=part.status_code, headers=forwarded, reason=part.reason)
+                if redaction:
+                    forwarded, reason = [(k, redaction.mask(v)) for k, v in forwarded], redaction.mask(reason)
+                # Its status line's reason, and every header's name and value, of a final head and a 1xx alike.
+                said = [reason, *(text for pair in forwarded for text in pair)]
+                if (found := next(filter(None, map(reflection.check, said)), None)) is not None:
+                    raise Reflected(found.name, "in its head")
+            head = type(part)(status_code=part.status_code, headers=forwarded, reason=reason)
             if reflection and isinstance(head, h11.Response):
                 held = head
             else:

@@ -26,6 +26,7 @@ def _basic_credential(header: str) -> str:
 # What a reflecting host makes of the Authorization it got: (body text, extra response headers) by form.
 REFLECTIONS = {
     "as-sent": lambda h: (h, {}),
+    "nothing": lambda h: (h, {}),
     "upper": lambda h: (h.upper(), {}),
     "lower-header": lambda h: ("see the header", {"WWW-Authenticate": h.lower()}),
     "json-slash": lambda h: (json.dumps({"got": h}).replace("/", "\\/"), {}),
@@ -42,8 +43,12 @@ REFLECTIONS = {
     "url-twice": lambda h: (urllib.parse.quote(urllib.parse.quote(h, safe=""), safe=""), {}),
     "shell": lambda h: ("curl -H " + "".join("\\" + c for c in h), {}),
     "location": lambda h: ("moved", {"Location": "https://elsewhere.msb.test/?t=" + urllib.parse.quote(h.upper())}),
+    "header-name": lambda h: ("see the header", {"X-" + h.encode().hex(): "1"}),
     "set-cookie": lambda h: ("cookie", {"Set-Cookie": "session=" + base64.urlsafe_b64encode(h.lower().encode()).decode() + "; Path=/"}),
 }
+
+
+STORED: dict = {}  # what /reflect?form=store kept
 
 
 def handler_for(root: str, log_path: str, scheme: str):
@@ -78,6 +83,15 @@ def handler_for(root: str, log_path: str, scheme: str):
 
         def _reflect(self, query):
             form, got = query.get("form", ["as-sent"])[0], self.headers.get("Authorization", "")
+            if form == "store":  # a request bin: keeps what it got, for whoever asks next
+                STORED["last"] = got
+                form = "nothing"
+            if form == "stored":  # ... and hands it back to a request that carried nothing
+                form, got = "as-sent", STORED.get("last", "")
+            if form == "nothing":
+                got = "kept"
+            if form in ("reason", "early"):
+                return self._reflect_in_head(form, got)
             if form in ("chunks", "trailer", "gzip", "large"):
                 return self._reflect_framed(form, got, int(query.get("mib", ["2"])[0]))
             text, headers = REFLECTIONS[form](got)
@@ -87,6 +101,15 @@ def handler_for(root: str, log_path: str, scheme: str):
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
+
+        def _reflect_in_head(self, form, got):
+            """In the status line's reason: of a 401 (as send_error writes its message there), or of a 103 before it."""
+            if form == "early":
+                self.send_response_only(103, "Early " + got.upper())
+                self.end_headers()
+            self.send_response_only(401, "Invalid token " + got.upper())
+            self.send_header("Content-Length", "0")
+            self.end_headers()
 
         def _reflect_framed(self, form, got, mib):
             """As sent, but framed as an attacker would frame it: the value split across two chunks sent apart; in a
