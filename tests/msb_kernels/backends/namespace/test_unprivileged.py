@@ -28,7 +28,10 @@ from tests.kernel_helpers import HostListener, live_processes
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 # What the checkout's msb_kernels imports to start a kernel, and the egress proxy's three.
-VENV_PACKAGES = ("jupyter_client>=8.6,<8.11", "ipykernel>=6.29", "traitlets", "pyzmq", "h11", "cryptography", "prometheus_client")
+VENV_PACKAGES = (
+    *("jupyter_client>=8.6,<8.11", "ipykernel>=6.29", "traitlets", "pyzmq", "h11", "cryptography", "prometheus_client"),
+    "ahocorasick-rs>=1.0,<2",  # the egress proxy's scan of answers for a secret
+)
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or shutil.which("setpriv") is None,
     reason="needs root (to become nobody), a system /usr/bin/python3 and setpriv",
