@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import uuid
@@ -34,6 +35,7 @@ from tests.msb_kernels.gateway.conftest import (
     canary_probe,
     launch_gateway,
     mcp_client,
+    registered,
     wait_until,
 )
 from tests.skips import needs_runsc
@@ -124,9 +126,13 @@ def make_team_files(name: str) -> tuple[Path, dict[str, str], Path]:
     tokens = {who: add_user(users_file, who) for who in ("alice", "bob")}
     shared = TEST_BASE / f"{name}-shared"
     for who in ("alice", "bob"):
-        (shared / who).mkdir(parents=True)
-        (shared / who / f"{who}.txt").write_text(BOBS_SECRET if who == "bob" else "alice's own\n")
-    # Made by root with default modes, as an operator (or an earlier version) made them: each becomes its person's.
+        # Each person's directory as the gateway keeps it (under their key), with a file of theirs, left by an earlier
+        # kernel of theirs; the volume itself is root's, with default modes, as an operator made it.
+        own = shared / registered(who).key
+        own.mkdir(parents=True)
+        (own / f"{who}.txt").write_text(BOBS_SECRET if who == "bob" else "alice's own\n")
+        for path in (own, own / f"{who}.txt"):
+            os.chown(path, registered(who).own.uid, registered(who).own.gid)
     return users_file, tokens, shared
 
 
