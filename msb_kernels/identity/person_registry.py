@@ -149,8 +149,14 @@ class PersonRegistry:
 
     @contextlib.contextmanager
     def _locked(self):
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot keep the person registry in MSB_STATE_DIR={self.state_dir} ({exc.strerror or exc})",
+                ["set MSB_STATE_DIR to a directory this user can write, on a disk that survives reboots"],
+            ) from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one writer across processes: the gateway, `msb-kernels users`, a Hub hook
             yield self._read()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from msb_kernels.identity.people import Owner
+from msb_kernels.identity.person_registry import person_key
 from tests.conftest import REPO
 
 # The machine's certificate settings, which a user's login shell would have: pip and npm need them to reach their indexes.
@@ -232,7 +234,8 @@ async def test_a_user_without_root_serves_a_team_from_a_users_file(nobody_checko
             finally:
                 socket.close()
             assert (await server.request("DELETE", f"/api/kernels/{started.json['id']}", token=tokens[who])).code == 204
-        written = [shared / "alice" / "kept.txt", lab / "out.txt", shared / "alice", lab]
+        own = shared / person_key(Owner("users-file", "alice"))  # her volume, under the key the gateway gives her
+        written = [own / "kept.txt", lab / "out.txt", own, lab]
         assert {path.stat().st_uid for path in written} == {65534}, [(path, path.stat().st_uid) for path in written]
         assert "Traceback" not in server.log(), server.log()[-3000:]
     finally:
