@@ -158,7 +158,7 @@ class PersonRegistry:
                 ["set MSB_STATE_DIR to a directory this user can write, on a disk that survives reboots"],
             ) from None
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one writer across processes: the gateway, `msb-kernels users`, a Hub hook
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one writer across processes: gateways on this state dir, a Hub's spawn hook
             yield self._read()
         finally:
             os.close(lock)

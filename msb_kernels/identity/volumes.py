@@ -36,22 +36,16 @@ def own_volume(root: Path, person: Registered, registry: PersonRegistry) -> Path
     """The person's directory of the volume at ``root``, ``<root>/<key>``: made on first use, theirs alone. As root it is
     0700 and their ids' (Registered.ids), whatever the volume's own owner and mode, so each sandbox shows it as its own
     user's (backends/core/idmap.py). Where an earlier version kept their files under their name
-    (``legacy_slug``), that directory moves under the key and becomes theirs, without following a link, if the
-    registry says it is theirs to take (PersonRegistry.left_by_an_earlier_version). Not as root, the sandboxes run as
-    this process's own user, whose everything in the volume is, so nothing tells a person's old directory from the
-    operator's: it is made with the volume's mode, and nothing is moved."""
+    (``legacy_slug``), that directory moves under the key and becomes theirs (``move_earlier``). Not as root, the
+    sandboxes run as this process's own user, whose everything in the volume is: it is made with the volume's mode,
+    and nothing is moved."""
     own = root / person.key
-    legacy = root / legacy_slug(person.owner.name)
-    if os.geteuid() == 0 and not os.path.lexists(own) and legacy != own:
-        with contextlib.suppress(FileNotFoundError):
-            found = os.lstat(legacy)
-            if stat.S_ISDIR(found.st_mode) and registry.left_by_an_earlier_version(found, person, legacy.name):
-                os.rename(legacy, own)  # within the volume, by name: a link is never followed, and one there is not moved
     if os.geteuid() != 0:
         own.mkdir(mode=0o700, exist_ok=True)
         os.chmod(own, root.stat().st_mode & 0o7777)
         return own
     with opened(root) as parent:
+        move_earlier(parent, person.key, person, registry)
         with contextlib.suppress(FileExistsError):
             os.mkdir(person.key, 0o700, dir_fd=parent)
         st = os.stat(person.key, dir_fd=parent, follow_symlinks=False)
@@ -62,6 +56,31 @@ def own_volume(root: Path, person: Registered, registry: PersonRegistry) -> Path
         if (st.st_uid, st.st_gid, st.st_mode & 0o7777) != (person.ids.uid, person.ids.gid, 0o700):
             make_own(parent, person.key, person.ids)
     return own
+
+
+def move_earlier(parent: int, name: str, person: Registered, registry: PersonRegistry) -> None:
+    """Where ``name`` is not yet in the directory open at ``parent`` (the volume, the Lab roots' parent), the directory
+    an earlier version kept the person's files under there (``legacy_slug``) moves to it, by name, so a link is never
+    followed and one there is not moved; only one the registry says is theirs to take
+    (PersonRegistry.left_by_an_earlier_version), and only as root: not as root, every file is the operator's, and
+    nothing tells a person's old directory from the operator's."""
+    legacy = legacy_slug(person.owner.name)
+    if legacy == name or os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError):
+        if _exists(name, parent):
+            return
+        found = os.stat(legacy, dir_fd=parent, follow_symlinks=False)
+        if stat.S_ISDIR(found.st_mode) and registry.left_by_an_earlier_version(found, person, legacy):
+            os.rename(legacy, name, src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def _exists(name: str, directory: int) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def make_own(parent: int, name: str, ids: Ids) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from msb_kernels.backends.core import hostpaths
 from msb_kernels.backends.core.base import HostDirectory
 from msb_kernels.backends.core.guest import SYSTEM_DIRS
 from msb_kernels.errors import ConfigError
-from msb_kernels.identity.person_registry import Registered, legacy_slug
-from msb_kernels.identity.volumes import make_own, opened
+from msb_kernels.identity.person_registry import Registered
+from msb_kernels.identity.volumes import make_own, move_earlier, opened
 from msb_kernels.provisioning.person_places import lab_roots_parent, people_of
 from msb_kernels.settings.config import MsbSettings
 from msb_kernels.settings.value_checks import PERSON_FIELD
@@ -77,12 +78,7 @@ def _made_or_moved(settings: MsbSettings, root: Path, parent: int, person: Regis
     """A person's Lab root made theirs: the one an earlier version made for them under their escaped name, moved here
     (by name, never following a link; only one that is theirs to take, so no one else's is ever moved), or a new one,
     0700, as their ids."""
-    legacy = legacy_slug(person.owner.name)
-    if legacy != root.name and os.geteuid() == 0:
-        with contextlib.suppress(OSError):
-            found = os.stat(legacy, dir_fd=parent, follow_symlinks=False)
-            if stat.S_ISDIR(found.st_mode) and people_of(settings).left_by_an_earlier_version(found, person, legacy):
-                os.rename(legacy, root.name, src_dir_fd=parent, dst_dir_fd=parent)
+    move_earlier(parent, root.name, person, people_of(settings))
     with contextlib.suppress(FileExistsError):
         os.mkdir(root.name, 0o700, dir_fd=parent)
         if os.geteuid() == 0:
@@ -91,8 +87,6 @@ def _made_or_moved(settings: MsbSettings, root: Path, parent: int, person: Regis
 
 
 def _account(uid: int) -> str:
-    import pwd
-
     try:
         return f"the host account {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
     except KeyError:

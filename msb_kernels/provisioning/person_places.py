@@ -42,7 +42,8 @@ def _registry(state_dir: Path, places: tuple[Path, ...], accounts: str | None) -
 def volume_key(settings: MsbSettings, person: Person) -> str:
     """A start's volume for the caller (StartRequest.volume): their key, or the whole volume for the single token's
     person, the desktop's one user and the system (the pool)."""
-    return people_of(settings).get(person.owner).key if has_own_directory(person) else WHOLE_VOLUME
+    entry = person_for(settings, person)
+    return entry.key if entry is not None else WHOLE_VOLUME
 
 
 def whose(settings: MsbSettings, owner: Owner | None, volume: str | None) -> Registered | None:
@@ -63,11 +64,10 @@ def person_for(settings: MsbSettings, person: Person | None) -> Registered | Non
     return people_of(settings).get(person.owner)
 
 
-def volume_directory(settings: MsbSettings, owner: Owner | None, volume: str | None) -> Path | None:
-    """The host directory a kernel mounts as its shared volume: none, the whole volume, or its person's own, made on
-    first use (volumes.own_volume)."""
+def volume_directory(settings: MsbSettings, volume: str | None, person: Registered | None) -> Path | None:
+    """The host directory a kernel mounts as its shared volume, by its StartRequest's volume and whose it is
+    (``whose``): none, the whole volume, or its person's own, made on first use (volumes.own_volume)."""
     root = settings.shared_volume
     if root is None or volume is None:
         return None
-    person = whose(settings, owner, volume)
     return root if person is None else own_volume(root, person, people_of(settings))

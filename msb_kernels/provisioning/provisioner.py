@@ -38,6 +38,7 @@ from msb_kernels.egress.grant import KernelNetwork, network_for
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.environments.kernel_images import kernel_image
 from msb_kernels.errors import ConfigError, InvalidRequest, ResourceLimitExceeded, SandboxError
+from msb_kernels.identity.person_registry import Registered
 from msb_kernels.identity.volumes import docker_volume, user_base
 from msb_kernels.jupyter.compat import curve_capable, kernel_supports_curve, send_interrupt_request, transport_encryption_policy
 from msb_kernels.kernelspecs.choice import DEFAULT_ENVIRONMENT
@@ -413,24 +414,23 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             egress, self.egress = self.egress, None
             await egress.close()
 
-    def _shared_volume(self, request: StartRequest) -> SharedVolume | None:
+    def _shared_volume(self, request: StartRequest, person: Registered | None) -> SharedVolume | None:
         """The part of the shared volume this kernel mounts (its StartRequest's volume: its person's own, or the whole
         one): a host directory; on a cluster with MSB_SHARED_VOLUME_NAME, a Docker named volume (a host directory there
-        is refused by the backend, by name)."""
+        is refused by the backend, by name). person: whose kernel it is (person_places.whose)."""
         guest = self.settings.shared_volume_guest_path
         if self.backend.runs_on_cluster and self.settings.shared_volume_name and request.volume is not None:
-            person = person_places.whose(self.settings, request.owner, request.volume)
             named = docker_volume(self.settings.shared_volume_name, person.key if person else request.volume)
             return SharedVolume(None, guest, named)
-        shared = person_places.volume_directory(self.settings, request.owner, request.volume)
+        shared = person_places.volume_directory(self.settings, request.volume, person)
         return SharedVolume(shared, guest) if shared else None
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         argv = self._guest_argv(cmd)
         request = self.start_request
         handout = request.for_pool and self.backend.hands_out  # its volume and Lab root come at hand-out (hand_out)
-        shared = None if handout else self._shared_volume(request)
         person = None if handout else person_places.whose(self.settings, request.owner, request.volume)
+        shared = None if handout else self._shared_volume(request, person)
         env = self._guest_env(argv[0], volume=shared is not None or (handout and self.settings.shared_volume is not None))
         registry = self.sandbox_registry
         try:
@@ -524,8 +524,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         sandbox = self.sandbox
         if sandbox is None or not sandbox.spec.handout:
             raise SandboxError("this kernel was not started for a hand-out")
-        shared = self._shared_volume(request)
         person = person_places.whose(self.settings, request.owner, request.volume)
+        shared = self._shared_volume(request, person)
         directories = labroot.lab_directories(self.settings, person)
         working_dir = labroot.working_dir(self.settings, request.working_dir, person)
         if shared is not None or directories:  # else nothing to show: no helper, no exec

@@ -22,6 +22,7 @@ from traitlets.config import Config, Configurable
 
 from msb_kernels.egress import checks as egress_checks
 from msb_kernels.errors import ConfigError
+from msb_kernels.identity.person_registry import ACCOUNT_SOURCES
 from msb_kernels.kernelspecs.flavors import FLAVORS
 from msb_kernels.settings import value_checks as checks
 
@@ -429,7 +430,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "backend": lambda v: None if v in backend_names() else "is not a backend",
     "transport": lambda v: None if v in TRANSPORTS else "is not a transport",
     "shared_volume_path": checks.check_shared_path,
-    "host_accounts": lambda v: None if v in ("hub", "users-file") else "is not a source whose names are logins",
+    "host_accounts": lambda v: None if v in ACCOUNT_SOURCES else "is not a source whose names are logins",
     "lab_root_path": checks.check_lab_root,
     "shared_volume_guest_path": checks.check_guest_path,
     "shared_volume_name": checks.check_volume_name,
@@ -493,7 +494,8 @@ _ACCEPTED: dict[str, str] = {
     "shared_volume_name": "use a Docker volume name that starts with msb- (letters, digits, _ . -), such as msb-shared",
     "runtime_dir": "use a writable directory with a short path",
     "state_dir": "use a directory on a disk that survives reboots, readable by this user only",
-    "host_accounts": "use hub (JupyterHub's LocalProcessSpawner runs each person as their login) or users-file, or leave it unset",
+    "host_accounts": f"use one of {', '.join(ACCOUNT_SOURCES)} (hub: JupyterHub's LocalProcessSpawner runs each person as their login), "
+    "or leave it unset",
     "environments_dir": "use an absolute path to a directory (made at the first `msb-kernels env add`), or unset it for the default",
     "scratch_dir": "use a writable directory on a disk with room for the flavors' disks",
     "disk_reserve": "use true or false",
