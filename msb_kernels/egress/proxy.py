@@ -361,8 +361,10 @@ async def exchange(
                     upstream, stream, server, client, egress.count_bytes, 1, heads=True, redaction=redaction, reflection=reflection
                 )
             except Reflected as reflected:
-                refusal = egress.refuse(f"the answer of {host}:{port}", f"holds a piece of the secret {reflected.name}, {reflected.where}")
-                egress.reflected(reflected.name)
+                held = ", ".join(reflected.names)
+                refusal = egress.refuse(f"the answer of {host}:{port}", f"holds a piece of the secret {held}, {reflected.where}")
+                for name in reflected.names:  # a piece two secrets share counts against each
+                    egress.reflected(name)
                 if server.our_state is h11.SEND_RESPONSE:
                     await _answer(client, server, 502, refusal.message)
                 return  # its body had begun: the connection is cut, and the kernel's client sees an answer cut short
@@ -386,9 +388,9 @@ async def exchange(
 class Reflected(Exception):
     """An answer holds a piece of a secret in a form Redaction does not mask (reflection.py): refused."""
 
-    def __init__(self, name: str, where: str):
-        super().__init__(name)
-        self.name, self.where = name, where
+    def __init__(self, names: tuple[str, ...], where: str):
+        super().__init__(", ".join(names))
+        self.names, self.where = names, where
 
 
 async def _copy_message(
@@ -415,7 +417,7 @@ async def _copy_message(
         (Reflected where they do). The scan is a few GB/s (reflection.py): on this thread, not worth a hand-off."""
         nonlocal held, waiting
         if (found := reflection.scan(waiting) if reflection else None) is not None:
-            raise Reflected(found.name, "in its body")
+            raise Reflected(found.names, "in its body")
         if held is not None:
             await target_stream.send(target.send(held))
             held = None
@@ -441,7 +443,7 @@ async def _copy_message(
                 # Its status line's reason, and every header's name and value, of a final head and a 1xx alike.
                 said = [reason, *(text for pair in forwarded for text in pair)]
                 if (found := next(filter(None, map(reflection.check, said)), None)) is not None:
-                    raise Reflected(found.name, "in its head")
+                    raise Reflected(found.names, "in its head")
             head = type(part)(status_code=part.status_code, headers=forwarded, reason=reason)
             if reflection and isinstance(head, h11.Response):
                 held = head

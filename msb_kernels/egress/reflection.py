@@ -19,6 +19,7 @@ value split across chunks, frames or TLS records is found whole.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from dataclasses import dataclass
 
@@ -40,9 +41,10 @@ _SPACING = b" \t\r\n\"'"  # what a wrapped or quoted base64 text holds between i
 
 @dataclass(frozen=True)
 class Found:
-    """A piece of a secret, in some form, in an answer: which secret, never the value."""
+    """A piece of a secret, in some form, in an answer: which secrets hold that piece (two values can share one, such
+    as a token's common prefix), never a value."""
 
-    name: str
+    names: tuple[str, ...]
 
 
 def _pieces(data: bytes, length: int, step: int = 1) -> set[bytes]:
@@ -139,24 +141,7 @@ class Reflection:
         for name, form in sent:
             if name not in values or len(form) < len(values[name]):
                 values[name] = form
-        folded: dict[bytes, str] = {}  # compared in lower case: the value's pieces and their hex
-        exact: dict[bytes, str] = {}  # compared as they are: base64's (upper-cased base64 decodes to no value)
-        blocks: set[bytes] = set()
-        for name, value in values.items():
-            if len(value) < PIECE:
-                continue
-            hexadecimal = value.hex().encode()
-            for piece in _pieces(value.lower(), PIECE) | _pieces(hexadecimal, HEX_PIECE, 2):
-                folded.setdefault(piece, name)
-            # The cases a host hands text back in (as sent, lower, upper); every mix is caught around a block found.
-            for block in _pieces(value, BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK):
-                blocks |= {block, block.lower(), block.upper()}
-            for stable, group in _base64_stable(value):
-                for alphabet in (stable, stable.translate(_TO_URLSAFE)):
-                    for piece in _pieces(alphabet, BASE64_PIECE):
-                        exact.setdefault(piece, name)
-                    blocks |= _pieces(alphabet[group:], BLOCK, BLOCK)
-        self._pieces = _Automaton(folded, exact, blocks)
+        self._pieces = _automaton_for(tuple(sorted(values.items())))
         self._tail = b""
 
     def __bool__(self) -> bool:
@@ -196,7 +181,7 @@ class _Automaton:
     GB/s); around each block found, every piece is checked. A block hidden by an overlapping false one is inside
     what is checked around that one."""
 
-    def __init__(self, folded: dict[bytes, str], exact: dict[bytes, str], blocks: set[bytes]):
+    def __init__(self, folded: dict[bytes, tuple[str, ...]], exact: dict[bytes, tuple[str, ...]], blocks: set[bytes]):
         self.folded, self.exact = folded, exact
         ordered = sorted(blocks)
         self.matchers = [
@@ -207,7 +192,8 @@ class _Automaton:
     def __bool__(self) -> bool:
         return bool(self.matchers)
 
-    def first(self, view: bytes) -> str | None:
+    def first(self, view: bytes) -> tuple[str, ...] | None:
+        """The names of the secrets that hold the first piece found in view; None where none is."""
         for matcher in self.matchers:
             for _, start, end in matcher.find_matches_as_indexes(view):
                 around = view[max(0, start - WIDEST) : end + WIDEST]
@@ -219,3 +205,28 @@ class _Automaton:
                     if piece in around:
                         return name
         return None
+
+
+@functools.lru_cache(maxsize=16)
+def _automaton_for(values: tuple[tuple[str, bytes], ...]) -> _Automaton:
+    """The pieces of each (secret's name, value) and their blocks, in matchers: built once for the values a kernel's
+    requests carry (half a millisecond), not again at each request to a secret's host."""
+    folded: dict[bytes, set[str]] = {}  # compared in lower case: the value's pieces and their hex
+    exact: dict[bytes, set[str]] = {}  # compared as they are: base64's (upper-cased base64 decodes to no value)
+    blocks: set[bytes] = set()
+    for name, value in values:
+        if len(value) < PIECE:
+            continue
+        hexadecimal = value.hex().encode()
+        for piece in _pieces(value.lower(), PIECE) | _pieces(hexadecimal, HEX_PIECE, 2):
+            folded.setdefault(piece, set()).add(name)
+        # The cases a host hands text back in (as sent, lower, upper); every mix is caught around a block found.
+        for block in _pieces(value, BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK):
+            blocks |= {block, block.lower(), block.upper()}
+        for stable, group in _base64_stable(value):
+            for alphabet in (stable, stable.translate(_TO_URLSAFE)):
+                for piece in _pieces(alphabet, BASE64_PIECE):
+                    exact.setdefault(piece, set()).add(name)
+                blocks |= _pieces(alphabet[group:], BLOCK, BLOCK)
+    holders = {piece: tuple(sorted(names)) for pieces in (folded, exact) for piece, names in pieces.items()}
+    return _Automaton({p: holders[p] for p in folded}, {p: holders[p] for p in exact}, blocks)

@@ -18,6 +18,7 @@ answer, which the proxy can read (an encoded one is refused).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import urllib.parse
@@ -188,10 +189,7 @@ class Redaction:
         self.forms = sorted((form for form in forms if len(form) >= 4), key=len, reverse=True)
         self.keep = max((len(form) for form in self.forms), default=1) - 1
         self.pending = b""
-        # One SIMD pass for every form, the longest first where two start together (the header before the value in it).
-        self._matcher = (
-            ahocorasick_rs.BytesAhoCorasick(self.forms, matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST) if self.forms else None
-        )
+        self._matcher = _matcher_of(tuple(self.forms)) if self.forms else None
 
     def __bool__(self) -> bool:
         return bool(self.forms)
@@ -215,3 +213,10 @@ class Redaction:
     def flush(self) -> bytes:
         data, self.pending = self.mask(self.pending), b""
         return data
+
+
+@functools.lru_cache(maxsize=16)
+def _matcher_of(forms: tuple[bytes, ...]) -> ahocorasick_rs.BytesAhoCorasick:
+    """One SIMD pass for every form, the longest first where two start together (the header before the value in it):
+    built once for the forms a kernel's requests carry, not again at each request."""
+    return ahocorasick_rs.BytesAhoCorasick(list(forms), matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST)

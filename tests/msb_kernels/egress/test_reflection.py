@@ -46,7 +46,7 @@ FORMS = {
 @pytest.mark.parametrize("form", FORMS)
 def test_every_form_of_a_piece_of_the_value_is_found_and_named_by_its_secret(form: str) -> None:
     found = Reflection(SENT).check(FORMS[form].encode())
-    assert found is not None and found.name == "OP_TOKEN", form
+    assert found is not None and found.names == ("OP_TOKEN",), form
 
 
 def test_a_value_split_across_chunks_is_found_in_the_chunk_that_completes_it() -> None:
@@ -54,7 +54,7 @@ def test_a_value_split_across_chunks_is_found_in_the_chunk_that_completes_it() -
     data = b"x" * 70_000 + HEADER.upper().encode() + b"y" * 100
     cut = 70_000 + 10
     assert reflection.scan(data[:cut]) is None
-    assert reflection.scan(data[cut:]).name == "OP_TOKEN"
+    assert reflection.scan(data[cut:]).names == ("OP_TOKEN",)
     assert OVERLAP >= len("".join(f"\\u{ord(c):04x}" for c in VALUE[:8]))  # a piece at its widest fits the overlap
 
 
@@ -65,6 +65,13 @@ def test_answers_that_do_not_hold_it_pass() -> None:
         assert reflection.scan(answer) is None
     assert Reflection(SENT).check(VALUE[:7].encode()) is None  # shorter than a piece: not enough to count
     assert not Reflection([])
+
+
+def test_a_piece_two_secrets_share_names_both() -> None:
+    """Two tokens with a common prefix: a piece of the prefix is each one's, and counts against each (the proxy
+    withdraws a secret after refusals of it: one that named only the first would never withdraw the second)."""
+    found = Reflection([("A", b"github_pat_11AAAAAAAAAAAAAAAA"), ("B", b"github_pat_11BBBBBBBBBBBBBBBB")]).check(b"GITHUB_PAT_11")
+    assert found is not None and found.names == ("A", "B")
 
 
 @settings(max_examples=300, deadline=None)
