@@ -9,11 +9,12 @@ is.
 
 How, cheaply enough for a 100 MiB download (bench/egress_secrets.py): every form of every piece is a literal, known
 when the request goes out, and holds one of a few 4-byte blocks, so an Aho-Corasick matcher of those blocks
-(ahocorasick_rs, Rust, with SIMD) finds every candidate in one pass over the answer as it is, at a few GB/s; the whole
-pieces are checked around each. Text (no NUL
-byte) is read again without spacing, and where it holds an escape (a backslash, '%' or '&') unescaped, once and twice
-(a double-encoded value). Where two chunks meet, the end of one and the start of the next are read together, so a
-value split across chunks, frames or TLS records is found whole.
+(ahocorasick_rs, Rust, with SIMD) finds every candidate in one pass, at a few GB/s; the whole pieces are checked
+around each. A binary answer (a NUL byte) is read as it is, for the value as sent, lower- or upper-cased. Text is
+read with its escapes of printable characters undone (twice: a double-encoded value) and its spacing dropped (wrapped
+or quoted base64), for base64's pieces as they are, and lower-cased, for the value's and hex's in any mix of cases.
+Where two chunks meet, the end of one and the start of the next are read together, so a value split across chunks,
+frames or TLS records is found whole.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ WIDEST = max(PIECE, BASE64_PIECE, HEX_PIECE)
 OVERLAP = 6 * PIECE + 16
 _ESCAPES = (b"\\", b"%", b"&")
 _TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
-_JSON_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|\\(.)", re.DOTALL)
+_CODE_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
+_PLAIN_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)  # JSON's \/ and \", a shell's \$: the character itself
+_LOWER = bytes.maketrans(bytes(range(65, 91)), bytes(range(97, 123)))
 _SPACING = b" \t\r\n\"'"  # what a wrapped or quoted base64 text holds between its characters
 
 
@@ -100,33 +103,53 @@ _ENTITIES = {
     b"tilde": b"~",
     b"nbsp": b" ",
 }
-_ENTITY = re.compile(rb"&(?:#([0-9]{1,7})|#[xX]([0-9a-fA-F]{1,6})|([A-Za-z]{2,8}));")
-_PERCENT = re.compile(rb"%([0-9a-fA-F]{2})")
+# Escapes of printable ASCII (what a value is made of); each distinct one in a chunk is found by a regular expression
+# and replaced everywhere at once (bytes.replace, in C), which costs nothing like a Python call for each escape (a
+# chunk of JSON holds thousands: that took a JSON download's check to 5 s a 100 MiB). Escapes of other characters
+# (\u00e9, %C3, &eacute;) are left as they are: a piece of a value holds none of them, whether decoded or not.
+_BACKSLASH_CODE = re.compile(rb"\\(?:u00|x)[2-7][0-9a-fA-F]|\\(?:0[4-7]|1[0-7])[0-7]")  # \u002F, \x2f, octal \057
+_ENTITY = re.compile(rb"&(?:#[3-9][0-9]?|#1[0-2][0-9]|#[xX][2-7][0-9a-fA-F]|[A-Za-z]{2,6});")
+_PERCENT = re.compile(rb"%[2-7][0-9a-fA-F]")
+# Whether a chunk holds one at all, in one SIMD pass: `in` for each, where backslashes are many, took 0.2 ms a chunk.
+_PRINTABLE_CODES = ahocorasick_rs.BytesAhoCorasick(
+    [b"\\u00%d" % high for high in range(2, 8)]
+    + [b"\\x%d" % high for high in range(2, 8)]
+    + [b"\\0%d" % high for high in range(4, 8)]
+    + [b"\\1%d" % high for high in range(8)],
+    matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST,
+)
+
+
+def _replace_each(data: bytes, pattern: re.Pattern, decode) -> bytes:
+    for form in set(pattern.findall(data)):
+        data = data.replace(form, decode(form))
+    return data
+
+
+def _backslash_code(form: bytes) -> bytes:
+    return bytes([int(form[-2:], 16) if form[1:2] in b"ux" else int(form[1:], 8)])
+
+
+def _entity(form: bytes) -> bytes:
+    body = form[1:-1]
+    if not body.startswith(b"#"):
+        return _ENTITIES.get(body.lower(), form)
+    number = int(body[2:], 16) if body[1:2] in b"xX" else int(body[1:])
+    return bytes([number]) if number < 127 else form
 
 
 def unescape(data: bytes) -> bytes:
-    """data with JSON, shell, HTML and URL escapes undone (each once), as bytes."""
-
-    def json_char(match: re.Match) -> bytes:
-        code, byte, plain = match.groups()
-        if code is not None:
-            number = int(code, 16)
-            return bytes([number]) if number < 256 else b"?"
-        return bytes([int(byte, 16)]) if byte is not None else plain
-
-    def entity(match: re.Match) -> bytes:
-        decimal, hexadecimal, name = match.groups()
-        if name is not None:
-            return _ENTITIES.get(name.lower(), match.group(0))
-        number = int(decimal) if decimal is not None else int(hexadecimal, 16)
-        return bytes([number]) if number < 256 else b"?"
-
+    """data with the JSON, shell, HTML and URL escapes of printable ASCII undone (each once), as bytes. A backslash
+    before anything else is dropped (JSON's \\/ and \\", a shell's \\$); a doubled one is kept, once."""
     if b"\\" in data:
-        data = _JSON_ESCAPE.sub(json_char, data)
+        if _PRINTABLE_CODES.find_matches_as_indexes(data):
+            data = _replace_each(data, _BACKSLASH_CODE, _backslash_code)
+        # Text holds no NUL byte (check), so NUL stands in for a doubled backslash while the single ones go.
+        data = data.replace(b"\\\\", b"\0").replace(b"\\", b"").replace(b"\0", b"\\")
     if b"&" in data:
-        data = _ENTITY.sub(entity, data)
+        data = _replace_each(data, _ENTITY, _entity)
     if b"%" in data:
-        data = _PERCENT.sub(lambda match: bytes([int(match.group(1), 16)]), data)
+        data = _replace_each(data, _PERCENT, lambda form: bytes([int(form[1:], 16)]))
     return data
 
 
@@ -141,26 +164,31 @@ class Reflection:
         for name, form in sent:
             if name not in values or len(form) < len(values[name]):
                 values[name] = form
-        self._pieces = _automaton_for(tuple(sorted(values.items())))
+        self._searches = _searches_for(tuple(sorted(values.items())))
         self._tail = b""
 
     def __bool__(self) -> bool:
-        return bool(self._pieces)
+        return bool(self._searches)
 
     def check(self, data: bytes, binary: bool | None = None) -> Found | None:
         """A piece of a value in data, in any form here; None where there is none. Stateless: a header's value.
-        Text (no NUL byte) is read four more ways: without spacing (wrapped or quoted base64), and unescaped once and
-        twice (a double-encoded value), each without spacing too; a binary answer holds no escapes to undo."""
-        name = self._pieces.first(data)
-        if name is not None or (b"\0" in data if binary is None else binary):
+        Text (no NUL byte) is read unescaped, twice (a double-encoded value), then without spacing (wrapped or quoted
+        base64) and lower-cased too (a value in any mix of cases, title-cased say); as it is only where a value holds
+        spacing or an escape's character, which those views would lose. A binary answer holds no escapes to undo and
+        no text to change the case of: it is read as it is."""
+        searches = self._searches
+        if b"\0" in data if binary is None else binary:
+            name = searches.raw.first(data)
             return Found(name) if name is not None else None
-        views = [data.translate(None, _SPACING)]
+        views = [data] if searches.literal else []
         if any(escape in data for escape in _ESCAPES):
-            once = unescape(data)
-            twice = unescape(once)
-            views += [once, once.translate(None, _SPACING), twice, twice.translate(None, _SPACING)]
-        for view in views:
-            if (name := self._pieces.first(view)) is not None:
+            data = unescape(data)
+            if searches.literal:  # the second pass would undo a backslash or escape that is the value's own
+                views.append(data)
+            data = unescape(data)
+        views.append(data.translate(None, _SPACING))
+        for view in views:  # base64's pieces as they are, the value's and hex's in lower case
+            if (name := searches.exact.first(view) or searches.folded.first(view.lower())) is not None:
                 return Found(name)
         return None
 
@@ -174,59 +202,82 @@ class Reflection:
         return found
 
 
-class _Automaton:
-    """One pass over a view for every piece at once. The pass looks for BLOCK-byte blocks that every piece holds one
+class _Search:
+    """One pass over a view for many pieces at once. The pass looks for BLOCK-byte blocks that every piece holds one
     of (any PIECE bytes of a value hold one of its blocks at a multiple of BLOCK; in base64 and hex, one whole group):
     few, short patterns, which ahocorasick_rs finds with SIMD (Teddy: leftmost-first, at most TEDDY a matcher, a few
-    GB/s); around each block found, every piece is checked. A block hidden by an overlapping false one is inside
-    what is checked around that one."""
+    GB/s); around each block found, the whole pieces are looked for, by one call (a Python loop over every piece took
+    1 s a 25 MiB of numbers, whose digits a hex value's blocks meet often). A block hidden by an overlapping false one
+    is inside what is checked around that one."""
 
-    def __init__(self, folded: dict[bytes, tuple[str, ...]], exact: dict[bytes, tuple[str, ...]], blocks: set[bytes]):
-        self.folded, self.exact = folded, exact
+    def __init__(self, blocks: set[bytes], folded: dict[bytes, tuple[str, ...]], exact: dict[bytes, tuple[str, ...]]):
         ordered = sorted(blocks)
         self.matchers = [
             ahocorasick_rs.BytesAhoCorasick(ordered[i : i + TEDDY], matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST)
             for i in range(0, len(ordered), TEDDY)
         ]
-
-    def __bool__(self) -> bool:
-        return bool(self.matchers)
+        self.pieces = [
+            (ahocorasick_rs.BytesAhoCorasick(list(pieces)), list(pieces.values()), fold)
+            for pieces, fold in ((folded, True), (exact, False))
+            if pieces
+        ]
 
     def first(self, view: bytes) -> tuple[str, ...] | None:
         """The names of the secrets that hold the first piece found in view; None where none is."""
         for matcher in self.matchers:
             for _, start, end in matcher.find_matches_as_indexes(view):
                 around = view[max(0, start - WIDEST) : end + WIDEST]
-                folded = around.lower()
-                for piece, name in self.folded.items():
-                    if piece in folded:
-                        return name
-                for piece, name in self.exact.items():
-                    if piece in around:
-                        return name
+                for finder, names, fold in self.pieces:
+                    for index, _, _ in finder.find_matches_as_indexes(around.lower() if fold else around):
+                        return names[index]
         return None
 
 
+@dataclass(frozen=True)
+class _Searches:
+    """The searches for one set of values: ``raw`` for every piece in any case a binary answer could hold it in (as
+    sent, lower, upper), and for text, which is read lower-cased and without spacing, ``folded`` (the value's and its
+    hex's pieces, in lower case) and ``exact`` (base64's, as they are): a third of the patterns each, so a third of the
+    passes."""
+
+    raw: _Search
+    folded: _Search
+    exact: _Search
+    literal: bool  # a value holds spacing or an escape's character: text is read as it is too
+
+    def __bool__(self) -> bool:
+        return bool(self.raw.matchers)
+
+
 @functools.lru_cache(maxsize=16)
-def _automaton_for(values: tuple[tuple[str, bytes], ...]) -> _Automaton:
+def _searches_for(values: tuple[tuple[str, bytes], ...]) -> _Searches:
     """The pieces of each (secret's name, value) and their blocks, in matchers: built once for the values a kernel's
     requests carry (half a millisecond), not again at each request to a secret's host."""
     folded: dict[bytes, set[str]] = {}  # compared in lower case: the value's pieces and their hex
     exact: dict[bytes, set[str]] = {}  # compared as they are: base64's (upper-cased base64 decodes to no value)
-    blocks: set[bytes] = set()
+    folded_blocks: set[bytes] = set()
+    exact_blocks: set[bytes] = set()
     for name, value in values:
         if len(value) < PIECE:
             continue
         hexadecimal = value.hex().encode()
         for piece in _pieces(value.lower(), PIECE) | _pieces(hexadecimal, HEX_PIECE, 2):
             folded.setdefault(piece, set()).add(name)
-        # The cases a host hands text back in (as sent, lower, upper); every mix is caught around a block found.
-        for block in _pieces(value, BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK):
-            blocks |= {block, block.lower(), block.upper()}
+        folded_blocks |= _pieces(value.lower(), BLOCK, BLOCK) | _pieces(hexadecimal, BLOCK, BLOCK)
         for stable, group in _base64_stable(value):
             for alphabet in (stable, stable.translate(_TO_URLSAFE)):
                 for piece in _pieces(alphabet, BASE64_PIECE):
                     exact.setdefault(piece, set()).add(name)
-                blocks |= _pieces(alphabet[group:], BLOCK, BLOCK)
+                exact_blocks |= _pieces(alphabet[group:], BLOCK, BLOCK)
     holders = {piece: tuple(sorted(names)) for pieces in (folded, exact) for piece, names in pieces.items()}
-    return _Automaton({p: holders[p] for p in folded}, {p: holders[p] for p in exact}, blocks)
+    folded_holders = {p: holders[p] for p in folded}
+    exact_holders = {p: holders[p] for p in exact}
+    # A binary answer is read as it is: its blocks in the cases a host hands text back in (as sent, lower, upper).
+    cased = {form for block in folded_blocks for form in (block, block.upper())}
+    cased |= {block for _, value in values if len(value) >= PIECE for block in _pieces(value, BLOCK, BLOCK)}
+    return _Searches(
+        raw=_Search(cased | exact_blocks, folded_holders, exact_holders),
+        folded=_Search(folded_blocks, folded_holders, {}),
+        exact=_Search(exact_blocks, {}, exact_holders),
+        literal=any(set(value) & set(_SPACING + b"".join(_ESCAPES)) for _, value in values),
+    )

@@ -267,7 +267,7 @@ result["found"] = search(["{operator_value}", "{session_value}"])
 # Every way the test host hands back the Authorization it got (tests/data/upstream_server.py REFLECTIONS, and the
 # framed ones): the issue-54 table and its points 2 and 3.
 REFLECTED_FORMS = (
-    *("as-sent", "upper", "lower-header", "json-slash", "json-unicode", "pieces", "hex", "hex-upper", "base64"),
+    *("as-sent", "upper", "title", "octal", "lower-header", "json-slash", "json-unicode", "pieces", "hex", "hex-upper", "base64"),
     *("base64url", "base64-wrapped", "basic-credential", "html", "url", "url-twice", "shell", "location", "set-cookie"),
     *("header-name", "reason", "early", "chunks", "trailer", "gzip", "large"),
 )
@@ -275,7 +275,7 @@ REFLECTED_FORMS = (
 
 def pieces_in(text: str, value: str) -> list[str]:
     """Every 8-character piece of value in text, in any form a decoder here undoes (written apart from the proxy's
-    scanner, to check it): as it is in any case; JSON, HTML, URL (twice) and shell escapes undone; each base64 or
+    scanner, to check it): as it is in any case; JSON, HTML, URL (twice), shell and octal escapes undone; each base64 or
     base64url run and each hex run decoded at every offset."""
     import html
     import re
@@ -283,6 +283,7 @@ def pieces_in(text: str, value: str) -> list[str]:
 
     views = [text, html.unescape(text), urllib.parse.unquote(text), urllib.parse.unquote(urllib.parse.unquote(text))]
     views.append(re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text).replace("\\", ""))
+    views.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text))
     for run in re.findall(r"[A-Za-z0-9+/=_\-\s]{12,}", text):
         packed = re.sub(r"\s", "", run).replace("-", "+").replace("_", "/").rstrip("=")
         for start in range(4):
