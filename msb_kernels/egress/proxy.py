@@ -139,6 +139,10 @@ class KernelEgress:
     def secrets_for(self, host: str, port: int) -> list[Secret]:
         return [secret for secret in self.secrets if secret.bound_for(host, port)]
 
+    def secrets_of_host(self, host: str) -> list[Secret]:
+        """The secrets that go to host on some port: every answer of it, on any port, is checked for them."""
+        return [secret for secret in self.secrets if secret.held_by(host)]
+
 
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
@@ -343,7 +347,7 @@ async def exchange(
             # Every answer of a secret's host is checked, whether this request carried it or not: a host that keeps what
             # it got (a request bin, a "last request" page) hands it back to a later request, or queues it on the
             # connection for the next.
-            bound = egress.secrets_for(host, port)
+            bound = egress.secrets_of_host(host)  # on any port: the host holds the value, whichever port it answers on
             reflection = Reflection(sent + [(secret.name, secret.value.encode()) for secret in bound]) if sent or bound else None
             if reflection:  # an answer the proxy can read, to take the value out of it
                 headers = [(name, value) for name, value in headers if name.lower() != b"accept-encoding"]
@@ -431,19 +435,24 @@ async def _copy_message(
             forwarded = _forwarded_headers(part.headers)
             reason = part.reason
             if reflection:
-                encoding = next((v for k, v in forwarded if k.lower() == b"content-encoding"), b"identity").strip().lower()
-                if encoding not in (b"", b"identity"):
+                # Every Content-Encoding header and every coding in each: a client decodes them all, in turn.
+                codings = [c.strip().lower() for k, v in forwarded if k.lower() == b"content-encoding" for c in v.split(b",")]
+                if encoding := next((coding for coding in codings if coding not in (b"", b"identity")), None):
                     raise Refused(
                         502,
-                        f"msb-kernels: an answer of a secret's host came {encoding.decode()}-encoded, "
+                        f"msb-kernels: an answer of a secret's host came {encoding.decode(errors='replace')}-encoded, "
                         "which the proxy cannot check for the secret",
                     )
                 if redaction:
                     forwarded, reason = [(k, redaction.mask(v)) for k, v in forwarded], redaction.mask(reason)
-                # Its status line's reason, and every header's name and value, of a final head and a 1xx alike.
-                said = [reason, *(text for pair in forwarded for text in pair)]
-                if (found := next(filter(None, map(reflection.check, said)), None)) is not None:
+                # Its status line's reason, and every header's name and value, of a final head and a 1xx alike: read
+                # as the text they are on the wire, and the values alone as one text (a value split across headers),
+                # which the body's scan goes on from (a value split between the last header and the body).
+                head = b"\n".join([reason, *(name + b": " + value for name, value in forwarded)])
+                values = b"\n".join(value for _, value in forwarded)
+                if (found := reflection.check(head) or reflection.check(values)) is not None:
                     raise Reflected(found.names, "in its head")
+                reflection.follows(values)
             head = type(part)(status_code=part.status_code, headers=forwarded, reason=reason)
             if reflection and isinstance(head, h11.Response):
                 held = head
@@ -542,8 +551,28 @@ async def tunnel(
         if upstream is not None:
             await upstream.close()
         return
-    if state == HELLO and name is not None and egress.secrets_for(name, port):
-        await intercept(egress, service, client, data, name, port, upstream)
+    if name is not None and egress.secrets_of_host(name):
+        # A secret's host: what it answers is read and checked, so the connection must be TLS the proxy ends, or HTTP.
+        # Spliced unread, a host that keeps what it got would hand the value back (a client silent at first, or
+        # plain HTTP inside a CONNECT).
+        if state == HELLO:
+            await intercept(egress, service, client, data, name, port, upstream)
+        elif _METHOD.match(data):
+            client.unread(data)
+            first = upstream
+
+            async def opener(host_: str, port_: int) -> Stream:
+                nonlocal first
+                stream, first = first or await open_upstream(egress, service, host_, port_), None
+                return stream
+
+            await exchange(egress, client, Upstreams(opener), (name, port))
+        else:
+            egress.refuse(
+                f"{name}:{port}", "holds a secret: a connection to it must begin with TLS or an HTTP request, which the proxy reads"
+            )
+            if upstream is not None:
+                await upstream.close()
         return
     upstream = upstream or await open_upstream(egress, service, host, port)
     await upstream.send(data)

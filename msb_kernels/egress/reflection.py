@@ -39,7 +39,8 @@ _TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
 _CODE_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
 _PLAIN_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)  # JSON's \/ and \", a shell's \$: the character itself
 _LOWER = bytes.maketrans(bytes(range(65, 91)), bytes(range(97, 123)))
-_SPACING = b" \t\r\n\"'"  # what a wrapped or quoted base64 text holds between its characters
+_SPACING = b" \t\r\n\x0b\x0c\"'"  # what a wrapped or quoted base64 text holds between its characters
+_JSON_SPACING = (b"\\n", b"\\r", b"\\t", b"\\b", b"\\f")
 
 
 @dataclass(frozen=True)
@@ -107,31 +108,33 @@ _ENTITIES = {
 # and replaced everywhere at once (bytes.replace, in C), which costs nothing like a Python call for each escape (a
 # chunk of JSON holds thousands: that took a JSON download's check to 5 s a 100 MiB). Escapes of other characters
 # (\u00e9, %C3, &eacute;) are left as they are: a piece of a value holds none of them, whether decoded or not.
-_BACKSLASH_CODE = re.compile(rb"\\(?:u00|x)[2-7][0-9a-fA-F]|\\(?:0[4-7]|1[0-7])[0-7]")  # \u002F, \x2f, octal \057
-_ENTITY = re.compile(rb"&(?:#[3-9][0-9]?|#1[0-2][0-9]|#[xX][2-7][0-9a-fA-F]|[A-Za-z]{2,6});")
+# \u002F, \x2f, octal as C writes it (\057) and as printf's %b does (\57)
+_BACKSLASH_CODE = re.compile(rb"\\(?:u00|x)[2-7][0-9a-fA-F]|\\(?:0[4-7]|1[0-7])[0-7]|\\[4-7][0-7]")
+# Numeric ones with leading zeros or without their ';' too, as HTML parsers read them.
+_ENTITY = re.compile(rb"&(?:#0*(?:[3-9][0-9]?|1[0-2][0-9]);?|#[xX]0*[2-7][0-9a-fA-F];?|[A-Za-z]{2,6};)")
 _PERCENT = re.compile(rb"%[2-7][0-9a-fA-F]")
 # Whether a chunk holds one at all, in one SIMD pass: `in` for each, where backslashes are many, took 0.2 ms a chunk.
 _PRINTABLE_CODES = ahocorasick_rs.BytesAhoCorasick(
     [b"\\u00%d" % high for high in range(2, 8)]
     + [b"\\x%d" % high for high in range(2, 8)]
     + [b"\\0%d" % high for high in range(4, 8)]
-    + [b"\\1%d" % high for high in range(8)],
+    + [b"\\%d" % high for high in range(1, 8)],
     matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST,
 )
 
 
 def _replace_each(data: bytes, pattern: re.Pattern, decode) -> bytes:
-    for form in set(pattern.findall(data)):
+    for form in sorted(set(pattern.findall(data)), key=len, reverse=True):  # &#83; before &#83, the prefix of it
         data = data.replace(form, decode(form))
     return data
 
 
 def _backslash_code(form: bytes) -> bytes:
-    return bytes([int(form[-2:], 16) if form[1:2] in b"ux" else int(form[1:], 8)])
+    return bytes([int(form[-2:], 16) if form[1:2] in b"ux" else int(form[1:], 8) & 0xFF])
 
 
 def _entity(form: bytes) -> bytes:
-    body = form[1:-1]
+    body = form[1:].rstrip(b";")
     if not body.startswith(b"#"):
         return _ENTITIES.get(body.lower(), form)
     number = int(body[2:], 16) if body[1:2] in b"xX" else int(body[1:])
@@ -140,12 +143,17 @@ def _entity(form: bytes) -> bytes:
 
 def unescape(data: bytes) -> bytes:
     """data with the JSON, shell, HTML and URL escapes of printable ASCII undone (each once), as bytes. A backslash
-    before anything else is dropped (JSON's \\/ and \\", a shell's \\$); a doubled one is kept, once."""
+    before anything else is dropped (JSON's \\/ and \\", a shell's \\$), but for JSON's spacing (\\n: a space);
+    a doubled one is kept, once."""
     if b"\\" in data:
         if _PRINTABLE_CODES.find_matches_as_indexes(data):
             data = _replace_each(data, _BACKSLASH_CODE, _backslash_code)
-        # Text holds no NUL byte (check), so NUL stands in for a doubled backslash while the single ones go.
-        data = data.replace(b"\\\\", b"\0").replace(b"\\", b"").replace(b"\0", b"\\")
+        # Text holds no NUL byte (check), so NUL stands in for a doubled backslash while the single ones go. JSON's
+        # \n, \r, \t, \b and \f are spacing (base64 wrapped inside a JSON string), not letters.
+        data = data.replace(b"\\\\", b"\0")
+        for escape in _JSON_SPACING:
+            data = data.replace(escape, b" ")
+        data = data.replace(b"\\", b"").replace(b"\0", b"\\")
     if b"&" in data:
         data = _replace_each(data, _ENTITY, _entity)
     if b"%" in data:
@@ -191,6 +199,11 @@ class Reflection:
             if (name := searches.exact.first(view) or searches.folded.first(view.lower())) is not None:
                 return Found(name)
         return None
+
+    def follows(self, head: bytes) -> None:
+        """The body's scan goes on from head (its answer's head, as check read it): a value split between the last
+        header and the body is found whole."""
+        self._tail = head[-OVERLAP:]
 
     def scan(self, chunk: bytes) -> Found | None:
         """check() over a stream: each chunk, and where it meets the chunk before (the end of that one and the start

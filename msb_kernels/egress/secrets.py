@@ -53,6 +53,11 @@ class Secret:
         name = normalize_name(host)
         return any(rule.matches_name(name) and rule.allows_port(port) for rule in self.hosts)
 
+    def held_by(self, host: str) -> bool:
+        """Whether host, on any port, is one the value goes to."""
+        name = normalize_name(host)
+        return any(rule.matches_name(name) for rule in self.hosts)
+
     def public(self) -> dict:
         """What may be shown of it (stats, get_sessions): never the value."""
         return {"name": self.name, "hosts": [str(rule) for rule in self.hosts], "header": self.header, "plain_http": self.plain_http}

@@ -15,6 +15,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+import zlib
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -42,10 +43,12 @@ REFLECTIONS = {
     "html": lambda h: ("<p>" + "".join(f"&#{ord(c)};" for c in h) + "</p>", {}),
     "url": lambda h: (urllib.parse.quote(h, safe=""), {}),
     "url-twice": lambda h: (urllib.parse.quote(urllib.parse.quote(h, safe=""), safe=""), {}),
-    "shell": lambda h: ("curl -H " + "".join("\\" + c for c in h), {}),
+    "shell": lambda h: ("curl -H " + "".join(c if c.isalnum() else "\\" + c for c in h), {}),  # as printf %q writes it
     "octal": lambda h: ("printf '" + "".join(f"\\{ord(c):03o}" for c in h) + "'", {}),
     "location": lambda h: ("moved", {"Location": "https://elsewhere.msb.test/?t=" + urllib.parse.quote(h.upper())}),
     "header-name": lambda h: ("see the header", {"X-" + h.encode().hex(): "1"}),
+    "split-headers": lambda h: ("see the headers", {f"X-Part-{i:02d}": h[i : i + 6] for i in range(0, len(h), 6)}),
+    "head-body": lambda h: (h[-4:] + " and so on", {"X-Head": h[-10:-4]}),
     "set-cookie": lambda h: ("cookie", {"Set-Cookie": "session=" + base64.urlsafe_b64encode(h.lower().encode()).decode() + "; Path=/"}),
 }
 
@@ -94,12 +97,12 @@ def handler_for(root: str, log_path: str, scheme: str):
                 got = "kept"
             if form in ("reason", "early"):
                 return self._reflect_in_head(form, got)
-            if form in ("chunks", "trailer", "gzip", "large"):
+            if form in ("chunks", "trailer", "gzip", "two-encodings", "large"):
                 return self._reflect_framed(form, got, int(query.get("mib", ["2"])[0]))
             text, headers = REFLECTIONS[form](got)
             body = text.encode()
             self.send_response(302 if form == "location" else 200)
-            for name, value in {"Content-Type": "text/plain", **headers, "Content-Length": str(len(body))}.items():
+            for name, value in {"Content-Type": "text/plain", "Content-Length": str(len(body)), **headers}.items():
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
@@ -119,9 +122,10 @@ def handler_for(root: str, log_path: str, scheme: str):
             self.protocol_version = "HTTP/1.1"
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            if form == "gzip":
-                body = gzip.compress(got.upper().encode())
-                self.send_header("Content-Encoding", "gzip")
+            if form in ("gzip", "two-encodings"):  # the second: a client decodes every Content-Encoding, in turn
+                body = gzip.compress(got.upper().encode()) if form == "gzip" else zlib.compress(zlib.compress(got.encode()))
+                for coding in ["gzip"] if form == "gzip" else ["identity", "deflate"]:
+                    self.send_header("Content-Encoding", coding)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

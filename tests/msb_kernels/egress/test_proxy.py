@@ -269,7 +269,7 @@ result["found"] = search(["{operator_value}", "{session_value}"])
 REFLECTED_FORMS = (
     *("as-sent", "upper", "title", "octal", "lower-header", "json-slash", "json-unicode", "pieces", "hex", "hex-upper", "base64"),
     *("base64url", "base64-wrapped", "basic-credential", "html", "url", "url-twice", "shell", "location", "set-cookie"),
-    *("header-name", "reason", "early", "chunks", "trailer", "gzip", "large"),
+    *("header-name", "reason", "early", "chunks", "trailer", "gzip", "large", "split-headers", "head-body", "two-encodings"),
 )
 
 
@@ -311,7 +311,9 @@ async def test_a_reflecting_host_hands_the_kernel_no_form_of_a_secret(backend, s
     forms = [*REFLECTED_FORMS, "basic", "store", "http2", "plain"]
     # '/', '+' and '=' make the escapes differ from the value; random on both sides, so that no two secrets share an
     # 8-byte piece (a piece two share counts against both, and one refusal would then withdraw them all).
-    values = {f"S{index}": f"{secrets.token_hex(4)}/T+k={secrets.token_hex(12)}" for index in range(len(forms) + 1)}
+    # A secrets file holds at most 32: past 31 forms, two share one (at most 3 refusals each, the last among them).
+    kept = min(len(forms), 31)
+    values = {f"S{index}": f"{secrets.token_hex(4)}/T+k={secrets.token_hex(12)}" for index in range(kept + 1)}
     declared = {name: {"value": value, "hosts": ["api.msb.test"]} for name, value in values.items()}
     secrets_file = tmp_path / "secrets.json"
     secrets_file.write_text(json.dumps(declared))
@@ -320,12 +322,12 @@ async def test_a_reflecting_host_hands_the_kernel_no_form_of_a_secret(backend, s
     settings = {"MSB_BACKEND": backend, "MSB_NETWORK_ALLOW": "*.msb.test", "MSB_NETWORK_SECRETS_FILE": str(secrets_file)}
     with network_settings(upstream, MSB_NETWORK_CA_FILE=upstream.ca_file, **settings):
         km, kc = await start_kernel()
-    oracle = f"S{len(forms)}"
+    oracle = f"S{kept}"
     result = await cell(
         kc,
         f"""
-import requests
-secret = dict(zip({forms!r}, ["S" + str(i) for i in range({len(forms)})]))
+import os, requests, socket, ssl, time
+secret = dict(zip({forms!r}, ["S" + str(i % {kept}) for i in range({len(forms)})]))
 def fetch(form, secret_name, headers=None, **kwargs):
     if headers is None:
         headers = {{"Authorization": "Bearer " + os.environ[secret_name]}}
@@ -339,6 +341,27 @@ result = {{form: fetch(form, secret[form]) for form in {list(REFLECTED_FORMS)!r}
 result["basic"] = fetch("basic-credential", "", headers={{}}, auth=("user", os.environ[secret["basic"]]))
 fetch("store", secret["store"])
 result["store"] = fetch("stored", "", headers={{}})  # a later request that carries nothing
+def raw(address, first, then, tls=False, pause=0.0):
+    # Around the proxy's reading of answers: a client silent at first, or plain HTTP inside a CONNECT.
+    try:
+        connection = socket.create_connection(address, timeout=30)
+        connection.sendall(first)
+        time.sleep(pause)
+        if tls:
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            connection = context.wrap_socket(connection, server_hostname="api.msb.test")
+        connection.sendall(then)
+        data = b""
+        while chunk := connection.recv(65536):
+            data += chunk
+        return {{"status": None, "text": data.decode("latin-1")}}
+    except Exception as exc:
+        return {{"status": None, "text": f"{{type(exc).__name__}}: {{exc}}"}}
+get_stored = b"GET /reflect?form=stored HTTP/1.1\\r\\nHost: api.msb.test\\r\\nConnection: close\\r\\n\\r\\n"
+result["silent, then TLS"] = raw(("api.msb.test", 443), b"", get_stored, tls=True, pause=1.5)
+result["silent, then HTTP"] = raw(("api.msb.test", 80), b"", get_stored, pause=1.5)
+result["CONNECT, then HTTP"] = raw(("127.0.0.1", 3128), b"CONNECT api.msb.test:80 HTTP/1.1\\r\\nHost: api.msb.test:80\\r\\n\\r\\n", get_stored)
 op = os.environ[secret["plain"]]
 plain = requests.get("https://api.msb.test/plain.txt", headers={{"Authorization": f"Bearer {{op}}"}}, timeout=60)
 result["plain"] = {{"status": plain.status_code, "text": plain.text}}
@@ -355,7 +378,9 @@ result["oracle placeholder"] = os.environ["{oracle}"]
     # Three refusals tell the kernel three guesses were pieces; then the secret is withdrawn: its placeholder goes.
     assert [answer["status"] for answer in oracle_answers] == [502, 502, 502, 200], oracle_answers
     assert placeholder.upper() in oracle_answers[3]["text"]
-    form_of = dict(zip(forms, values, strict=False))  # the last value is the oracle's
+    form_of = {form: f"S{index % kept}" for index, form in enumerate(forms)}
+    for tunnel in ("silent, then TLS", "silent, then HTTP", "CONNECT, then HTTP"):  # each asks for the stored value
+        form_of[tunnel] = form_of["store"]
     leaked = {form: pieces_in(answer["text"], values[form_of[form]]) for form, answer in result.items() if form != "http2"}
     assert {form: found for form, found in leaked.items() if found} == {}, "a piece of the secret reached the kernel"
     # What repeats a form the request carried exactly (the header, its base64 or URL encoding) comes masked, byte for
@@ -365,7 +390,7 @@ result["oracle placeholder"] = os.environ["{oracle}"]
             continue
         answer = result[form]
         masked = answer["status"] == 200 and "*" * 24 in answer["text"]
-        named = form_of[form] in answer["text"] or form == "gzip"
+        named = form_of[form] in answer["text"] or form in ("gzip", "two-encodings")
         assert masked or (answer["status"] == 502 and named), (form, answer)
     assert result["as-sent"]["status"] == 200
     refused = ("upper", "lower-header", "json-slash", "pieces", "hex", "chunks", "location", "set-cookie", "header-name", "reason")

@@ -41,7 +41,13 @@ FORMS = {
     "url": urllib.parse.quote(HEADER, safe=""),
     "url, every byte": "".join(f"%{c:02x}" for c in HEADER.encode()),
     "url, twice": urllib.parse.quote(urllib.parse.quote(HEADER, safe=""), safe=""),
-    "shell": "".join("\\" + c for c in VALUE),
+    "shell": "".join("\\" + c if not c.isalnum() else c for c in VALUE),  # as printf %q writes it
+    "octal escapes, printf %b": "".join(f"\\{ord(c):o}" for c in VALUE),
+    "html entities, zero-padded and open": "".join(f"&#0{ord(c)}" for c in HEADER),
+    "base64 wrapped in a JSON string": json.dumps(
+        "\n".join(base64.b64encode(("xy" + HEADER).encode()).decode()[i : i + 8] for i in range(0, 48, 8))
+    ),
+    "base64 wrapped with form feeds": "\x0c".join(base64.b64encode(("xy" + HEADER).encode()).decode()[i : i + 8] for i in range(0, 48, 8)),
     "octal escapes": "".join(f"\\{ord(c):03o}" for c in VALUE),
     "an 8-byte piece alone": "x" + VALUE[5:13] + "y",
 }
