@@ -87,6 +87,12 @@ class SandboxSpec:
     # the taker's volume, or makes and mounts their Lab root: the guest's root filesystem is read-only.
     placeholders: list[str] = field(default_factory=list)
 
+    @property
+    def held(self) -> bool:
+        """Whether the keeper holds the sandbox: for adoption (adopt_grace), or to end it and sweep what it left
+        (its disk, io dir and state) the moment its owner dies, however (issue 58). None owns one with no owner_pid."""
+        return self.adopt_grace > 0 or self.owner_pid is not None
+
 
 @dataclass
 class SandboxRecord:
@@ -132,7 +138,7 @@ class Sandbox(abc.ABC):
     def kept(self) -> bool:
         """Whether the sandbox outlives this process for the next gateway to adopt (SandboxSpec.adopt_grace).
         Called by the gateway, which writes adoption records for kept kernels only."""
-        return getattr(self, "keeper", None) is not None
+        return self.spec.adopt_grace > 0 and getattr(self, "keeper", None) is not None
 
     @abc.abstractmethod
     async def poll(self) -> int | None:

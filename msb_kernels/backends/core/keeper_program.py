@@ -22,7 +22,10 @@ The keeper serves two kinds of socket, both 0600 in state dirs private to the ga
 
 While no one owns a sandbox the keeper drains its stderr (a full pipe would block the kernel), and once ``grace``
 seconds pass without an owner it kills the sandbox, removes its adoption record and runs ``msb-kernels sweep``,
-which removes what it left. A microVM has no host pid: its keeper holds only the grace period, and ends it with
+which removes what it left: its disk image and mount, io dir and state (issue 58). A sandbox of an owner that keeps
+nothing for adoption (nbclient, papermill, a script's KernelManager) is held too, with a grace of 0: when that owner
+dies, even by kill -9, or exits without removing it, the keeper ends the sandbox at once and sweeps. An owner that
+removed its sandbox let go of it after it ended: nothing was killed, and nothing is swept. A microVM has no host pid: its keeper holds only the grace period, and ends it with
 the sweep, which stops the VM.
 """
 
@@ -45,6 +48,7 @@ LENGTH = struct.Struct("!I")
 MOST_PLAN_BYTES = 4 << 20
 MOST_FDS = 32
 PLAN_FDS = ("lifeline_fd", "stderr_fd", "child_stderr_fd")  # the order a plan's descriptors travel in
+FIRST_OWNER_WAIT = 2 * REQUEST_TIMEOUT  # a sandbox handed over with a grace of 0 waits this long for its first owner
 SWEEP_LOG = "keeper.log"  # in the sandbox's state dir: what its closing sweep said, for an operator looking into it
 
 
@@ -129,7 +133,9 @@ class Kept:
         if plan.get("child_stderr_fd") is not None:
             os.close(plan["child_stderr_fd"])  # runsc holds its own copy
         self.owner: socket.socket | None = None
+        self.owned = False  # a grace of 0 counts from the first owner's going, not from the hand-over
         self.unowned_since = time.monotonic()
+        self.first_owner_by = self.unowned_since + FIRST_OWNER_WAIT
         self.killed = False
 
     def close(self) -> None:
@@ -190,6 +196,11 @@ class Kept:
 
     # -- its owner -----------------------------------------------------------------
 
+    def deadline(self) -> float:
+        """When the grace period of an unowned sandbox ends: a grace of 0 still waits for the first owner."""
+        ends = self.unowned_since + self.grace
+        return ends if self.owned else max(ends, self.first_owner_by)
+
     def owner_gone(self) -> bool:
         if self.owner is None:
             return True
@@ -246,6 +257,7 @@ class Kept:
             return
         client.setblocking(False)
         self.owner = client
+        self.owned = True
 
     # -- one turn of the keeper's loop ----------------------------------------------
 
@@ -259,14 +271,14 @@ class Kept:
         elif self.stderr is not None:
             poller.register(self.stderr, select.POLLIN)
         if self.owner is None and not self.killed:
-            return max(0.0, self.unowned_since + self.grace - time.monotonic())
+            return max(0.0, self.deadline() - time.monotonic())
         return None
 
     def step(self, ready: dict[int, int]) -> bool:
         """Act on what is ready; True when the sandbox is over (then end() follows)."""
         if self.pidfd is not None and self.pidfd in ready:
             return True
-        if self.owner is None and not self.killed and time.monotonic() >= self.unowned_since + self.grace:
+        if self.owner is None and not self.killed and time.monotonic() >= self.deadline():
             return self.kill()
         if self.owner is not None and self.owner.fileno() in ready and self.from_owner():
             return True

@@ -355,7 +355,7 @@ class GVisorBackend(SandboxBackend):
         stderr_read, stderr_write = os.pipe()
         keeper = None
         try:
-            if spec.adopt_grace > 0:
+            if spec.held:
                 process, keeper = await self._start_kept(spec, state_dir, argv, stderr_read, stderr_write)
                 record.update(keeper_pid=keeper.keeper_pid, keeper_start=process_start_time(keeper.keeper_pid))
             else:

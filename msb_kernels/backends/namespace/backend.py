@@ -196,7 +196,7 @@ class NamespaceBackend(SandboxBackend):
                 self.remove_state(state_dir, None, keep_io_dir=True)
                 raise SandboxError(f"cannot set flavor limits in cgroups: {exc}") from exc
 
-        keep = spec.adopt_grace > 0  # a keeper holds the lifeline, and the sandbox outlives this process
+        keep = spec.held  # a keeper holds the lifeline: for adoption, or to sweep at its owner's death
         try:
             shared_fd, shown_fds = self._shown_as_own(spec, uid, gid)
         except BaseException:
