@@ -111,6 +111,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"max_sessions={settings.max_sessions} session_timeout={settings.session_timeout_seconds}s "
         f"shared_volume={settings.shared_volume or 'none'} runtime_dir={settings.runtime_root()}"
     )
+    from msb_kernels.backends.core import leftovers
+
+    # Read before the start probes below, whose first start sweeps them as any start does.
+    left = [disk for disk in leftovers.disks(settings.scratch_root(), leftovers.STARTS_WITHIN) if disk.left]
     failed = _print_backends(settings)
     for name, why in unloadable_backends.items():
         print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
@@ -145,6 +149,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(exc.report("msb-kernels doctor"))
         return 1
     print(f"-> kernels reached over {transport} (MSB_TRANSPORT={settings.transport})")
+    _print_leftovers(left, clean=args.clean)
     if settings.hibernate_after_seconds > 0:
         from msb_kernels.backends import get_backend
 
@@ -152,6 +157,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         after = f"MSB_HIBERNATE_AFTER_SECONDS={settings.hibernate_after_seconds}"
         print(f"-> {after}: " + (f"kernels cannot hibernate here: {unavailable}" if unavailable else "idle kernels hibernate to disk"))
     return 0
+
+
+def _print_leftovers(left: list, clean: bool) -> None:
+    """The scratch dir's disk images that no live sandbox held when doctor began, from any runtime dir
+    (backends/core/leftovers.py): removed with clean, or by the start probe's sweep, else still there."""
+    from msb_kernels.backends.core import leftovers
+
+    if not left:
+        print("scratch: no disk left behind")
+        return
+    for disk in left:
+        if clean and disk.image.exists():
+            leftovers.remove(disk)
+        mounted = f", mounted at {', '.join(map(str, disk.mounts))}" if disk.mounts else ""
+        print(f"scratch: left behind: {disk.image} ({disk.allocated >> 20} MiB{mounted}): {disk.why}")
+    freed = sum(disk.allocated for disk in left) >> 20
+    still = [disk for disk in left if disk.image.exists()]
+    if not still:
+        print(f"-> removed {len(left)} disk(s) no sandbox held{' (the start probe swept them)' if not clean else ''}, freeing {freed} MiB")
+    else:
+        print(
+            f"-> {len(still)} disk(s) no sandbox holds take {sum(d.allocated for d in still) >> 20} MiB: `msb-kernels doctor --clean` removes them"
+        )
 
 
 def _print_backends(settings) -> dict[str, str]:
@@ -323,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="install the kernelspecs and run notebooks/hello.ipynb")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("doctor", help="say which sandbox backends and limits work on this host")
+    p.add_argument("--clean", action="store_true", help="remove the disk images no live sandbox holds, which doctor lists")
     p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("image", help="build the kernel images (microVMs, Docker Swarm)")
     image_sub = p.add_subparsers(dest="image_command", required=True)

@@ -40,7 +40,6 @@ _CODE_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
 _PLAIN_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)  # JSON's \/ and \", a shell's \$: the character itself
 _LOWER = bytes.maketrans(bytes(range(65, 91)), bytes(range(97, 123)))
 _SPACING = b" \t\r\n\x0b\x0c\"'"  # what a wrapped or quoted base64 text holds between its characters
-_JSON_SPACING = (b"\\n", b"\\r", b"\\t", b"\\b", b"\\f")
 
 
 @dataclass(frozen=True)
@@ -113,14 +112,17 @@ _BACKSLASH_CODE = re.compile(rb"\\(?:u00|x)[2-7][0-9a-fA-F]|\\(?:0[4-7]|1[0-7])[
 # Numeric ones with leading zeros or without their ';' too, as HTML parsers read them.
 _ENTITY = re.compile(rb"&(?:#0*(?:[3-9][0-9]?|1[0-2][0-9]);?|#[xX]0*[2-7][0-9a-fA-F];?|[A-Za-z]{2,6};)")
 _PERCENT = re.compile(rb"%[2-7][0-9a-fA-F]")
-# Whether a chunk holds one at all, in one SIMD pass: `in` for each, where backslashes are many, took 0.2 ms a chunk.
-_PRINTABLE_CODES = ahocorasick_rs.BytesAhoCorasick(
+# What after a backslash is more than the character itself, found in one SIMD pass (`in` for each, where backslashes
+# are many, took 0.2 ms a chunk): an escape of a printable character by its code, and JSON's spacing (\n: base64
+# wrapped inside a JSON string is read without it, not with an n in each line).
+_CODE_PREFIXES = (
     [b"\\u00%d" % high for high in range(2, 8)]
     + [b"\\x%d" % high for high in range(2, 8)]
     + [b"\\0%d" % high for high in range(4, 8)]
-    + [b"\\%d" % high for high in range(1, 8)],
-    matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST,
+    + [b"\\%d" % high for high in range(1, 8)]
 )
+_JSON_SPACING = [b"\\n", b"\\r", b"\\t", b"\\b", b"\\f"]
+_BACKSLASHED = ahocorasick_rs.BytesAhoCorasick(_CODE_PREFIXES + _JSON_SPACING, matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST)
 
 
 def _replace_each(data: bytes, pattern: re.Pattern, decode) -> bytes:
@@ -143,17 +145,14 @@ def _entity(form: bytes) -> bytes:
 
 def unescape(data: bytes) -> bytes:
     """data with the JSON, shell, HTML and URL escapes of printable ASCII undone (each once), as bytes. A backslash
-    before anything else is dropped (JSON's \\/ and \\", a shell's \\$), but for JSON's spacing (\\n: a space);
-    a doubled one is kept, once."""
+    before anything else is dropped (JSON's \\/ and \\", a shell's \\$), but for JSON's spacing (\\n: a space)."""
     if b"\\" in data:
-        if _PRINTABLE_CODES.find_matches_as_indexes(data):
+        found = {index for index, _, _ in _BACKSLASHED.find_matches_as_indexes(data)}
+        if min(found, default=len(_CODE_PREFIXES)) < len(_CODE_PREFIXES):
             data = _replace_each(data, _BACKSLASH_CODE, _backslash_code)
-        # Text holds no NUL byte (check), so NUL stands in for a doubled backslash while the single ones go. JSON's
-        # \n, \r, \t, \b and \f are spacing (base64 wrapped inside a JSON string), not letters.
-        data = data.replace(b"\\\\", b"\0")
-        for escape in _JSON_SPACING:
-            data = data.replace(escape, b" ")
-        data = data.replace(b"\\", b"").replace(b"\0", b"\\")
+        for index in found.difference(range(len(_CODE_PREFIXES))):
+            data = data.replace(_JSON_SPACING[index - len(_CODE_PREFIXES)], b" ")
+        data = data.replace(b"\\", b"")  # a doubled one too: a value that holds one is read as it is as well (check)
     if b"&" in data:
         data = _replace_each(data, _ENTITY, _entity)
     if b"%" in data:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from msb_kernels.backends.core import leftovers
 from msb_kernels.gateway.host import gateway_process_stats
 from msb_kernels.gateway.kernels.records import backend_of, sandbox_of
 from msb_kernels.jupyter.compat import kernels_of
@@ -75,6 +77,8 @@ class GatewayCollector(Collector):
             if images is not None:
                 yield GaugeMetricFamily("msb_hibernation_images_bytes", "Disk the hibernated kernels' images take", value=images)
 
+        yield from scratch_disks(manager.msb_settings.scratch_root())
+
         own = gateway_process_stats()
         yield GaugeMetricFamily("msb_gateway_resident_bytes", "The gateway process's resident memory", value=own["rss_mib"] * 2**20)
         retained = GaugeMetricFamily(
@@ -83,6 +87,31 @@ class GatewayCollector(Collector):
         for name, size in manager.retained_sizes().items():
             retained.add_metric([name], size)
         yield retained
+
+
+def scratch_disks(root: Path) -> list[GaugeMetricFamily]:
+    """The scratch dir's disk images, every runtime dir's (backends/core/leftovers.py): what they hold of the host's
+    disk, what is written in those the host mounts, and what no live sandbox holds (msb_scratch_swept_bytes_total
+    counts what sweeps removed)."""
+    disks = leftovers.disks(root, leftovers.STARTS_WITHIN)
+    used = [leftovers.used_bytes(disk) for disk in disks]
+    return [
+        GaugeMetricFamily(
+            "msb_scratch_reserved_bytes",
+            "Bytes of the host's disk the sandboxes' scratch disk images hold",
+            value=sum(d.allocated for d in disks),
+        ),
+        GaugeMetricFamily(
+            "msb_scratch_used_bytes",
+            "Bytes written inside the scratch disks the host has mounted (gVisor's; a namespace sandbox mounts its own)",
+            value=sum(filter(None, used)),
+        ),
+        GaugeMetricFamily(
+            "msb_scratch_left_bytes",
+            "Bytes of scratch disk images no live sandbox holds, which the next sweep or `msb-kernels doctor --clean` removes",
+            value=sum(d.allocated for d in disks if d.left),
+        ),
+    ]
 
 
 PEOPLE_LABELS = 50  # the most active people, each by name; the rest of a large team add up under "(others)"

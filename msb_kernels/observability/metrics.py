@@ -53,6 +53,10 @@ CULL_PASSES = Histogram(
     "Seconds a culler pass took that culled nothing: its visit of every kernel (it lets requests in every 50 kernels)",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+SCRATCH_SWEPT_BYTES = Counter(
+    "msb_scratch_swept_bytes_total",
+    "Bytes of scratch disk images that no live sandbox held, removed by a sweep (backends/core/leftovers.py)",
+)
 EGRESS_BYTES = Counter("msb_egress_bytes_total", "Bytes through the egress proxy, by direction: out (to hosts), in", ["direction"])
 
 

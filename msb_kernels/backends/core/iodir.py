@@ -258,14 +258,18 @@ def detach(mountpoint: Path, what: str = "") -> bool:
     raise SandboxError(f"cannot unmount {what + ' ' if what else ''}{mountpoint}: {os.strerror(ctypes.get_errno())}")
 
 
+def unescape_mount_path(field: str) -> str:
+    """A mountinfo path field as the path: space, tab, newline and backslash are written there as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def mounts_under(directory: Path) -> list[Path]:
     """What this process's mount namespace has mounted at or below directory, deepest first."""
     top = os.path.realpath(directory)
     found = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as mountinfo:
         for line in mountinfo:
-            # The fifth field is the mount point, with space, tab, newline and backslash written as octal escapes.
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
+            point = unescape_mount_path(line.split(" ")[4])
             if point == top or point.startswith(top + "/"):
                 found.append(Path(point))
     return sorted(set(found), key=lambda path: len(path.parts), reverse=True)

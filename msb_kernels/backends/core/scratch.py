@@ -24,7 +24,6 @@ import errno
 import glob
 import os
 import shutil
-import time
 from pathlib import Path
 
 from msb_kernels.errors import SandboxError
@@ -196,17 +195,3 @@ def attached_images() -> set[str]:
         with contextlib.suppress(OSError):
             attached.add(Path(backing_file).read_text().strip().removesuffix(" (deleted)"))
     return attached
-
-
-def sweep_images(scratch_root: Path, older_than: float) -> list[str]:
-    """Delete disks no sandbox holds, left by a crash or a reboot; younger ones may be starting."""
-    swept: list[str] = []
-    if not scratch_root.is_dir():
-        return swept
-    attached = attached_images()
-    for image in scratch_root.glob(f"*{IMAGE_SUFFIX}"):
-        with contextlib.suppress(OSError):
-            if str(image) not in attached and time.time() - image.stat().st_mtime > older_than:
-                image.unlink()
-                swept.append(image.name)
-    return swept

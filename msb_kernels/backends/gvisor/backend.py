@@ -41,7 +41,7 @@ import msb_kernels.backends.gvisor.checkpoint_images as checkpoint_images
 import msb_kernels.backends.gvisor.netstack as netstack
 import msb_kernels.backends.gvisor.platform as gvisor_platform
 import msb_kernels.backends.gvisor.runsc as runsc
-from msb_kernels.backends.core import cgroups, handout, idmap, iodir, keeping, scratch
+from msb_kernels.backends.core import cgroups, handout, idmap, iodir, keeping, leftovers, scratch
 from msb_kernels.backends.core.base import Availability, SandboxBackend, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.keeping import KeeperLink
 from msb_kernels.backends.core.ports import HostListeners, host_ports
@@ -479,8 +479,9 @@ class GVisorBackend(SandboxBackend):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)
-        if self.no_disk is None:  # disks of sandboxes a crash or a reboot left (mounted ones are held: kept)
-            scratch.sweep_images(self.settings.scratch_root(), older_than=2 * RESTORE_TIMEOUT)
+        if self.no_disk is None:  # disks no live sandbox holds, whichever runtime dir left them (core/leftovers.py)
+            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=2 * RESTORE_TIMEOUT):
+                log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
         if swept:
             log.info("swept %d orphaned gVisor sandbox(es): %s", len(swept), ", ".join(swept))
         return swept

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from msb_kernels.backends.core import cgroups, hostpaths, idmap, iodir, keeping, scratch
+from msb_kernels.backends.core import cgroups, hostpaths, idmap, iodir, keeping, leftovers, scratch
 from msb_kernels.backends.core.base import (
     Availability,
     SandboxBackend,
@@ -425,8 +425,8 @@ class NamespaceBackend(SandboxBackend):
         if swept:
             log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
         if self.no_disk is None:
-            for image in scratch.sweep_images(self.settings.scratch_root(), older_than=2 * LAUNCH_TIMEOUT):
-                log.info("removed the disk of a sandbox that is gone: %s", image)
+            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=2 * LAUNCH_TIMEOUT):
+                log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
         return swept
 
 

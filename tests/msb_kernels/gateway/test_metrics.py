@@ -10,6 +10,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from prometheus_client.parser import text_string_to_metric_families
 
+from msb_kernels.backends.core import scratch
 from tests.msb_kernels.gateway.conftest import KernelSocket, free_port, wait_until
 from tests.skips import needs_cgroups
 
@@ -76,6 +77,8 @@ async def test_metrics_follow_a_scripted_workload(gateway_factory):
         assert value(during, "msb_kernel_memory_limit_bytes", kernel_id=kernel_id, flavor="small") == 2**30
     assert value(during, "msb_kernel_cpu_seconds_total", kernel_id=ids[0], flavor="small") > 0.01
     assert value(during, "msb_gateway_resident_bytes") > 30 * 2**20
+    if scratch.unavailable_reason() is None:  # three namespace kernels' disks, each its flavor's size, none left over
+        assert value(during, "msb_scratch_reserved_bytes") >= 3 * 2**20 and value(during, "msb_scratch_left_bytes") == 0
     assert value(during, "msb_gateway_retained", structure="records") == 3
 
     # One OOM kill: B's sandbox passes its flavor's memory; jupyter_client restarts it under the same id.

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from jupyter_client.manager import AsyncKernelManager
 
-from msb_kernels.backends.core import scratch
+from msb_kernels.backends.core import leftovers, scratch
+from msb_kernels.backends.core.processes import process_start_time
+from msb_kernels.backends.core.state import write_state
+from msb_kernels.errors import SandboxError
+from msb_kernels.kernelspecs.flavors import FLAVORS
+from tests.conftest import VENV_BIN
 from tests.msb_kernels.gateway.conftest import wait_until
 from tests.skips import needs_runsc
 
@@ -35,13 +44,17 @@ async def main():
     print(" ".join(manager.kernel_id for manager in managers), flush=True)
     if sys.argv[1] == "raise":
         raise RuntimeError("the script failed before it shut its kernels down")
+    if sys.argv[1] == "stop":
+        for manager in managers:
+            await manager.shutdown_kernel(now=True)
+        return
     await asyncio.sleep(600)
 
 asyncio.run(main())
 """
 
 
-def leftovers(kernel_ids: list[str]) -> list[str]:
+def left_of(kernel_ids: list[str]) -> list[str]:
     """What of these kernels' sandboxes is still on the host: state or io dirs, disk images, mounts, loop devices."""
     runtime, scratch_root = Path(os.environ["MSB_RUNTIME_DIR"]), Path(os.environ["MSB_SCRATCH_DIR"])
     found = []
@@ -70,13 +83,187 @@ async def test_a_dead_scripts_kernels_leave_no_disk_mount_or_state(backend: str,
         kernel_ids = line.split()
         assert len(kernel_ids) == 2, owner.stderr.read() if owner.poll() is not None else line
         if death == "kill -9":
-            held = leftovers(kernel_ids)  # what the owner's death must take with it
+            held = left_of(kernel_ids)  # what the owner's death must take with it
             assert held and (scratch.unavailable_reason() is not None or any(item.startswith("image") for item in held)), held
             os.kill(owner.pid, signal.SIGKILL)
         await asyncio.to_thread(owner.wait, 60)
         # Within seconds, and with no new start: the keeper ends each sandbox and sweeps what it left.
-        await wait_until(lambda: not leftovers(kernel_ids), 60, f"the dead owner's sandboxes to be swept ({backend}, {death})")
+        await wait_until(lambda: not left_of(kernel_ids), 60, f"the dead owner's sandboxes to be swept ({backend}, {death})")
     finally:
         if owner.poll() is None:
             os.killpg(owner.pid, signal.SIGKILL)
             owner.wait()
+
+
+needs_disk = pytest.mark.skipif(
+    scratch.unavailable_reason() is not None, reason=f"disk-backed scratch is unavailable here: {scratch.unavailable_reason()}"
+)
+TEN_MINUTES_AGO = time.time() - 600
+
+
+async def mounted_disk(runtime: Path, sandbox_id: str, owner: subprocess.Popen | None = None, state: bool = True) -> Path:
+    """A gVisor sandbox's disk as its backend makes it (an image in the shared scratch dir, mounted by the host at
+    <state dir>/disk), in another runtime dir, with a state file naming owner as owner and process (or none)."""
+    state_dir = runtime / "gvisor" / sandbox_id
+    state_dir.mkdir(mode=0o700, parents=True)
+    image = scratch.image_path(Path(os.environ["MSB_SCRATCH_DIR"]), sandbox_id)
+    scratch.reserve_image(image, FLAVORS["small"], reserve=False)
+    await scratch.format_image(image)
+    await scratch.mount_image(image, state_dir / "disk")
+    if state:
+        pid = owner.pid if owner else None
+        started = process_start_time(pid) if owner else None
+        write_state(
+            state_dir,
+            {
+                "sandbox_id": sandbox_id,
+                "backend": "gvisor",
+                "owner_pid": pid,
+                "owner_start": started,
+                "init_pid": pid,
+                "init_start": started,
+            },
+        )
+    return state_dir
+
+
+def mounted(path: Path) -> bool:
+    with open("/proc/self/mountinfo") as mountinfo:
+        return any(line.split()[4] == str(path) for line in mountinfo)
+
+
+@needs_disk
+async def test_any_start_sweeps_every_runtime_dirs_dead_disks_and_no_live_one(tmp_path: Path) -> None:
+    """The disks of three sandboxes of another runtime dir (another gateway's, on this host), all mounted: one whose
+    start failed part way (no state file, 10 minutes on), one whose owner and process are gone, one whose owner
+    lives; and two loose images, 10 minutes old and new. A kernel's start in this runtime dir (a process's first
+    start sweeps) removes the dead two and the old image, mounts and state dirs too, and nothing of the live one."""
+    elsewhere = Path(tempfile.mkdtemp(prefix="msbt-else-", dir="/tmp"))
+    scratch_root = Path(os.environ["MSB_SCRATCH_DIR"])
+    gone = subprocess.Popen(["sleep", "60"])
+    alive = subprocess.Popen(["sleep", "600"])
+    try:
+        failed_start = await mounted_disk(elsewhere, "leftover-failed-start", state=False)
+        os.utime(failed_start, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+        dead = await mounted_disk(elsewhere, "leftover-dead-owner", owner=gone)
+        live = await mounted_disk(elsewhere, "live-other-gateway", owner=alive)
+        gone.kill()
+        gone.wait()
+        old, young = scratch_root / f"loose-old{scratch.IMAGE_SUFFIX}", scratch_root / f"loose-young{scratch.IMAGE_SUFFIX}"
+        for image in (old, young):
+            scratch.reserve_image(image, FLAVORS["small"], reserve=False)
+        os.utime(old, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+
+        listed = {disk.image.name: disk for disk in leftovers.disks(scratch_root, leftovers.STARTS_WITHIN)}
+        assert {name for name, disk in listed.items() if disk.left} >= {
+            f"leftover-failed-start{scratch.IMAGE_SUFFIX}",
+            f"leftover-dead-owner{scratch.IMAGE_SUFFIX}",
+            old.name,
+        }
+        assert not listed[f"live-other-gateway{scratch.IMAGE_SUFFIX}"].left and not listed[young.name].left
+
+        owner = subprocess.run(
+            [sys.executable, "-c", OWNER, "stop"],
+            env={**os.environ, "MSB_BACKEND": "namespace"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert owner.returncode == 0, owner.stderr[-2000:]
+
+        for state_dir in (failed_start, dead):
+            assert not mounted(state_dir / "disk") and not state_dir.exists(), state_dir
+            assert not scratch.image_path(scratch_root, state_dir.name).exists()
+        assert not old.exists() and young.exists()
+        assert mounted(live / "disk") and scratch.image_path(scratch_root, live.name).exists(), "a live sandbox's disk was swept"
+    finally:
+        for process in (gone, alive):
+            process.kill()
+            process.wait()
+        made = ("leftover-failed-start", "leftover-dead-owner", "live-other-gateway", "loose-old", "loose-young")
+        for disk in leftovers.disks(scratch_root, 0):
+            if disk.image.name.removesuffix(scratch.IMAGE_SUFFIX) in made:
+                leftovers.remove(disk)
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def _fail(what: str):
+    def failing(*args, **kwargs):
+        raise SandboxError(f"{what} failed (made to, by the test)")
+
+    return failing
+
+
+async def _mount_then_fail(image: Path, mountpoint: Path) -> None:
+    await REAL_MOUNT(image, mountpoint)
+    raise SandboxError("the mount failed after it was made (made to, by the test)")
+
+
+REAL_MOUNT = scratch.mount_image
+GVISOR_STEPS = {
+    "the disk": ("msb_kernels.backends.core.scratch.reserve_image", _fail("the disk")),
+    "the mount": ("msb_kernels.backends.core.scratch.mount_image", _mount_then_fail),
+    "the io directory": ("msb_kernels.backends.core.iodir.open_to", _fail("the io directory")),
+    "the bundle": ("msb_kernels.backends.gvisor.backend.write_bundle", _fail("the bundle")),
+    "the boot": ("msb_kernels.backends.gvisor.backend.runsc_path", lambda: "/bin/false"),
+}
+
+
+@needs_runsc
+@needs_disk
+@pytest.mark.parametrize("step", GVISOR_STEPS)
+async def test_a_start_that_fails_at_any_step_leaves_nothing(step: str, monkeypatch) -> None:
+    """A gVisor kernel's start made to fail at each of its steps, through jupyter_client as nbclient starts one (and
+    shuts down what did start, when it never answers): nothing of it is left, its disk and mount included, with no
+    state file to find them by."""
+    target, replacement = GVISOR_STEPS[step]
+    monkeypatch.setattr(target, replacement)
+    monkeypatch.setenv("MSB_BACKEND", "gvisor")
+    kernel_id = f"failing-{step.split()[-1]}-{os.getpid()}"
+    manager = AsyncKernelManager(kernel_name="msb-python-small")
+    client = None
+    # The step's own error; for the boot, the backend's, the keeper's or jupyter_client's, by who sees runsc end first.
+    with pytest.raises(Exception, match="made to, by the test|died before replying|keeper|runsc exited"):
+        try:
+            await manager.start_kernel(kernel_id=kernel_id)
+            client = manager.client()
+            client.start_channels()
+            await client.wait_for_ready(timeout=60)
+        finally:
+            if client is not None:
+                client.stop_channels()
+            if manager.has_kernel:
+                await manager.shutdown_kernel(now=True)
+    assert left_of([kernel_id]) == []
+
+
+@needs_disk
+async def test_doctor_lists_the_disks_no_sandbox_holds_and_clean_removes_them() -> None:
+    """`msb-kernels doctor` names each image that no live sandbox holds, from any runtime dir, with its size and why;
+    `--clean` removes it, its mount and state dir, and leaves a live sandbox's disk alone."""
+    elsewhere = Path(tempfile.mkdtemp(prefix="msbt-else-", dir="/tmp"))
+    alive = subprocess.Popen(["sleep", "600"])
+    try:
+        dead = await mounted_disk(elsewhere, "doctor-dead", state=False)
+        os.utime(dead, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+        live = await mounted_disk(elsewhere, "doctor-live", owner=alive)
+        doctor = subprocess.run(
+            [str(VENV_BIN / "msb-kernels"), "doctor", "--clean"],
+            env={**os.environ, "MSB_BACKEND": "namespace"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert f"left behind: {scratch.image_path(Path(os.environ['MSB_SCRATCH_DIR']), 'doctor-dead')}" in doctor.stdout, doctor.stdout
+        assert "has no state file" in doctor.stdout and "doctor-live" not in doctor.stdout
+        assert "-> removed" in doctor.stdout and "MiB" in doctor.stdout
+        assert not dead.exists() and not mounted(dead / "disk")
+        assert mounted(live / "disk")
+    finally:
+        alive.kill()
+        alive.wait()
+        for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0):
+            if disk.image.name.startswith("doctor-"):
+                leftovers.remove(disk)
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""Disks no live sandbox holds, found by the scratch dir that every runtime dir's sandboxes share (issue 58).
+
+A sandbox's state is in its own runtime dir, but the disk images of every runtime dir's sandboxes are in one scratch
+dir (MSB_SCRATCH_DIR). A sweep that reads only its own runtime dir's state files missed what another gateway or a
+script left: a 2 GiB image still mounted in the state dir of a runtime dir no one runs any more. Here the scratch dir
+itself is read: each image, the loop devices it backs, where the host has them mounted, and whether the sandbox of
+each mount still lives by its state file, whichever runtime dir that is in.
+
+Called by the namespace and gVisor backends' sweeps (at each gateway's or kernel's start) and `msb-kernels doctor`
+(which lists them; with --clean, removes them); the gateway's scrape reads their sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from msb_kernels.backends.core import iodir
+from msb_kernels.backends.core.keeping import trusted_json
+from msb_kernels.backends.core.processes import process_alive
+from msb_kernels.backends.core.scratch import IMAGE_SUFFIX
+from msb_kernels.errors import SandboxError
+from msb_kernels.observability import metrics
+
+STARTS_WITHIN = 300.0  # seconds: an image younger than this, or a state dir without its state file, may be a start's
+
+
+@dataclass(frozen=True)
+class Disk:
+    """One image in the scratch dir, and what of the host holds it."""
+
+    image: Path
+    allocated: int  # bytes of the host's disk it holds (the whole flavor's disk where reserved)
+    mounts: tuple[Path, ...]  # where the host has it mounted: a gVisor sandbox's <state dir>/disk
+    attached: bool  # a loop device is backed by it (a namespace sandbox's is mounted in its own mount namespace only)
+    why: str | None  # why no sandbox holds it; None: one does, or may (a start in progress)
+
+    @property
+    def left(self) -> bool:
+        return self.why is not None
+
+
+def _loop_devices() -> dict[str, list[str]]:
+    """Each backing file of a loop device, and its devices (/dev/loopN)."""
+    backed: dict[str, list[str]] = {}
+    for backing_file in glob.glob("/sys/block/loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            path = Path(backing_file).read_text().strip().removesuffix(" (deleted)")
+            backed.setdefault(path, []).append("/dev/" + Path(backing_file).parent.parent.name)
+    return backed
+
+
+def _host_mounts() -> dict[str, list[Path]]:
+    """Each mounted device (its mountinfo source) and where this mount namespace has it."""
+    mounted: dict[str, list[Path]] = {}
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as mountinfo:
+        for line in mountinfo:
+            fields = line.split(" ")
+            source = fields[fields.index("-") + 2] if "-" in fields else ""
+            mounted.setdefault(source, []).append(Path(iodir.unescape_mount_path(fields[4])))
+    return mounted
+
+
+def _sandbox_gone(state_dir: Path, younger_than: float) -> str | None:
+    """Why the sandbox of state_dir no longer lives (its owner, its process and its keeper all gone; or no state
+    file past the time a start takes); None where it may."""
+    state, problem = trusted_json(state_dir / "state.json", private=False)
+    if state is None:
+        try:
+            age = time.time() - os.lstat(state_dir).st_mtime
+        except OSError:
+            return f"{state_dir} is gone"
+        return None if age < younger_than else f"{state_dir} has no state file ({problem}) after {age:.0f} s"
+    for who in ("owner", "init", "keeper"):
+        if process_alive(state.get(f"{who}_pid"), state.get(f"{who}_start")):
+            return None
+    return f"the sandbox of {state_dir} is gone: its owner, its process and its keeper have all ended"
+
+
+def disks(scratch_root: Path, younger_than: float) -> list[Disk]:
+    """Every image in scratch_root. One made less than younger_than seconds ago may belong to a start in progress."""
+    if not scratch_root.is_dir():
+        return []
+    loops, mounted = _loop_devices(), _host_mounts()
+    found = []
+    for image in sorted(scratch_root.glob(f"*{IMAGE_SUFFIX}")):
+        try:
+            info = image.stat()
+        except OSError:
+            continue
+        devices = loops.get(str(image), [])
+        mounts = tuple(point for device in devices for point in mounted.get(device, []))
+        why: str | None = None
+        if not devices:
+            age = time.time() - info.st_mtime
+            why = None if age < younger_than else f"no loop device holds it, {age:.0f} s after it was made"
+        elif mounts:  # the host's own mount: a gVisor sandbox's, alive only while that sandbox is
+            reasons = [_sandbox_gone(point.parent, younger_than) for point in mounts]
+            why = None if None in reasons else "; ".join(reason for reason in reasons if reason)
+        found.append(Disk(image, info.st_blocks * 512, mounts, bool(devices), why))
+    return found
+
+
+def remove(disk: Disk) -> None:
+    """Detach disk's mounts, remove the state dirs they are in (their sandboxes are gone), and delete its image."""
+    for point in disk.mounts:
+        with contextlib.suppress(SandboxError):
+            iodir.detach(point)
+        iodir.remove(point.parent)
+    with contextlib.suppress(FileNotFoundError):
+        disk.image.unlink()
+
+
+def sweep(scratch_root: Path, younger_than: float) -> list[Disk]:
+    """Remove every image of scratch_root no live sandbox holds, whichever runtime dir it came from; what was."""
+    swept = []
+    for disk in disks(scratch_root, younger_than):
+        if disk.left:
+            remove(disk)
+            metrics.SCRATCH_SWEPT_BYTES.inc(disk.allocated)
+            swept.append(disk)
+    return swept
+
+
+def used_bytes(disk: Disk) -> int | None:
+    """Bytes written inside a disk the host has mounted; None for one it does not (a namespace sandbox's)."""
+    for point in disk.mounts:
+        with contextlib.suppress(OSError):
+            stats = os.statvfs(point)
+            return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    return None
