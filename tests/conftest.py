@@ -8,6 +8,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -94,9 +95,31 @@ def installed_kernelspecs() -> Path:
     from msb_kernels.settings.config import load_settings
 
     install(load_settings(), prefix=str(TEST_BASE / "prefix"))
+    began = time.time()
     yield TEST_BASE / "prefix" / "share" / "jupyter" / "kernels"
+    _nothing_left_behind(began)
     if not os.environ.get("MSB_TESTS_KEEP_BASE"):
         shutil.rmtree(TEST_BASE, ignore_errors=True)
+
+
+def _nothing_left_behind(began: float) -> None:
+    """The suite's end (issue 58): no disk image of its kernels is left in its scratch dir, or in the default one that a
+    test of the README's commands uses, once their keepers' sweeps have run (a few seconds)."""
+    from msb_kernels.backends.core.scratch import IMAGE_SUFFIX
+
+    def left() -> list[str]:
+        found = []
+        for root in (Path(os.environ["MSB_SCRATCH_DIR"]), Path("/var/tmp/msb-kernels")):
+            for image in root.glob(f"*{IMAGE_SUFFIX}") if root.is_dir() else []:
+                with contextlib.suppress(OSError):
+                    if image.stat().st_mtime >= began:
+                        found.append(str(image))
+        return found
+
+    deadline = time.monotonic() + 60
+    while left() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left(), f"the suite left disk images behind: {left()}"
 
 
 @pytest.fixture

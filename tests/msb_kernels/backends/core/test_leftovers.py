@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
@@ -200,30 +201,35 @@ async def _mount_then_fail(image: Path, mountpoint: Path) -> None:
 
 
 REAL_MOUNT = scratch.mount_image
-GVISOR_STEPS = {
-    "the disk": ("msb_kernels.backends.core.scratch.reserve_image", _fail("the disk")),
-    "the mount": ("msb_kernels.backends.core.scratch.mount_image", _mount_then_fail),
-    "the io directory": ("msb_kernels.backends.core.iodir.open_to", _fail("the io directory")),
-    "the bundle": ("msb_kernels.backends.gvisor.backend.write_bundle", _fail("the bundle")),
-    "the boot": ("msb_kernels.backends.gvisor.backend.runsc_path", lambda: "/bin/false"),
+# Each step of a start, made to fail: (the backend, the step) -> what to replace, and with what.
+STEPS = {
+    ("gvisor", "the disk"): ("msb_kernels.backends.core.scratch.reserve_image", _fail("the disk")),
+    ("gvisor", "the mount"): ("msb_kernels.backends.core.scratch.mount_image", _mount_then_fail),
+    ("gvisor", "the io directory"): ("msb_kernels.backends.core.iodir.open_to", _fail("the io directory")),
+    ("gvisor", "the bundle"): ("msb_kernels.backends.gvisor.backend.write_bundle", _fail("the bundle")),
+    ("gvisor", "the boot"): ("msb_kernels.backends.gvisor.backend.runsc_path", lambda: "/bin/false"),
+    ("namespace", "the disk"): ("msb_kernels.backends.core.scratch.reserve_image", _fail("the disk")),
+    ("namespace", "the format"): ("msb_kernels.backends.core.scratch.mkfs_path", lambda: "/bin/false"),
+    ("namespace", "the io directory"): ("msb_kernels.backends.core.iodir.open_to", _fail("the io directory")),
+    ("namespace", "the boot"): ("msb_kernels.backends.namespace.backend.LAUNCHER", "/nonexistent/init_program.py"),
 }
 
 
-@needs_runsc
 @needs_disk
-@pytest.mark.parametrize("step", GVISOR_STEPS)
-async def test_a_start_that_fails_at_any_step_leaves_nothing(step: str, monkeypatch) -> None:
-    """A gVisor kernel's start made to fail at each of its steps, through jupyter_client as nbclient starts one (and
-    shuts down what did start, when it never answers): nothing of it is left, its disk and mount included, with no
-    state file to find them by."""
-    target, replacement = GVISOR_STEPS[step]
+@pytest.mark.parametrize(("backend", "step"), [pytest.param(*key, marks=[needs_runsc] if key[0] == "gvisor" else []) for key in STEPS])
+async def test_a_start_that_fails_at_any_step_leaves_nothing(backend: str, step: str, monkeypatch) -> None:
+    """A kernel's start made to fail at each of its steps, through jupyter_client as nbclient starts one (and shuts
+    down what did start, when it never answers): nothing of it is left, its disk and mount included, with no state
+    file to find them by."""
+    target, replacement = STEPS[(backend, step)]
     monkeypatch.setattr(target, replacement)
-    monkeypatch.setenv("MSB_BACKEND", "gvisor")
-    kernel_id = f"failing-{step.split()[-1]}-{os.getpid()}"
+    monkeypatch.setenv("MSB_BACKEND", backend)
+    monkeypatch.setenv("MSB_FORK_KERNELS", "false")  # the boot: the launcher, not a fork server, starts init
+    kernel_id = f"failing-{backend}-{step.split()[-1]}-{os.getpid()}"
     manager = AsyncKernelManager(kernel_name="msb-python-small")
     client = None
-    # The step's own error; for the boot, the backend's, the keeper's or jupyter_client's, by who sees runsc end first.
-    with pytest.raises(Exception, match="made to, by the test|died before replying|keeper|runsc exited"):
+    # The step's own error; for the boot, the backend's, the keeper's or jupyter_client's, by who sees it end first.
+    with pytest.raises(Exception, match="made to, by the test|died before replying|keeper|runsc exited|launcher|formatted|mkfs"):
         try:
             await manager.start_kernel(kernel_id=kernel_id)
             client = manager.client()
@@ -267,3 +273,33 @@ async def test_doctor_lists_the_disks_no_sandbox_holds_and_clean_removes_them() 
             if disk.image.name.startswith("doctor-"):
                 leftovers.remove(disk)
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_papermill_run_killed_mid_cell_leaves_nothing(backend: str, tmp_path: Path) -> None:
+    """papermill, as a batch user runs it, killed with kill -9 while its notebook's cell runs: within seconds, with no
+    new start, nothing of its kernel's sandbox is left."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(600)")])
+    notebook.metadata["kernelspec"] = {"name": "msb-python-small", "display_name": "Python (small)", "language": "python"}
+    nbformat.write(notebook, tmp_path / "in.ipynb")
+    runtime = Path(os.environ["MSB_RUNTIME_DIR"])
+    before = set(runtime.rglob("state.json"))
+    run = subprocess.Popen(
+        [str(VENV_BIN / "papermill"), str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb")],
+        env={**os.environ, "MSB_BACKEND": backend},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        await wait_until(lambda: set(runtime.rglob("state.json")) - before, 120, "papermill's kernel to start")
+        kernel_ids = [path.parent.name for path in set(runtime.rglob("state.json")) - before]
+        await asyncio.sleep(2)  # its cell runs
+        assert run.poll() is None and left_of(kernel_ids)
+        os.kill(run.pid, signal.SIGKILL)
+        await asyncio.to_thread(run.wait, 30)
+        await wait_until(lambda: not left_of(kernel_ids), 60, f"the killed papermill run's sandbox to be swept ({backend})")
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
