@@ -83,17 +83,22 @@ async def test_a_dead_scripts_kernels_leave_no_disk_mount_or_state(backend: str,
         line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 120)
         kernel_ids = line.split()
         assert len(kernel_ids) == 2, owner.stderr.read() if owner.poll() is not None else line
-        if death == "kill -9":
-            held = left_of(kernel_ids)  # what the owner's death must take with it
-            assert held and (scratch.unavailable_reason() is not None or any(item.startswith("image") for item in held)), held
-            os.kill(owner.pid, signal.SIGKILL)
-        await asyncio.to_thread(owner.wait, 60)
-        # Within seconds, and with no new start: the keeper ends each sandbox and sweeps what it left.
-        await wait_until(lambda: not left_of(kernel_ids), 60, f"the dead owner's sandboxes to be swept ({backend}, {death})")
+        await dies_and_leaves_nothing(owner, kernel_ids, kill=death == "kill -9")
     finally:
         if owner.poll() is None:
             os.killpg(owner.pid, signal.SIGKILL)
             owner.wait()
+
+
+async def dies_and_leaves_nothing(owner: subprocess.Popen, kernel_ids: list[str], kill: bool) -> None:
+    """owner ends (killed with kill -9, or by itself); within seconds, with no new start, the keeper has ended each
+    sandbox of kernel_ids and swept what it left."""
+    if kill:
+        held = left_of(kernel_ids)  # what the owner's death must take with it
+        assert held and (scratch.unavailable_reason() is not None or any(item.startswith("image") for item in held)), held
+        os.kill(owner.pid, signal.SIGKILL)
+    await asyncio.to_thread(owner.wait, 60)
+    await wait_until(lambda: not left_of(kernel_ids), 60, f"the sandboxes of {kernel_ids} to be swept")
 
 
 needs_disk = pytest.mark.skipif(
@@ -295,10 +300,8 @@ async def test_a_papermill_run_killed_mid_cell_leaves_nothing(backend: str, tmp_
         await wait_until(lambda: set(runtime.rglob("state.json")) - before, 120, "papermill's kernel to start")
         kernel_ids = [path.parent.name for path in set(runtime.rglob("state.json")) - before]
         await asyncio.sleep(2)  # its cell runs
-        assert run.poll() is None and left_of(kernel_ids)
-        os.kill(run.pid, signal.SIGKILL)
-        await asyncio.to_thread(run.wait, 30)
-        await wait_until(lambda: not left_of(kernel_ids), 60, f"the killed papermill run's sandbox to be swept ({backend})")
+        assert run.poll() is None
+        await dies_and_leaves_nothing(run, kernel_ids, kill=True)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
