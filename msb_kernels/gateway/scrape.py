@@ -77,7 +77,7 @@ class GatewayCollector(Collector):
             if images is not None:
                 yield GaugeMetricFamily("msb_hibernation_images_bytes", "Disk the hibernated kernels' images take", value=images)
 
-        yield from scratch_disks(manager.msb_settings.scratch_root())
+        yield from scratch_disks(manager.msb_settings.scratch_root(), manager.msb_settings.runtime_root())
 
         own = gateway_process_stats()
         yield GaugeMetricFamily("msb_gateway_resident_bytes", "The gateway process's resident memory", value=own["rss_mib"] * 2**20)
@@ -89,12 +89,12 @@ class GatewayCollector(Collector):
         yield retained
 
 
-def scratch_disks(root: Path) -> list[GaugeMetricFamily]:
+def scratch_disks(root: Path, runtime_root: Path) -> list[GaugeMetricFamily]:
     """The scratch dir's disk images, every runtime dir's (backends/core/leftovers.py): what they hold of the host's
     disk, what is written in those the host mounts, and what no live sandbox holds (msb_scratch_swept_bytes_total
     counts what sweeps removed)."""
     disks = leftovers.disks(root, leftovers.STARTS_WITHIN)
-    used = [leftovers.used_bytes(disk) for disk in disks]
+    used = [leftovers.used_bytes(disk, runtime_root) for disk in disks]
     return [
         GaugeMetricFamily(
             "msb_scratch_reserved_bytes",
@@ -103,7 +103,7 @@ def scratch_disks(root: Path) -> list[GaugeMetricFamily]:
         ),
         GaugeMetricFamily(
             "msb_scratch_used_bytes",
-            "Bytes written inside the scratch disks the host has mounted (gVisor's; a namespace sandbox mounts its own)",
+            "Bytes written inside the scratch disks: the host's mounts (gVisor's), and this gateway's namespace sandboxes'",
             value=sum(filter(None, used)),
         ),
         GaugeMetricFamily(

@@ -126,9 +126,15 @@ def sweep(scratch_root: Path, younger_than: float) -> list[Disk]:
     return swept
 
 
-def used_bytes(disk: Disk) -> int | None:
-    """Bytes written inside a disk the host has mounted; None for one it does not (a namespace sandbox's)."""
-    for point in disk.mounts:
+def used_bytes(disk: Disk, runtime_root: Path) -> int | None:
+    """Bytes written inside a disk: where the host mounts it (gVisor's), or, for a namespace sandbox of runtime_root,
+    which mounts it in its own mount namespace, through its init's root (/proc/<pid>/root/tmp); None elsewhere."""
+    places = list(disk.mounts)
+    if disk.attached and not places:
+        state, _ = trusted_json(runtime_root / disk.image.name.removesuffix(IMAGE_SUFFIX) / "state.json", private=False)
+        if state is not None and process_alive(state.get("init_pid"), state.get("init_start")):
+            places.append(Path(f"/proc/{state['init_pid']}/root/tmp"))
+    for point in places:
         with contextlib.suppress(OSError):
             stats = os.statvfs(point)
             return (stats.f_blocks - stats.f_bfree) * stats.f_frsize

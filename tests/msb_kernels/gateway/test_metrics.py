@@ -79,6 +79,7 @@ async def test_metrics_follow_a_scripted_workload(gateway_factory):
     assert value(during, "msb_gateway_resident_bytes") > 30 * 2**20
     if scratch.unavailable_reason() is None:  # three namespace kernels' disks, each its flavor's size, none left over
         assert value(during, "msb_scratch_reserved_bytes") >= 3 * 2**20 and value(during, "msb_scratch_left_bytes") == 0
+        assert value(during, "msb_scratch_used_bytes") > 0  # each ext4 holds its own metadata, read through init's root
     assert value(during, "msb_gateway_retained", structure="records") == 3
 
     # One OOM kill: B's sandbox passes its flavor's memory; jupyter_client restarts it under the same id.
