@@ -22,7 +22,7 @@ from pathlib import Path
 from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.keeping import trusted_json
 from msb_kernels.backends.core.processes import process_alive
-from msb_kernels.backends.core.scratch import IMAGE_SUFFIX
+from msb_kernels.backends.core.scratch import DISK_DIR, IMAGE_SUFFIX
 from msb_kernels.errors import SandboxError
 from msb_kernels.observability import metrics
 
@@ -110,7 +110,8 @@ def remove(disk: Disk) -> None:
     for point in disk.mounts:
         with contextlib.suppress(SandboxError):
             iodir.detach(point)
-        iodir.remove(point.parent)
+        if point.name == DISK_DIR and (point.parent / "io").is_dir():  # a sandbox's state dir, never another place
+            iodir.remove(point.parent)
     with contextlib.suppress(FileNotFoundError):
         disk.image.unlink()
 

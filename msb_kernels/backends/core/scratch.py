@@ -31,6 +31,7 @@ from msb_kernels.kernelspecs.flavors import FLAVORS, Flavor
 
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 IMAGE_SUFFIX = ".img"
+DISK_DIR = "disk"  # in a gVisor sandbox's state dir: the host's mount of its disk
 # No journal (the disk is thrown away with the sandbox); no reserved blocks (all of it is the user's); no room kept
 # for growing it, which it never does (^resize_inode: mkfs of a 4 GiB disk in 6 ms instead of 15);
 # nodiscard: mke2fs would otherwise punch holes in the reservation.

@@ -46,6 +46,7 @@ from msb_kernels.backends.core.base import Availability, SandboxBackend, Sandbox
 from msb_kernels.backends.core.keeping import KeeperLink
 from msb_kernels.backends.core.ports import HostListeners, host_ports
 from msb_kernels.backends.core.processes import SANDBOX_OOM_SCORE_ADJ, PidfdProcess, process_start_time
+from msb_kernels.backends.core.scratch import DISK_DIR
 from msb_kernels.backends.core.state import (
     KernelStderr,
     adopt_held_sandbox,
@@ -64,7 +65,6 @@ from msb_kernels.settings.value_checks import read_key
 
 log = logging.getLogger("msb_kernels")
 
-DISK_DIR = "disk"  # in a sandbox's state dir: the host's mount of its disk
 SHOWN_DIR = "shown"  # in a sandbox's state dir: the host's idmapped mounts of its shared volume and Lab root
 RESTORE_TIMEOUT = 120  # seconds for runsc restore to bring a hibernated kernel back, a large one from a slow disk
 HOST_PIDS_BACKSTOP = 32  # x max_processes: under ptrace each guest process holds about 12 host tasks

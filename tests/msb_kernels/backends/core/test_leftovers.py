@@ -112,6 +112,7 @@ async def mounted_disk(runtime: Path, sandbox_id: str, owner: subprocess.Popen |
     <state dir>/disk), in another runtime dir, with a state file naming owner as owner and process (or none)."""
     state_dir = runtime / "gvisor" / sandbox_id
     state_dir.mkdir(mode=0o700, parents=True)
+    (state_dir / "io").mkdir(mode=0o700)
     image = scratch.image_path(Path(os.environ["MSB_SCRATCH_DIR"]), sandbox_id)
     scratch.reserve_image(image, FLAVORS["small"], reserve=False)
     await scratch.format_image(image)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from msb_kernels.backends.core import scratch
-from msb_kernels.backends.gvisor.backend import DISK_DIR
+from msb_kernels.backends.core.scratch import DISK_DIR
 from msb_kernels.gateway.kernels.hibernation import reconnect_of
 from msb_kernels.kernelspecs.flavors import FLAVORS
 from tests.kernel_helpers import execute
