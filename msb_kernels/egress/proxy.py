@@ -416,11 +416,11 @@ async def _copy_message(
     held: h11.Response | None = None  # a head that waits for the first HOLD_BYTES of its body to be checked
     waiting = b""
 
-    async def release() -> None:
+    async def release(last: bool = False) -> None:
         """Pass on the head that waits and the data after it, once the scan says they hold no piece of a secret
         (Reflected where they do). The scan is a few GB/s (reflection.py): on this thread, not worth a hand-off."""
         nonlocal held, waiting
-        if (found := reflection.scan(waiting) if reflection else None) is not None:
+        if (found := reflection.scan(waiting, last) if reflection else None) is not None:
             raise Reflected(found.names, "in its body")
         if held is not None:
             await target_stream.send(target.send(held))
@@ -471,7 +471,7 @@ async def _copy_message(
             rest = redaction.flush() if redaction else b""
             if reflection:
                 waiting += rest  # all of a short answer, its last bytes too, is checked before its head goes
-                await release()
+                await release(last=True)
             elif rest:
                 await target_stream.send(target.send(h11.Data(data=rest)))
             await target_stream.send(target.send(h11.EndOfMessage()))  # trailers are never passed on

@@ -172,7 +172,9 @@ class Reflection:
             if name not in values or len(form) < len(values[name]):
                 values[name] = form
         self._searches = _searches_for(tuple(sorted(values.items())))
-        self._tail = b""
+        self._tail = b""  # the end of the last chunk, as it is (binary's seam)
+        self._view_tail = b""  # the end of the last chunk's text, as it was read (unescaped, without spacing)
+        self._pending = b""  # an escape the last chunk of text ended inside
 
     def __bool__(self) -> bool:
         return bool(self._searches)
@@ -183,10 +185,14 @@ class Reflection:
         base64) and lower-cased too (a value in any mix of cases, title-cased say); as it is only where a value holds
         spacing or an escape's character, which those views would lose. A binary answer holds no escapes to undo and
         no text to change the case of: it is read as it is."""
+        return self._read(data, b"\0" in data if binary is None else binary)[0]
+
+    def _read(self, data: bytes, binary: bool) -> tuple[Found | None, bytes]:
+        """check's answer, and the view it read last: text unescaped and without spacing, or binary data as it is."""
         searches = self._searches
-        if b"\0" in data if binary is None else binary:
+        if binary:
             name = searches.raw.first(data)
-            return Found(name) if name is not None else None
+            return (Found(name) if name is not None else None), data
         views = [data] if searches.literal else []
         if any(escape in data for escape in _ESCAPES):
             data = unescape(data)
@@ -194,8 +200,11 @@ class Reflection:
                 views.append(data)
             data = unescape(data)
         views.append(data.translate(None, _SPACING))
+        return self._first(views), views[-1]
+
+    def _first(self, views: list[bytes]) -> Found | None:
         for view in views:  # base64's pieces as they are, the value's and hex's in lower case
-            if (name := searches.exact.first(view) or searches.folded.first(view.lower())) is not None:
+            if (name := self._searches.exact.first(view) or self._searches.folded.first(view.lower())) is not None:
                 return Found(name)
         return None
 
@@ -203,15 +212,37 @@ class Reflection:
         """The body's scan goes on from head (its answer's head, as check read it): a value split between the last
         header and the body is found whole."""
         self._tail = head[-OVERLAP:]
+        self._view_tail = head.translate(None, _SPACING)[-OVERLAP:]
 
-    def scan(self, chunk: bytes) -> Found | None:
-        """check() over a stream: each chunk, and where it meets the chunk before (the end of that one and the start
-        of this), so a piece across them is found."""
-        binary = b"\0" in chunk  # where two chunks meet, read as the chunk is: text, or binary with no escapes
-        found = self.check(self._tail + chunk[:OVERLAP], binary) if self._tail else None
-        found = found or self.check(chunk, binary)
+    def scan(self, chunk: bytes, last: bool = False) -> Found | None:
+        """check() over a stream: each chunk, and where it meets the chunk before, so a piece across them is found.
+        Text is read on from the last chunk's view too (unescaped, without spacing: a piece spread wide, each
+        character padded, is whole there), and an escape a chunk ends inside is read with the rest of it, from the
+        next (last: there is none, and all is read now)."""
+        binary = b"\0" in chunk
+        found = self._read(self._tail + chunk[:OVERLAP], binary)[0] if self._tail else None
+        data, self._pending = self._pending + chunk, b""
+        if not binary and not last and (opened := _open_escape(data)) is not None:
+            data, self._pending = data[:opened], data[opened:]
+        if found is None:
+            found, view = self._read(data, binary)
+            if found is None and self._view_tail:
+                found = self._first([self._view_tail + view[:OVERLAP]])
+            self._view_tail = (self._view_tail + view[-OVERLAP:])[-OVERLAP:]
         self._tail = (self._tail + chunk)[-OVERLAP:] if len(chunk) < OVERLAP else chunk[-OVERLAP:]
         return found
+
+
+# An escape that a chunk of text ends inside: an HTML entity (digits without end: zeros pad it as far as the host
+# likes), a backslash's or a percent's, carried to the next chunk whole, up to CARRY bytes.
+_OPEN_ESCAPE = re.compile(rb"(?:&#?[xX]?[0-9a-zA-Z]*|\\(?:u[0-9a-fA-F]{0,3}|x[0-9a-fA-F]?|[0-7]{0,2})?|%[0-9a-fA-F]?)\Z")
+CARRY = 64 << 10
+
+
+def _open_escape(data: bytes) -> int | None:
+    """Where the escape that data ends inside begins; None where it ends outside one."""
+    start = max(data.rfind(b"&", len(data) - CARRY), data.rfind(b"\\", len(data) - 8), data.rfind(b"%", len(data) - 3))
+    return start if start >= 0 and _OPEN_ESCAPE.match(data, start) else None
 
 
 class _Search:

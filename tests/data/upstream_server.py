@@ -97,7 +97,7 @@ def handler_for(root: str, log_path: str, scheme: str):
                 got = "kept"
             if form in ("reason", "early"):
                 return self._reflect_in_head(form, got)
-            if form in ("chunks", "trailer", "gzip", "two-encodings", "large"):
+            if form in ("chunks", "trailer", "gzip", "two-encodings", "large", "padded-stream"):
                 return self._reflect_framed(form, got, int(query.get("mib", ["2"])[0]))
             text, headers = REFLECTIONS[form](got)
             body = text.encode()
@@ -144,6 +144,13 @@ def handler_for(root: str, log_path: str, scheme: str):
                 chunk(upper[: len(upper) // 2])
                 time.sleep(0.2)
                 chunk(upper[len(upper) // 2 :])
+            elif form == "padded-stream":  # past the 1 MiB checked whole: each character wide, flushed apart
+                chunk(b"a" * (1 << 20) + b"a" * (200 << 10))
+                for index, character in enumerate(got):
+                    entity = f"&#{'0' * 40}{ord(character)};".encode()
+                    chunk(entity[:20])  # an entity cut where the stream is
+                    time.sleep(0.01 if index % 8 else 0.05)
+                    chunk(entity[20:])
             elif form == "large":
                 block = b"0123456789abcdef" * 4096
                 for _ in range(mib * 16):

@@ -270,6 +270,7 @@ REFLECTED_FORMS = (
     *("as-sent", "upper", "title", "octal", "lower-header", "json-slash", "json-unicode", "pieces", "hex", "hex-upper", "base64"),
     *("base64url", "base64-wrapped", "basic-credential", "html", "url", "url-twice", "shell", "location", "set-cookie"),
     *("header-name", "reason", "early", "chunks", "trailer", "gzip", "large", "split-headers", "head-body", "two-encodings"),
+    "padded-stream",
 )
 
 
@@ -386,7 +387,7 @@ result["oracle placeholder"] = os.environ["{oracle}"]
     # What repeats a form the request carried exactly (the header, its base64 or URL encoding) comes masked, byte for
     # byte; every other form is refused, naming the secret. Those the issue found leaking are among the refused.
     for form in (*REFLECTED_FORMS, "basic"):
-        if form in ("trailer", "large"):
+        if form in ("trailer", "large", "padded-stream"):
             continue
         answer = result[form]
         masked = answer["status"] == 200 and "*" * 24 in answer["text"]
@@ -397,6 +398,7 @@ result["oracle placeholder"] = os.environ["{oracle}"]
     for form in (*refused, "early", "store"):
         assert result[form]["status"] == 502, (form, result[form])
     assert result["large"]["status"] is None or len(result["large"]["text"]) < (2 << 20) + 1000, "the large answer was cut"
+    assert result["padded-stream"]["status"] is None or result["padded-stream"]["text"].count("&#") < 8, "it was not cut"
     assert result["trailer"]["status"] == 200 and "see the trailer" in result["trailer"]["text"]  # its trailer never came
     assert result["plain"] == {"status": 200, "text": "an answer that repeats nothing\n" * 1000}
     assert result["http2"]["out"] == "1.1 502", result["http2"]

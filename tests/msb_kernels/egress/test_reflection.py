@@ -118,3 +118,26 @@ def test_any_8_bytes_of_any_value_are_found_in_each_form_at_any_offset(
         "any mix of cases": bytes(c ^ 0x20 if chr(c).isalpha() and flip else c for c, flip in zip(piece, flips, strict=True)),
     }[form]
     assert Reflection([("S", value.encode())]).check(b"<<" + shown + b">>") is not None, (form, shown)
+
+
+@pytest.mark.parametrize(
+    "spread",
+    [
+        pytest.param(lambda c: f"&#{'0' * 40}{ord(c)};", id="entities padded with zeros"),
+        pytest.param(lambda c: c + " " * 70, id="characters 70 spaces apart"),
+    ],
+)
+def test_a_value_spread_wide_across_many_chunks_is_found(spread) -> None:
+    """Each character of the value written wider than a seam's reach, and the stream cut every few bytes, mid-escape
+    too (a host that flushes as it writes): the scan reads on from each chunk's decoded text."""
+    stream = ("a" * 5000 + "".join(spread(c) for c in HEADER)).encode()
+    reflection = Reflection(SENT)
+    found = [reflection.scan(stream[i : i + 23]) for i in range(0, len(stream), 23)]
+    assert any(found), "the value came through, each piece of it across chunks"
+
+
+def test_an_escape_a_stream_ends_inside_is_read_at_its_end() -> None:
+    """What the last chunk holds after an escape it ends inside (carried, for the next chunk) is read at the end."""
+    reflection = Reflection(SENT)
+    assert reflection.scan(b"x" * 100) is None
+    assert reflection.scan(b"&" + VALUE.encode(), last=True) is not None
