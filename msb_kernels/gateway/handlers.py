@@ -1,7 +1,8 @@
 """The gateway's routes, on top of jupyter_server's: the table of them all (gateway_handlers), and the handlers that
 belong to no service package.
 
-- ``GET /api/msb/health``: the one endpoint that answers without a token.
+- ``GET /api/msb/health`` and ``GET /`` (JupyterHub checks each service's health at its root every minute): the only
+  endpoints that answer without a token.
 - ``GET /api/msb/stats``: resource stats and one entry per kernel.
 - ``/api/sessions`` and ``/api/kernelspecs``: jupyter_server's handlers, with the gateway's error bodies.
 - ``/api/kernels`` and its WebSocket: kernels/handlers.py and kernels/websocket.py; /mcp's metadata: mcp/metadata.py.
@@ -117,6 +118,7 @@ def gateway_handlers() -> list[tuple[str, type]]:
     return [
         (r"/api/?", AuthenticatedVersionHandler),
         (r"/api/msb/health", HealthHandler),
+        (r"/?", HealthHandler),  # the root: JupyterHub's check of its services' health GETs it every minute
         (r"/api/msb/stats", StatsHandler),
         (r"/api/status", AdminStatusHandler),
         (r"/metrics", AdminMetricsHandler),

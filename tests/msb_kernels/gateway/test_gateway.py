@@ -255,8 +255,9 @@ async def test_a_second_socket_of_the_same_session_is_answered(gateway: Gateway,
 
 
 async def test_every_endpoint_but_health_needs_the_token(gateway: Gateway) -> None:
-    health = await gateway.request("GET", "/api/msb/health", token=None)
-    assert health.code == 200 and health.json["status"] == "ok"
+    for path in ("/api/msb/health", "/"):  # the root: JupyterHub checks each service's health there, every minute
+        health = await gateway.request("GET", path, token=None)
+        assert health.code == 200 and health.json["status"] == "ok", path
     for method, path in (
         ("GET", "/api"),
         ("GET", "/api/kernels"),
