@@ -236,9 +236,9 @@ def write_attempts(blocked: list[str], allowed: list[str]) -> str:
 
 async def assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds: float) -> dict:
     """A kernel started by another process, which is then killed with SIGKILL (no cleanup code runs):
-    the sandbox's host processes, and the owner's fork servers, end within grace_seconds, and its state
-    stays on disk until the next start, in a new process, sweeps it and its cgroups. MSB_BACKEND picks
-    the backend. Returns what the owner said of its kernel."""
+    the sandbox's host processes, and the owner's fork servers, end within grace_seconds, and its keeper
+    sweeps its state and cgroups within 30 s more, with no new start (issue 58). MSB_BACKEND picks the
+    backend. Returns what the owner said of its kernel."""
     import json
     import os
     import subprocess
@@ -255,9 +255,7 @@ async def assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds: float) -> 
     while any(os.path.exists(f"/proc/{pid}") for pid in started["pids"] + started["fork_servers"]):
         assert time.monotonic() < deadline, "sandbox processes or fork servers outlived their owner"
         await asyncio.sleep(0.1)
-    assert Path(started["state_dir"]).exists()
-    next_start = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, "once"], capture_output=True, text=True, timeout=120)
-    assert next_start.returncode == 0, next_start.stderr[-2000:]
-    assert not Path(started["state_dir"]).exists()
-    assert not any(Path(p).exists() for p in started["cgroups"])
+    while Path(started["state_dir"]).exists() or any(Path(p).exists() for p in started["cgroups"]):
+        assert time.monotonic() < deadline + 30, "the dead owner's sandbox was left for a later start to sweep"
+        await asyncio.sleep(0.2)
     return started

@@ -342,7 +342,7 @@ async def test_a_crashed_kernel_leaves_nothing_behind(start_kernel):
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
-async def test_kill_9_of_the_host_process_leaves_no_sandbox_after_next_start():
+async def test_kill_9_of_the_host_process_leaves_no_sandbox():
     await assert_kill_9_of_the_owner_leaves_no_sandbox(grace_seconds=10)
 
 
