@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,16 +40,20 @@ def test_list_tells_owned_from_dead_and_sweep_removes_only_what_no_one_owns(own_
     assert msb(env, "list").strip() == "no sandboxes"
     owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "hold"], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        sandbox_id = Path(json.loads(owner.stdout.readline())["state_dir"]).name
+        state_dir = Path(json.loads(owner.stdout.readline())["state_dir"])
+        sandbox_id = state_dir.name
         (line,) = msb(env, "list").splitlines()
         assert line.split() == [sandbox_id, "namespace", "small", "running", "owned", "by", "pid", str(owner.pid)]
         assert msb(env, "sweep").strip() == "removed 0 orphaned sandbox(es)"  # its owner lives: hands off
         assert msb(env, "list").split()[3:5] == ["running", "owned"]
+        # A crash of its keeper and its owner both (a dead owner alone: the keeper sweeps it at once): the sandbox
+        # dies with its keeper's lifeline, and its files wait for a sweep.
+        os.kill(json.loads((state_dir / "state.json").read_text())["keeper_pid"], signal.SIGKILL)
     finally:
         owner.kill()  # SIGKILL: the owner cleans nothing up
         owner.wait()
     deadline = time.monotonic() + 30
-    while "dead" not in (listing := msb(env, "list")):  # it died with its owner; its files wait for a sweep
+    while "dead" not in (listing := msb(env, "list")):
         assert time.monotonic() < deadline, listing
         time.sleep(0.2)
     assert listing.split()[0] == sandbox_id
