@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,10 +90,13 @@ def disks(scratch_root: Path, younger_than: float) -> list[Disk]:
     found = []
     for image in sorted(scratch_root.glob(f"*{IMAGE_SUFFIX}")):
         try:
-            info = image.stat()
+            info = image.lstat()
         except OSError:
             continue
-        devices = loops.get(str(image), [])
+        if not stat.S_ISREG(info.st_mode):
+            continue  # not an image of ours: a loop device's backing file is a regular file
+        # The loop device names its backing file by its real path, whatever spelling MSB_SCRATCH_DIR has (a link).
+        devices = loops.get(os.path.realpath(image), [])
         mounts = tuple(point for device in devices for point in mounted.get(device, []))
         why: str | None = None
         if not devices:
@@ -112,8 +116,7 @@ def remove(disk: Disk) -> None:
             iodir.detach(point)
         if point.name == DISK_DIR and (point.parent / "io").is_dir():  # a sandbox's state dir, never another place
             iodir.remove(point.parent)
-    with contextlib.suppress(FileNotFoundError):
-        disk.image.unlink()
+    disk.image.unlink(missing_ok=True)
 
 
 def sweep(scratch_root: Path, younger_than: float) -> list[Disk]:
@@ -121,7 +124,10 @@ def sweep(scratch_root: Path, younger_than: float) -> list[Disk]:
     swept = []
     for disk in disks(scratch_root, younger_than):
         if disk.left:
-            remove(disk)
+            try:
+                remove(disk)
+            except (OSError, SandboxError):  # what cannot go stays for the next sweep; never a start's failure
+                continue
             metrics.SCRATCH_SWEPT_BYTES.inc(disk.allocated)
             swept.append(disk)
     return swept

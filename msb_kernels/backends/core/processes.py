@@ -31,7 +31,16 @@ def process_start_time(pid: int) -> int | None:
 
 
 def process_alive(pid: int | None, start_time: int | None) -> bool:
-    return pid is not None and start_time is not None and process_start_time(pid) == start_time
+    """Whether pid is the process that started at start_time, and runs: a zombie (killed, its parent has not reaped it
+    yet, or never will) is dead, or a sandbox's keeper would take its killed owner for one that let go alive."""
+    if pid is None or start_time is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return fields[0] not in ("Z", "X") and int(fields[19]) == start_time
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def owner_alive(pid: int | None, start: int | None) -> bool:

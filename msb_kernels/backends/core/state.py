@@ -80,6 +80,18 @@ def read_states(root: Path, backend: str) -> list[SandboxRecord]:
     return records
 
 
+def unfinished_starts(root: Path, younger_than: float) -> list[Path]:
+    """Sandbox directories under root (state dirs with their io/, which a start makes first) without a state file, made
+    more than younger_than seconds ago: a start whose owner died before it wrote one. Called by the sweeps."""
+    found = []
+    for io_dir in root.glob(f"*/{iodir.IO_DIR}"):
+        state_dir = io_dir.parent
+        with contextlib.suppress(OSError):
+            if not (state_dir / "state.json").exists() and time.time() - os.lstat(state_dir).st_mtime >= younger_than:
+                found.append(state_dir)
+    return found
+
+
 def with_keeper(record: SandboxRecord, state: dict, state_dir: Path) -> SandboxRecord:
     """Fill in whether a keeper holds the sandbox, and so whether it is adoptable: the one rule for every backend."""
     record.keeper_alive = process_alive(state.get("keeper_pid"), state.get("keeper_start"))

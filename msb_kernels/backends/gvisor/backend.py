@@ -54,6 +54,7 @@ from msb_kernels.backends.core.state import (
     read_states,
     remove_state_dir,
     take_orphans,
+    unfinished_starts,
     write_state,
 )
 from msb_kernels.backends.gvisor.bundle import DISK_HOME, DISK_TMP, GUEST_UID, SENTRY_MEMORY_MIB, write_bundle
@@ -475,12 +476,15 @@ class GVisorBackend(SandboxBackend):
 
     async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
         swept = []
+        for state_dir in unfinished_starts(self.root, leftovers.STARTS_WITHIN):  # an owner that died mid-start
+            remove_state_dir(state_dir, keep_io_dir=False)
+            swept.append(state_dir.name)
         for record in take_orphans(self.list_sandboxes(), include_adoptable=include_adoptable):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)
         if self.no_disk is None:  # disks no live sandbox holds, whichever runtime dir left them (core/leftovers.py)
-            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=2 * RESTORE_TIMEOUT):
+            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=leftovers.STARTS_WITHIN):
                 log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
         if swept:
             log.info("swept %d orphaned gVisor sandbox(es): %s", len(swept), ", ".join(swept))

@@ -48,6 +48,7 @@ from msb_kernels.backends.core.state import (
     read_states,
     remove_state_dir,
     take_orphans,
+    unfinished_starts,
     write_state,
 )
 from msb_kernels.backends.namespace import network, uids
@@ -418,6 +419,9 @@ class NamespaceBackend(SandboxBackend):
 
     async def sweep_orphans(self, include_adoptable: bool = False) -> list[str]:
         swept = []
+        for state_dir in unfinished_starts(self.root, leftovers.STARTS_WITHIN):  # an owner that died mid-start
+            remove_state_dir(state_dir, keep_io_dir=False)
+            swept.append(state_dir.name)
         for record in take_orphans(self.list_sandboxes(), include_adoptable=include_adoptable):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             self.remove_state(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
@@ -425,7 +429,7 @@ class NamespaceBackend(SandboxBackend):
         if swept:
             log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
         if self.no_disk is None:
-            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=2 * LAUNCH_TIMEOUT):
+            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=leftovers.STARTS_WITHIN):
                 log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
         return swept
 

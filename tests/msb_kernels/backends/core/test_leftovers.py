@@ -307,3 +307,62 @@ async def test_a_papermill_run_killed_mid_cell_leaves_nothing(backend: str, tmp_
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+
+
+@needs_disk
+async def test_the_sweep_holds_to_what_is_a_disk_and_who_lives(tmp_path: Path) -> None:
+    """What a hostile-tenant run found: a scratch dir named through a link saw no loop device behind a live image, and
+    swept it; a directory named like an image broke every start; a killed owner that its parent had not reaped yet
+    counted as alive, so its keeper's sweep left its sandbox."""
+    from msb_kernels.backends.core.processes import process_alive
+
+    scratch_root = Path(os.environ["MSB_SCRATCH_DIR"])
+    elsewhere = Path(tempfile.mkdtemp(prefix="msbt-else-", dir="/tmp"))
+    link = tmp_path / "scratch-link"
+    link.symlink_to(scratch_root)
+    bogus = scratch_root / f"a-directory{scratch.IMAGE_SUFFIX}"
+    bogus.mkdir(parents=True)
+    os.utime(bogus, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+    attached = None
+    try:
+        # A namespace sandbox's disk: a loop device holds it, and the host mounts it nowhere.
+        image = scratch_root / f"attached-live{scratch.IMAGE_SUFFIX}"
+        scratch.reserve_image(image, FLAVORS["small"], reserve=False)
+        os.utime(image, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+        attached = subprocess.run(["losetup", "--find", "--show", str(image)], capture_output=True, text=True, check=True).stdout.strip()
+        seen = {disk.image.name: disk for disk in leftovers.disks(link, leftovers.STARTS_WITHIN)}
+        assert seen[image.name].attached and not seen[image.name].left, "a live disk, seen through a link, taken for left"
+        assert bogus.name not in seen
+        assert leftovers.sweep(link, leftovers.STARTS_WITHIN) == [] and image.exists() and bogus.is_dir()
+
+        zombie = subprocess.Popen(["true"])
+        started = process_start_time(zombie.pid)
+        await wait_until(lambda: open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 10, "a zombie")
+        assert not process_alive(zombie.pid, started), "a killed process not yet reaped counted as alive"
+        zombie.wait()
+    finally:
+        if attached:
+            subprocess.run(["losetup", "-d", attached], check=False)
+        for path in (scratch_root / f"attached-live{scratch.IMAGE_SUFFIX}",):
+            path.unlink(missing_ok=True)
+        bogus.rmdir()
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+async def test_a_start_its_owner_died_in_before_its_state_file_is_swept(runtime_root: Path) -> None:
+    """A start makes its state dir and io/ first; an owner killed before the state file was written left them, which
+    no sweep found (it read state files only). Past the time a start takes, the next sweep removes them."""
+    from msb_kernels.backends import get_backend
+    from msb_kernels.settings.config import load_settings
+
+    backend = get_backend(load_settings())
+    io_dir = backend.io_dir_for("died-mid-start")
+    os.utime(io_dir.parent, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+    young = backend.io_dir_for("starting-now")
+    try:
+        assert "died-mid-start" in await backend.sweep_orphans()
+        assert not io_dir.parent.exists() and young.exists()
+    finally:
+        from msb_kernels.backends.core import iodir
+
+        iodir.remove(young.parent)
