@@ -143,13 +143,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if chosen in failed:
         print(f"-> but MSB_BACKEND={chosen} cannot start a kernel here (above); unset MSB_BACKEND to let auto pick one that can")
         return 1
+    _print_leftovers(left, clean=args.clean)  # before the verdict lines, which end the report
     try:
         transport = backend_classes()[chosen].transport_for(settings)
     except MsbError as exc:
         print(exc.report("msb-kernels doctor"))
         return 1
     print(f"-> kernels reached over {transport} (MSB_TRANSPORT={settings.transport})")
-    _print_leftovers(left, clean=args.clean)
     if settings.hibernate_after_seconds > 0:
         from msb_kernels.backends import get_backend
 
