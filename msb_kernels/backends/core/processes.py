@@ -21,26 +21,27 @@ from msb_kernels.backends.core import iodir
 SANDBOX_OOM_SCORE_ADJ = 500
 
 
-def process_start_time(pid: int) -> int | None:
-    """The kernel's start tick for pid: with the pid, it names one process for good."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """pid's state letter and start tick, from /proc/<pid>/stat; None where it has none."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start tick for pid: with the pid, it names one process for good."""
+    stat = _stat(pid)
+    return stat[1] if stat else None
 
 
 def process_alive(pid: int | None, start_time: int | None) -> bool:
     """Whether pid is the process that started at start_time, and runs: a zombie (killed, its parent has not reaped it
     yet, or never will) is dead, or a sandbox's keeper would take its killed owner for one that let go alive."""
-    if pid is None or start_time is None:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return fields[0] not in ("Z", "X") and int(fields[19]) == start_time
-    except (OSError, IndexError, ValueError):
-        return False
+    stat = _stat(pid) if pid is not None and start_time is not None else None
+    return stat is not None and stat[0] not in ("Z", "X") and stat[1] == start_time
 
 
 def owner_alive(pid: int | None, start: int | None) -> bool:
