@@ -171,6 +171,7 @@ def _print_leftovers(left: list, clean: bool) -> None:
         if clean and disk.image.exists():
             leftovers.remove(disk)
         mounted = f", mounted at {', '.join(map(str, disk.mounts))}" if disk.mounts else ""
+        mounted += f", its sandbox's state dir {disk.state_dir}" if disk.state_dir and disk.state_dir.exists() else ""
         print(f"scratch: left behind: {disk.image} ({disk.allocated >> 20} MiB{mounted}): {disk.why}")
     freed = sum(disk.allocated for disk in left) >> 20
     still = [disk for disk in left if disk.image.exists()]

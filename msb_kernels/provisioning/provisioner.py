@@ -54,7 +54,10 @@ log = logging.getLogger("msb_kernels")
 
 GUEST_CONNECTION_FILE = "connection.json"
 
-_swept_runtime_dirs: set[str] = set()
+_last_sweeps: dict[str, float] = {}  # per runtime dir and backend: when this process last swept (time.monotonic)
+# A later start in the same process sweeps the scratch dir's dead disks again once this much time has passed: what
+# another gateway or a script left, dying with its keeper, goes at the next start of a gateway that runs for days.
+DISK_SWEEP_EVERY = 10.0
 # How long a start holds its turn at most while the kernel imports; past it the next start goes anyway.
 LISTEN_WAIT_SECONDS = 30.0
 BIND_WAIT_SECONDS = 120.0  # ipc: how long a start waits for the kernel's five sockets, out of its turn, to pin them
@@ -300,11 +303,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             )
 
     async def _sweep_once(self) -> None:
-        """The first start in a process removes sandboxes that a dead process left behind."""
+        """The first start in a process removes sandboxes that a dead process left behind; a later one, the scratch
+        dir's disks that no live sandbox holds (every DISK_SWEEP_EVERY seconds at most)."""
         key = str(self.backend.settings.runtime_root()) + self.backend.name
-        if key not in _swept_runtime_dirs:
-            _swept_runtime_dirs.add(key)
-            await self.backend.sweep_orphans()
+        last, now = _last_sweeps.get(key), time.monotonic()
+        if last is not None and now - last < DISK_SWEEP_EVERY:
+            return
+        _last_sweeps[key] = now
+        await (self.backend.sweep_orphans() if last is None else self.backend.sweep_disks())
 
     def _guest_path(self, name: str) -> str:
         """Where the guest sees a file the host wrote for it (iodir.host_dir): read-only, its own to read."""

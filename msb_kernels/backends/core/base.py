@@ -10,12 +10,15 @@ built-in ones are (pyproject.toml). Each docstring names its caller.
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from msb_kernels.backends.core import leftovers
 from msb_kernels.egress.route import EgressRoute
 from msb_kernels.errors import ConfigError, HibernationRefused, SandboxError
 from msb_kernels.kernelspecs.flavors import Flavor
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from msb_kernels.settings.config import MsbSettings
 
 SANDBOX_LABEL = "msb-kernels"  # every sandbox we create carries this label, for orphan sweeps
+log = logging.getLogger("msb_kernels")
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,8 @@ class SandboxBackend(abc.ABC):
     egress_routes: ClassVar[str | None] = None
     guest_io_dir: ClassVar[str]  # where the guest sees SandboxSpec.io_dir, read-write (its sockets, its exit status)
     guest_host_dir: ClassVar[str]  # where the guest sees what the host wrote for it (iodir.host_dir), read-only
+    # Why its sandboxes have no disk image in the scratch dir (core/scratch.py); None where they do (set per host).
+    no_disk: str | None = "its sandboxes keep no disk image on this host"
 
     def __init__(self, settings: MsbSettings):
         """One instance per (backend, runtime dir, transport) in a process, made by get_backend."""
@@ -317,6 +323,18 @@ class SandboxBackend(abc.ABC):
 
         Called by the provisioner before its first start in a process, the gateway at start (after adopting what
         it could, with include_adoptable), and `msb-kernels sweep`."""
+
+    async def sweep_disks(self) -> list[str]:
+        """Remove the scratch dir's disk images no live sandbox holds, whichever runtime dir left them, with their mounts
+        and state dirs (core/leftovers.py); return their names. Called by sweep_orphans, and by the provisioner at a
+        later start in the same process (every start_sweep_every seconds at most): a gateway that runs for days sweeps
+        what another gateway or a script left when it died with its keeper."""
+        if self.no_disk is not None:
+            return []
+        swept = await asyncio.to_thread(leftovers.sweep, self.settings.scratch_root(), leftovers.STARTS_WITHIN)
+        for disk in swept:
+            log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
+        return [disk.image.name for disk in swept]
 
     async def adopt(self, spec: SandboxSpec) -> Sandbox:
         """Take over the running sandbox spec.sandbox_id that a keeper holds (see SandboxSpec.adopt_grace), as

@@ -34,6 +34,7 @@ KEEPERS_SOCKET = "keepers.sock"  # in the runtime dir of a backend: where its ga
 KEEPERS_LOG = "keepers.log"  # what the keeper says; each sandbox's closing sweep writes to keeper.log in its state dir
 ADOPTION_RECORD = "adoption.json"
 KEEPER_TIMEOUT = 10.0
+DOCTOR_HINT = "run `msb-kernels doctor` to check this host"
 UNIX_PATH_MAX = 107
 
 
@@ -166,14 +167,12 @@ async def start_keeper(
             except (OSError, EOFError) as exc:  # a keeper killed since: the next attempt starts a fresh one
                 _forget_keeper(path, connection)
                 if attempt == 2:
-                    raise SandboxError(
-                        f"cannot hand the sandbox to its keeper: {exc}", ["run `msb-kernels doctor` to check this host"]
-                    ) from None
+                    raise SandboxError(f"cannot hand the sandbox to its keeper: {exc}", [DOCTOR_HINT]) from None
             except BaseException:
                 _forget_keeper(path, connection)
                 raise
     if "error" in answer:
-        raise SandboxError(answer["error"], ["run `msb-kernels doctor` to check this host"])
+        raise SandboxError(answer["error"], [DOCTOR_HINT])
     return int(answer["keeper"]), answer["pid"]
 
 
@@ -233,7 +232,7 @@ async def _connect_keeper(root: Path, path: str) -> socket.socket:
         await process.wait()  # the first fork, gone at once; the keeper is its child
     report = json.loads(line or b'{"error": "the keeper exited without a report"}')
     if "error" in report:
-        raise SandboxError(report["error"], ["run `msb-kernels doctor` to check this host"])
+        raise SandboxError(report["error"], [DOCTOR_HINT])
     return await connect_unix(path)
 
 
@@ -299,7 +298,10 @@ class KeeperLink:
             reply = json.loads(message or b'{"error": "the keeper hung up"}')
         except (OSError, ValueError) as exc:
             connection.close()
-            raise SandboxError(f"cannot reach the keeper of the sandbox in {state_dir}: {exc}") from None
+            raise SandboxError(
+                f"cannot reach the keeper of the sandbox in {state_dir}: {exc}",
+                ["start the kernel again: a keeper that died (killed while it took the sandbox) is started afresh", DOCTOR_HINT],
+            ) from None
         except BaseException:
             connection.close()
             raise
@@ -307,7 +309,7 @@ class KeeperLink:
             connection.close()
             for fd in fds:
                 os.close(fd)
-            raise SandboxError(f"the keeper of the sandbox in {state_dir} refused: {reply['error']}")
+            raise SandboxError(f"the keeper of the sandbox in {state_dir} refused: {reply['error']}", [DOCTOR_HINT])
         connection.setblocking(False)
         return cls(connection, fds[0] if fds else None, reply.get("pid"), float(reply.get("unowned_seconds", 0)), keeper_pid)
 

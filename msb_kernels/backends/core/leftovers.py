@@ -3,8 +3,9 @@
 A sandbox's state is in its own runtime dir, but the disk images of every runtime dir's sandboxes are in one scratch
 dir (MSB_SCRATCH_DIR). A sweep that reads only its own runtime dir's state files missed what another gateway or a
 script left: a 2 GiB image still mounted in the state dir of a runtime dir no one runs any more. Here the scratch dir
-itself is read: each image, the loop devices it backs, where the host has them mounted, and whether the sandbox of
-each mount still lives by its state file, whichever runtime dir that is in.
+itself is read: each image, the loop devices it backs, where the host has them mounted, and whether its sandbox still
+lives by its state file, whichever runtime dir that is in: the state dir of the mount, or the one the image's link
+names (scratch.state_dir_of; a namespace sandbox mounts its disk in its own mount namespace, where the host sees none).
 
 Called by the namespace and gVisor backends' sweeps (at each gateway's or kernel's start) and `msb-kernels doctor`
 (which lists them; with --clean, removes them); the gateway's scrape reads their sizes.
@@ -17,16 +18,20 @@ import glob
 import os
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.backends.core import iodir
+from msb_kernels.backends.core import iodir, scratch
 from msb_kernels.backends.core.keeping import trusted_json
 from msb_kernels.backends.core.processes import process_alive
-from msb_kernels.backends.core.scratch import DISK_DIR, IMAGE_SUFFIX
+from msb_kernels.backends.core.scratch import DISK_DIR, IMAGE_SUFFIX, state_dir_of
 from msb_kernels.errors import SandboxError
 from msb_kernels.observability import metrics
 
+# runsc's own records of a gVisor sandbox, in its --root beside the state dirs (gvisor/backend.py): what `runsc delete`
+# removes. A sweep from another runtime dir removes them by name: the runsc that wrote them may be no one's now.
+RUNSC_RECORDS = ("runsc/{id}_sandbox:{id}.state", "runsc/{id}_sandbox:{id}.lock", "runsc/runsc-{id}.sock")
 STARTS_WITHIN = 300.0  # seconds: an image younger than this, or a state dir without its state file, may be a start's
 
 
@@ -39,6 +44,7 @@ class Disk:
     mounts: tuple[Path, ...]  # where the host has it mounted: a gVisor sandbox's <state dir>/disk
     attached: bool  # a loop device is backed by it (a namespace sandbox's is mounted in its own mount namespace only)
     why: str | None  # why no sandbox holds it; None: one does, or may (a start in progress)
+    state_dir: Path | None = None  # its sandbox's, by the image's link (scratch.state_dir_of), where that was read
 
     @property
     def left(self) -> bool:
@@ -82,41 +88,72 @@ def _sandbox_gone(state_dir: Path, younger_than: float) -> str | None:
     return f"the sandbox of {state_dir} is gone: its owner, its process and its keeper have all ended"
 
 
-def disks(scratch_root: Path, younger_than: float) -> list[Disk]:
-    """Every image in scratch_root. One made less than younger_than seconds ago may belong to a start in progress."""
+def disks(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -> list[Disk]:
+    """Every image in scratch_root. One made less than younger_than seconds ago may belong to a start in progress.
+    live: sandbox ids the caller holds (a gateway's scrape), whose state is not read: 1,000 gVisor kernels' state
+    files and /proc entries took 200 ms of every scrape on the event loop."""
     if not scratch_root.is_dir():
         return []
     loops, mounted = _loop_devices(), _host_mounts()
+    # The loop device names its backing file by its real path, whatever spelling MSB_SCRATCH_DIR has (a link).
+    real_root = os.path.realpath(scratch_root)
     found = []
-    for image in sorted(scratch_root.glob(f"*{IMAGE_SUFFIX}")):
+    with os.scandir(scratch_root) as entries:
+        named = sorted((entry.name, entry) for entry in entries if entry.name.endswith(IMAGE_SUFFIX))
+    for name, entry in named:
         try:
-            info = image.lstat()
+            info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
         if not stat.S_ISREG(info.st_mode):
             continue  # not an image of ours: a loop device's backing file is a regular file
-        # The loop device names its backing file by its real path, whatever spelling MSB_SCRATCH_DIR has (a link).
-        devices = loops.get(os.path.realpath(image), [])
+        image = scratch_root / name
+        devices = loops.get(os.path.join(real_root, name), [])
         mounts = tuple(point for device in devices for point in mounted.get(device, []))
         why: str | None = None
-        if not devices:
+        state_dir = None
+        if name.removesuffix(IMAGE_SUFFIX) in live:
+            pass
+        elif not devices and (state_dir := state_dir_of(image)) is not None:  # its sandbox, by its own state
+            gone = not os.path.lexists(state_dir)
+            why = f"its state dir {state_dir} is gone" if gone else _sandbox_gone(state_dir, younger_than)
+        elif not devices:
             age = time.time() - info.st_mtime
             why = None if age < younger_than else f"no loop device holds it, {age:.0f} s after it was made"
         elif mounts:  # the host's own mount: a gVisor sandbox's, alive only while that sandbox is
             reasons = [_sandbox_gone(point.parent, younger_than) for point in mounts]
             why = None if None in reasons else "; ".join(reason for reason in reasons if reason)
-        found.append(Disk(image, info.st_blocks * 512, mounts, bool(devices), why))
+        found.append(Disk(image, info.st_blocks * 512, mounts, bool(devices), why, state_dir))
     return found
 
 
 def remove(disk: Disk) -> None:
-    """Detach disk's mounts, remove the state dirs they are in (their sandboxes are gone), and delete its image."""
+    """Detach disk's mounts, remove the state dirs they are in or its link names (their sandboxes are gone), and
+    delete its image."""
     for point in disk.mounts:
         with contextlib.suppress(SandboxError):
             iodir.detach(point)
-        if point.name == DISK_DIR and (point.parent / "io").is_dir():  # a sandbox's state dir, never another place
-            iodir.remove(point.parent)
-    disk.image.unlink(missing_ok=True)
+        if point.name == DISK_DIR and _is_state_dir(point.parent):  # a sandbox's state dir, never another place
+            _remove_state_dir(point.parent)
+    if disk.state_dir is not None and not disk.mounts and _is_state_dir(disk.state_dir):
+        _remove_state_dir(disk.state_dir)
+    scratch.remove_image(disk.image)
+
+
+def _remove_state_dir(state_dir: Path) -> None:
+    iodir.remove(state_dir)
+    for record in RUNSC_RECORDS:
+        with contextlib.suppress(OSError):
+            os.unlink(state_dir.parent / record.format(id=state_dir.name))
+
+
+def _is_state_dir(path: Path) -> bool:
+    """A sandbox's state dir: a directory of this user's (not a link) with the io dir every start makes first."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and (path / iodir.IO_DIR).is_dir()
 
 
 def sweep(scratch_root: Path, younger_than: float) -> list[Disk]:

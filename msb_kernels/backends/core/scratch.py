@@ -31,6 +31,7 @@ from msb_kernels.kernelspecs.flavors import FLAVORS, Flavor
 
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 IMAGE_SUFFIX = ".img"
+STATE_LINK_SUFFIX = ".state"  # beside an image: a link to its sandbox's state dir, in whichever runtime dir that is
 DISK_DIR = "disk"  # in a gVisor sandbox's state dir: the host's mount of its disk
 # No journal (the disk is thrown away with the sandbox); no reserved blocks (all of it is the user's); no room kept
 # for growing it, which it never does (^resize_inode: mkfs of a 4 GiB disk in 6 ms instead of 15);
@@ -84,13 +85,19 @@ def image_path(scratch_root: Path, sandbox_id: str) -> Path:
     return scratch_root / f"{sandbox_id}{IMAGE_SUFFIX}"
 
 
-def reserve_image(path: Path, flavor: Flavor, reserve: bool = True) -> None:
+def reserve_image(path: Path, flavor: Flavor, reserve: bool = True, state_dir: Path | None = None) -> None:
     """The disk's file, of the flavor's size: its blocks reserved (fallocate), or sparse once the host has the room.
-    Called by the namespace backend, which formats it (format_image) while the sandbox is being built."""
+    Called by the namespace and gVisor backends. state_dir: the sandbox's, linked beside the image (state_dir_of), so
+    a sweep from any runtime dir finds whether that sandbox lives, and its state dir to remove once it is gone."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        if state_dir is not None:
+            link = path.with_suffix(STATE_LINK_SUFFIX)
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+            os.symlink(state_dir.absolute(), link)
     except OSError as exc:
         raise SandboxError(
             f"cannot create the sandbox's disk in MSB_SCRATCH_DIR={path.parent}: {exc.strerror}",
@@ -185,8 +192,20 @@ async def mount_image(image: Path, mountpoint: Path) -> None:
 
 
 def remove_image(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    """The image, and the link to its state dir beside it."""
+    for name in (path, path.with_suffix(STATE_LINK_SUFFIX)):
+        with contextlib.suppress(FileNotFoundError):
+            name.unlink()
+
+
+def state_dir_of(image: Path) -> Path | None:
+    """The state dir reserve_image linked beside image: an absolute path whose name is the image's sandbox id, or
+    None (no link: an image of an earlier version, or one whose link is not ours)."""
+    try:
+        target = Path(os.readlink(image.with_suffix(STATE_LINK_SUFFIX)))
+    except OSError:
+        return None
+    return target if target.is_absolute() and target.name == image.name.removesuffix(IMAGE_SUFFIX) else None
 
 
 def attached_images() -> set[str]:

@@ -294,7 +294,7 @@ class GVisorBackend(SandboxBackend):
         """The flavor's disk, formatted and mounted by the host at <state dir>/disk, with the kernel's tmp/ (1777) and
         home/ (uid 1000's) made before the kernel runs: nothing in it is the sandbox's yet."""
         image = scratch.image_path(self.settings.scratch_root(), spec.sandbox_id)
-        scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve)
+        scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve, state_dir=state_dir)
         await scratch.format_image(image)
         disk = state_dir / DISK_DIR
         await scratch.mount_image(image, disk)
@@ -483,9 +483,7 @@ class GVisorBackend(SandboxBackend):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)
-        if self.no_disk is None:  # disks no live sandbox holds, whichever runtime dir left them (core/leftovers.py)
-            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=leftovers.STARTS_WITHIN):
-                log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
+        await self.sweep_disks()  # disks no live sandbox holds, whichever runtime dir left them
         if swept:
             log.info("swept %d orphaned gVisor sandbox(es): %s", len(swept), ", ".join(swept))
         return swept

@@ -179,7 +179,7 @@ class NamespaceBackend(SandboxBackend):
         if self.no_disk is None:
             image = scratch.image_path(self.settings.scratch_root(), spec.sandbox_id)
             try:
-                scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve)
+                scratch.reserve_image(image, spec.flavor, reserve=self.settings.disk_reserve, state_dir=state_dir)
             except BaseException:
                 self.remove_state(state_dir, None, keep_io_dir=True)
                 raise
@@ -428,9 +428,7 @@ class NamespaceBackend(SandboxBackend):
             swept.append(record.sandbox_id)
         if swept:
             log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
-        if self.no_disk is None:
-            for disk in leftovers.sweep(self.settings.scratch_root(), younger_than=leftovers.STARTS_WITHIN):
-                log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
+        await self.sweep_disks()
         return swept
 
 

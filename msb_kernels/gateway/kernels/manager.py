@@ -18,6 +18,7 @@ The kernelspecs it offers are gateway/sandboxed_kernelspecs.py's: only sandboxed
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import deque
@@ -57,6 +58,7 @@ from msb_kernels.provisioning.registry import SandboxRegistry
 from msb_kernels.provisioning.start_request import NOTEBOOK, START_REQUEST, StartRequest
 from msb_kernels.settings.config import load_settings
 
+RESTART_WAIT_SECONDS = 60.0  # a shutdown waits this long at most for a restart in progress to end
 RECENTLY_STOPPED = 20  # stopped kernels kept in the stats, newest last
 SESSION_ADVICE = ["stop a session you no longer need (DELETE /api/kernels/<id>)", "or raise MSB_MAX_SESSIONS"]
 
@@ -291,7 +293,14 @@ class MsbKernelManager(
         self.record_for_adoption(kernel_id)  # its new sandbox is one the next gateway adopts, from now, not at the next refresh
 
     async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
-        self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's
+        manager = self.get_kernel(kernel_id)  # 404 for a kernel that is not the caller's
+        ready = manager.ready
+        if not ready.done():
+            # A restart in progress (the restarter's, after the sandbox died): jupyter_client's shutdown reads
+            # ready.exception() and raised InvalidStateError (a 500, and the restart then went on, kernel and disk
+            # kept). Its end, either way, comes first.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(ready), RESTART_WAIT_SECONDS)
         await super().shutdown_kernel(kernel_id, now=now or self.is_hibernated(kernel_id), restart=restart)
 
     async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]

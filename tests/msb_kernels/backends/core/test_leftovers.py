@@ -8,6 +8,7 @@ papermill do, in a process of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -26,8 +27,9 @@ from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.core.state import write_state
 from msb_kernels.errors import SandboxError
 from msb_kernels.kernelspecs.flavors import FLAVORS
+from msb_kernels.provisioning.provisioner import DISK_SWEEP_EVERY
 from tests.conftest import VENV_BIN
-from tests.msb_kernels.gateway.conftest import wait_until
+from tests.msb_kernels.gateway.conftest import KernelSocket, gateway_factory, wait_until  # noqa: F401 (a fixture)
 from tests.skips import needs_runsc
 
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
@@ -55,9 +57,10 @@ asyncio.run(main())
 """
 
 
-def left_of(kernel_ids: list[str]) -> list[str]:
-    """What of these kernels' sandboxes is still on the host: state or io dirs, disk images, mounts, loop devices."""
-    runtime, scratch_root = Path(os.environ["MSB_RUNTIME_DIR"]), Path(os.environ["MSB_SCRATCH_DIR"])
+def left_of(kernel_ids: list[str], runtime: Path | None = None) -> list[str]:
+    """What of these kernels' sandboxes is still on the host: state or io dirs (in runtime, the suite's runtime dir by
+    default), disk images, mounts, loop devices."""
+    runtime, scratch_root = runtime or Path(os.environ["MSB_RUNTIME_DIR"]), Path(os.environ["MSB_SCRATCH_DIR"])
     found = []
     for kernel_id in kernel_ids:
         found += [f"directory {path}" for path in runtime.rglob(f"*{kernel_id}*")]
@@ -366,3 +369,85 @@ async def test_a_start_its_owner_died_in_before_its_state_file_is_swept(runtime_
         from msb_kernels.backends.core import iodir
 
         iodir.remove(young.parent)
+
+
+def processes_naming(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+    return found
+
+
+@needs_disk
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_gateway_killed_with_its_keeper_is_swept_by_another_gateways_next_start(backend: str, gateway_factory) -> None:
+    """Two gateways on one host, with runtime dirs of their own and one scratch dir. One is killed with kill -9 and
+    its keeper with it (as the OOM killer or `systemctl kill -s KILL` would): its sandboxes die, their disks stay.
+    The other gateway, running since before, sweeps them at its next start, and its own live kernel keeps its disk
+    and what it wrote there."""
+    dying = await gateway_factory(extra_env={"MSB_BACKEND": backend})
+    dead_ids = [await dying.start_kernel() for _ in range(2)]
+    other = await gateway_factory(extra_env={"MSB_BACKEND": backend})
+    live_id = await other.start_kernel()
+    started = time.monotonic()
+    live = await KernelSocket.open(other, live_id)
+    try:
+        wrote = await live.execute("open('/tmp/kept.txt', 'w').write('still here')")
+        assert wrote.error is None, wrote.error
+
+        killed = [dying.process.pid, *processes_naming(f"{dying.runtime_dir}/keepers.sock")]
+        assert len(killed) == 2, killed
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        dying.process.wait(10)
+        held = await wait_until(lambda: left_of(dead_ids, dying.runtime_dir), 10, "the dead gateway's leftovers")
+        assert any(item.startswith("image") for item in held), held
+
+        await asyncio.sleep(max(0.0, DISK_SWEEP_EVERY - (time.monotonic() - started)))  # the other gateway's next sweep is due
+        await other.start_kernel()
+        left = left_of(dead_ids, dying.runtime_dir)
+        assert left == [], "\n".join(left)
+        read = await live.execute("print(open('/tmp/kept.txt').read())")
+        assert read.stdout.strip() == "still here", (read.stdout, read.error)
+        assert scratch.image_path(Path(os.environ["MSB_SCRATCH_DIR"]), live_id).exists()
+    finally:
+        live.connection.close()
+
+
+def disks_of(runtime: Path) -> list[str]:
+    """The scratch dir's images whose sandbox's state dir is in runtime (by the link beside each image)."""
+    return [
+        str(disk.image)
+        for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0)
+        if disk.state_dir and disk.state_dir.parent == runtime
+    ]
+
+
+@needs_disk
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_keeper_killed_while_starts_hand_it_sandboxes_fails_them_fast_and_leaves_nothing(backend: str, gateway_factory) -> None:
+    """The keeper killed with kill -9 as a start hands it its sandbox, at three moments: each start answers within
+    seconds, with its kernel or an error that says what to do; the next start works (a fresh keeper); and once the
+    gateway's kernels are shut down, none of their disks is left."""
+    gateway = await gateway_factory(extra_env={"MSB_BACKEND": backend, "MSB_POOL_SIZE": "0"})
+    await gateway.start_kernel()
+    for delay in (0.0, 0.03, 0.1):
+        began = time.monotonic()
+        start = asyncio.create_task(gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, timeout=120))
+        await asyncio.sleep(delay)
+        for pid in processes_naming(f"{gateway.runtime_dir}/keepers.sock"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        answer = await start
+        took = time.monotonic() - began
+        assert took < 15, f"a start waited {took:.0f} s after its keeper was killed"
+        assert answer.code == 201 or (answer.code >= 400 and answer.json.get("suggestions")), (answer.code, answer.body)
+        assert (await gateway.request("POST", "/api/kernels", {"name": "msb-python-small"}, timeout=120)).code == 201
+    for kernel in (await gateway.request("GET", "/api/kernels")).json:  # some restarting: the keeper took theirs
+        stopped = await gateway.request("DELETE", f"/api/kernels/{kernel['id']}", timeout=90)
+        assert stopped.code == 204, (stopped.code, stopped.body)
+    with contextlib.suppress(AssertionError):
+        await wait_until(lambda: not disks_of(gateway.runtime_dir), 30, "the disks of the gateway's kernels to go")
+    assert disks_of(gateway.runtime_dir) == [], [disk for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0)]
