@@ -312,7 +312,11 @@ async def restart_session(session_id: SessionId, ctx: Context) -> Annotated[Call
 
 
 FilePath = Annotated[
-    str, Field(description="a path in the sandbox: under /tmp, /home/sandbox (relative paths start there) or the shared volume")
+    str,
+    Field(
+        description="a path in the sandbox: under /tmp, /home/sandbox, the shared volume or the notebooks' folder; a relative path is "
+        "from the kernel's working directory (the notebook's folder), as open() in a cell reads it"
+    ),
 ]
 Encoding = Annotated[str, Field(description="text (UTF-8) or base64 (any bytes)", json_schema_extra={"enum": ["text", "base64"]})]
 

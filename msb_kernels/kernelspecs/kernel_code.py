@@ -190,7 +190,8 @@ def _msb_file_step(request, marker):
     try:
         roots = [os.path.realpath(root) for root in request["roots"]]
         given = request["path"]
-        path = os.path.normpath(given if os.path.isabs(given) else os.path.join(os.path.expanduser("~"), given))
+        # A relative path is the kernel's, as open() in a cell reads it: from its working directory (the notebook's folder).
+        path = os.path.normpath(given if os.path.isabs(given) else os.path.join(os.getcwd(), given))
         directory = os.path.realpath(os.path.dirname(path))
         target = os.path.join(directory, os.path.basename(path))
         if not any(target.startswith(r.rstrip("/") + "/") for r in roots):

@@ -128,3 +128,24 @@ async def escapes(client: Client, session: str) -> None:
     # The kernel's own state is the user's: nothing of the transfers in its namespace or history.
     names = await run(client, session, "print(sorted(n for n in globals() if 'msb' in n))")
     assert names.strip() == "[]", names
+
+
+async def test_a_relative_path_is_the_kernels_own_from_its_working_directory(files_server):
+    """A notebook's kernel works in the notebook's folder: `out.csv` there is what `open('out.csv')` in a cell reads,
+    and what an assistant uploads as `rel-assistant.txt` is what the next cell opens by that name (issue 55, point 7)."""
+    server, session = files_server
+    async with Client(server) as client:
+        await run(
+            client,
+            session,
+            "import os; os.makedirs('/tmp/work/nb', exist_ok=True); os.chdir('/tmp/work/nb'); open('out.csv', 'w').write('a,b\\n1,2\\n')",
+        )
+        read = await client.call_tool("download_file", {"session_id": session, "path": "out.csv"})
+        assert not read.is_error, read.content[0].text
+        assert read.structured_content["path"] == "/tmp/work/nb/out.csv" and read.structured_content["content"] == "a,b\n1,2\n"
+        wrote = await client.call_tool("upload_file", {"session_id": session, "path": "rel-assistant.txt", "content": "from the assistant"})
+        assert not wrote.is_error, wrote.content[0].text
+        assert wrote.structured_content["path"] == "/tmp/work/nb/rel-assistant.txt"
+        assert (await run(client, session, "print(open('rel-assistant.txt').read())")).strip() == "from the assistant"
+        escape = await client.call_tool("download_file", {"session_id": session, "path": "../../../etc/passwd"})
+        assert result_error(escape)["type"] == "InvalidRequest", escape.content[0].text
