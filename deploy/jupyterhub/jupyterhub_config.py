@@ -30,7 +30,7 @@
 #                           SharedPasswordAuthenticator.user_password: 8 characters at least)
 #   MSB_HUB_ADMIN_PASSWORD  with dummy: the admins' own password (32 characters at least);      unset: admins log in
 #                           JupyterHub lets no admin in with the shared one                      some other way
-#   MSB_HUB_ALLOWED_USERS   comma-separated names who may log in               the authenticator's own rule
+#   MSB_HUB_ALLOWED_USERS   comma-separated names who may log in; * for all    required with PAM (the default)
 #   MSB_HUB_ADMIN_USERS     comma-separated Hub admins, who are the gateway's  none
 #                           admins too (they see and manage every kernel)
 #   MSB_HUB_SPAWNER         "simple" for SimpleLocalProcessSpawner (tests: no  JupyterHub's LocalProcessSpawner
@@ -138,10 +138,35 @@ c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", SERVICE_SCOPE]}]
 # Hub admins hold access:services (every service's scope) through the admin role; the gateway treats them as its
 # admins.
 c.Authenticator.admin_users = names(knob("ADMIN_USERS"))
-if knob("ALLOWED_USERS"):
+if knob("ALLOWED_USERS").strip() == "*":
+    c.Authenticator.allow_all = True
+elif knob("ALLOWED_USERS"):
     c.Authenticator.allowed_users = names(knob("ALLOWED_USERS"))
 
 authenticator = knob("AUTHENTICATOR")
+if authenticator in ("", "pam"):
+    # PAM logs in the host's users: JupyterHub 6 lets no one in without an allow rule ("User 'ann' not allowed"), and
+    # logs a KeyError at every start for an admin who is no user here. Said once, at start, with what to do.
+    import pwd
+
+    def refuse(message: str, *advice: str) -> None:
+        sys.exit(f"deploy/jupyterhub/jupyterhub_config.py: {message}" + "".join(f"\n  - {line}" for line in advice))
+
+    if not knob("ALLOWED_USERS"):
+        refuse(
+            "MSB_HUB_ALLOWED_USERS is not set, so no one could log in: JupyterHub 6 lets in only whom an allow rule names",
+            "set MSB_HUB_ALLOWED_USERS=ann,ben: the host users who may log in",
+            "or MSB_HUB_ALLOWED_USERS='*': every host user whose password PAM accepts",
+        )
+    for variable in ("ALLOWED_USERS", "ADMIN_USERS"):
+        for name in sorted(names(knob(variable)) - {"*"}):
+            try:
+                pwd.getpwnam(name)
+            except KeyError:
+                refuse(
+                    f"MSB_HUB_{variable} names {name!r}, who is no user of this host: PAM logs in the host's users only",
+                    f"create the user (useradd -m {name}) or take the name out of MSB_HUB_{variable}",
+                )
 if authenticator == "dummy":
     # Tests and demos only: anyone allowed logs in with the one shared password. JupyterHub 5.3+ has
     # SharedPasswordAuthenticator for this (its DummyAuthenticator.password is deprecated); an older Hub keeps the dummy.

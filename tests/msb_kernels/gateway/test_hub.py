@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from tornado.httpclient import HTTPClientError
 from mcp_bridge import jupyter_ws
 from tests.hub import Hub, UserServer, launch_hub
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
-from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, sandbox_records, wait_until
+from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, free_port, sandbox_records, wait_until
 from tests.skips import needs_hub
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), needs_hub]
@@ -409,6 +410,46 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
     monkeypatch.setenv("MSB_HUB_PORT", "8123")
     config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
     assert config.JupyterHub.services[0]["environment"]["MSB_HUB_PROXY_URL"] == "http://127.0.0.1:8123"
+
+
+@pytest.mark.parametrize(
+    ("knobs", "said"),
+    [
+        ({}, "MSB_HUB_ALLOWED_USERS is not set, so no one could log in"),
+        ({"MSB_HUB_ALLOWED_USERS": "root", "MSB_HUB_ADMIN_USERS": "ops-nobody-here"}, "MSB_HUB_ADMIN_USERS names 'ops-nobody-here'"),
+        ({"MSB_HUB_ALLOWED_USERS": "root,ann-nobody-here"}, "MSB_HUB_ALLOWED_USERS names 'ann-nobody-here'"),
+    ],
+)
+def test_under_pam_the_config_refuses_at_start_what_would_let_no_one_in_or_log_errors(knobs: dict, said: str, tmp_path: Path) -> None:
+    """The docs' Hub under PAM (its default): with no allow rule JupyterHub 6 let no one log in ("User 'ann' not
+    allowed"), and an admin who is no host user logged a KeyError at every start (issue 55, point 2). The real
+    jupyterhub command stops at once, saying which variable and what to do; nothing else starts."""
+    from tests.conftest import VENV_BIN
+    from tests.hub import DEPLOY_CONFIG
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MSB_HUB_")}
+    env.update(MSB_HUB_STATE_DIR=str(tmp_path), MSB_HUB_PORT=str(free_port()), **knobs)
+    ran = subprocess.run(
+        [str(VENV_BIN / "jupyterhub"), "-f", str(DEPLOY_CONFIG)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode != 0 and said in ran.stderr, (ran.returncode, ran.stderr[-2000:])
+    assert "Traceback" not in ran.stderr and "- " in ran.stderr.split(said, 1)[1]
+    assert not (tmp_path / "jupyterhub.sqlite").exists()
+
+
+def test_under_pam_a_star_lets_every_host_user_in_and_named_host_users_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from tests.hub import DEPLOY_CONFIG
+
+    monkeypatch.setenv("MSB_HUB_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("MSB_HUB_AUTHENTICATOR", raising=False)
+    monkeypatch.setenv("MSB_HUB_ALLOWED_USERS", "*")
+    assert PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config().Authenticator.allow_all is True
+    monkeypatch.setenv("MSB_HUB_ALLOWED_USERS", "root")
+    monkeypatch.setenv("MSB_HUB_ADMIN_USERS", "root")
+    config = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
+    assert config.Authenticator.allowed_users == {"root"} and config.Authenticator.admin_users == {"root"}
 
 
 async def test_ctrl_c_stops_the_hub_its_gateway_and_a_persons_lab_within_seconds() -> None:
