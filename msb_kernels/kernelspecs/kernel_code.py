@@ -364,6 +364,10 @@ def main():
         virtualenv.running_under_virtualenv = lambda: False
         virtualenv.virtualenv_no_global = lambda: False
         site.ENABLE_USER_SITE = True
+        # PEP 668: with the venv hidden, pip read Debian's EXTERNALLY-MANAGED beside the base interpreter's standard
+        # library and refused ("externally-managed-environment"). What --user installs goes to the person's own base,
+        # never the system's, which the sandbox shows read-only anyway.
+        os.environ["PIP_BREAK_SYSTEM_PACKAGES"] = "1"
         os.environ.pop("PIP_TARGET", None)  # the kernel's own directory for a plain install; pip refuses it with --user
         _msb_user_site()
     sys.argv[0] = "pip"
