@@ -136,7 +136,10 @@ def refusal(path: str, answer: dict, settings: MsbSettings) -> MsbError:
     if number == TOO_BIG:
         return ResourceLimitExceeded(f"{path}: {message}", ["use a larger flavor", "or compress the file in the sandbox first"])
     if kind == "PermissionError":
-        return InvalidRequest(f"{path}: {message}", [f"use a path under {where}", "a relative path is from the kernel's working directory, as open() in a cell reads it"])
+        return InvalidRequest(
+            f"{path}: {message}",
+            [f"use a path under {where}", "a relative path is from the kernel's working directory, as open() in a cell reads it"],
+        )
     if kind == "FileNotFoundError":
         return InvalidRequest(
             f"{path}: no such file or directory in the sandbox",
