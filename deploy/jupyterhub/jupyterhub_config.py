@@ -112,6 +112,13 @@ if "MSB_LAB_ROOT_PATH" not in gateway_env:
         homes.mkdir(exist_ok=True)
     if homes.is_dir():
         gateway_env["MSB_LAB_ROOT_PATH"] = str(homes / "{username}")
+if "MSB_SHARED_VOLUME_PATH" not in gateway_env:
+    # Each person's own directory of it holds what `%pip install --user` keeps, and what they share between kernels.
+    # Root's and 0755, as an operator makes one; the gateway makes each person's inside. Set the variable to another
+    # path, or empty for none.
+    volume = state_dir / "volume"
+    volume.mkdir(mode=0o755, exist_ok=True)
+    gateway_env["MSB_SHARED_VOLUME_PATH"] = str(volume)
 if knob("SPAWNER") != "simple":
     # LocalProcessSpawner runs each person's server as the host login of their name: their files are that login's,
     # and so is their home. Only a source declared so ever reaches a login (docs/teams.md, "What a name reaches").

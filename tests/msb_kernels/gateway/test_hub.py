@@ -208,6 +208,32 @@ async def test_alices_kernels_work_in_her_labs_files_as_her_and_bobs_see_none_of
         assert (await hub.gateway("DELETE", f"api/kernels/{started.json['id']}", token=hub.tokens["bob"])).code == 204
 
 
+async def test_under_the_shipped_config_a_user_install_lands_in_the_persons_own_volume(hub: Hub, alice_server: UserServer) -> None:
+    """Run as shipped, with no MSB_SHARED_VOLUME_PATH: `%pip install --user` in alice's notebook kernel keeps the
+    package in her own directory of the volume under the Hub's state dir (before: refused, naming the setting; issue
+    55, point 3)."""
+    import base64
+
+    from tests.msb_kernels.environments.wheels import PROBE_PACKAGE, PROBE_VALUE, probe_wheel
+
+    wheel = probe_wheel(hub.state_dir)
+    session, socket = await lab_kernel(alice_server, hub, "packages.ipynb")
+    try:
+        put = await socket.execute(
+            f"open('/tmp/{wheel.name}', 'wb').write(__import__('base64').b64decode({base64.b64encode(wheel.read_bytes()).decode()!r}))"
+        )
+        assert put.error is None, put.error
+        installed = await socket.execute(f"%pip install --user --no-index /tmp/{wheel.name}", timeout=180)
+        said = "".join(m["content"].get("text", "") for m in installed.messages)
+        assert "Successfully installed" in said, said
+        assert (await socket.execute(f"import {PROBE_PACKAGE}; {PROBE_PACKAGE}.VALUE")).result == repr(PROBE_VALUE)
+    finally:
+        socket.close()
+        await alice_server.request("DELETE", f"/api/sessions/{session}")
+    kept = list((hub.state_dir / "volume").glob(f"*/.python/*/lib/python3.*/site-packages/{PROBE_PACKAGE}"))
+    assert len(kept) == 1, list((hub.state_dir / "volume").rglob("*"))[:20]
+
+
 async def test_bobs_token_reaches_none_of_alices_kernel_and_hers_still_runs(hub: Hub, shared: dict) -> None:
     kernel = alices_kernel(shared)
     bob = hub.tokens.get("bob") or await hub.token_for("bob")
@@ -388,11 +414,21 @@ def test_the_deploy_config_passes_the_gateway_its_settings_and_keeps_its_own(mon
     assert config.JupyterHub.authenticator_class.__name__ == "SharedPasswordAuthenticator"
     assert config.SharedPasswordAuthenticator.user_password == "a shared password"
     assert config.SharedPasswordAuthenticator.admin_password == knobs["MSB_HUB_ADMIN_PASSWORD"]
+    # A volume of each person's own, for `%pip install --user` (issue 55, point 3), unless the operator names another.
+    assert service["environment"]["MSB_SHARED_VOLUME_PATH"] == str(tmp_path / "volume")
+    assert (tmp_path / "volume").stat().st_mode & 0o777 == 0o755
     # Each person's kernels see their own server's root (LocalProcessSpawner's homes), unless the operator says otherwise.
     assert service["environment"]["MSB_LAB_ROOT_PATH"] == "/home/{username}"
     monkeypatch.setenv("MSB_LAB_ROOT_PATH", "/srv/labs/{username}")
     again = PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent)).load_config()
     assert again.JupyterHub.services[0]["environment"]["MSB_LAB_ROOT_PATH"] == "/srv/labs/{username}"
+    monkeypatch.setenv("MSB_SHARED_VOLUME_PATH", "")
+    assert (
+        PyFileConfigLoader(DEPLOY_CONFIG.name, path=str(DEPLOY_CONFIG.parent))
+        .load_config()
+        .JupyterHub.services[0]["environment"]["MSB_SHARED_VOLUME_PATH"]
+        == ""
+    )
     assert "access:services!service=msb-kernels" in config.Spawner.server_token_scopes
     environment = config.Spawner.environment
     assert environment["JUPYTER_GATEWAY_URL"] == "http://127.0.0.1:8765/services/msb-kernels/"
