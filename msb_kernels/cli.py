@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from msb_kernels.backends.core.hostpaths import closed_note
 from msb_kernels.environments.env_command import add_env_parser
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.serve_command import add_serve_parser
@@ -83,6 +84,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     for environment in list_environments(settings):  # each environment's kernelspecs, rewritten as the default ones are
         for line in environment_kernelspecs.install(environment, settings, prefix=args.prefix, user=args.user):
             print(line)
+    if os.geteuid() == 0 and (note := closed_note()) is not None:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -120,6 +123,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
     hierarchy, note = cgroups.detect()
     print(f"limits: {note}")
+    print(f"python: {closed_note() or f'{sys.executable}, which every user of this host can run'}")
     speed_note = cgroups.start_speed_note(hierarchy)
     if speed_note is not None:
         print(f"  start time: {speed_note}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from msb_kernels.backends.core.guest import SYSTEM_DIRS
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's: what closed_note offers, where every user can run it
 # Bound whole (or a symlink into one that is), so nothing under them needs a bind of its own.
 WHOLE_DIRS = tuple(f"/{name}" for name in SYSTEM_DIRS)
 
@@ -63,3 +64,33 @@ def binds_for(paths: list[str] | set[str]) -> list[str]:
             continue
         binds.append(path)
     return binds
+
+
+def closed_to_others(executable: str = sys.executable) -> Path | None:
+    """The first directory on the way to an interpreter (its venv, the installation it runs) that other users cannot
+    enter, or None. Under JupyterHub each person's server runs the venv's jupyterhub-singleuser as them: a venv made
+    as root on pyenv's Python under /root (0700) failed for every person with "Permission denied" (issue 55).
+    Called by `msb-kernels install` (which scripts/run runs) and `msb-kernels doctor`, which say what to do."""
+    for path in interpreter_paths(executable):
+        place = Path(path)
+        for directory in [*reversed(place.parents), place]:
+            try:
+                if not os.stat(directory).st_mode & 0o001:
+                    return directory
+            except OSError:
+                break
+    return None
+
+
+def closed_note(executable: str = sys.executable) -> str | None:
+    """What to do when closed_to_others finds such a directory; None when every user can run the interpreter."""
+    closed = closed_to_others(executable)
+    if closed is None:
+        return None
+    venv = Path(executable).parent.parent
+    system = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) and closed_to_others(SYSTEM_PYTHON) is None else "/path/to/python3.10+"
+    return (
+        f"this venv's Python ({os.path.realpath(executable)}) is under {closed}, which other users cannot enter: "
+        f"under JupyterHub each person's server runs as them and cannot start it. For a team, make the venv from a "
+        f"Python every user can run: rm -rf {venv} && PYTHON={system} {venv.parent}/scripts/run --install-only"
+    )

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from msb_kernels.backends.core import hostpaths
-from tests.conftest import venv_environment
+from tests.conftest import VENV_BIN, venv_environment
 from tests.skips import every_builtin_backend, needs_runsc
 
 SECRET = "host-secret-beside-the-venv"
@@ -204,3 +204,30 @@ async def test_a_kernel_hibernates_and_wakes_from_a_venv_in_tmp_and_in_a_home_di
             shutil.rmtree(runtime, ignore_errors=True)
 
     await asyncio.gather(sleep_and_wake("tmp"), sleep_and_wake("home"))
+
+
+def test_a_venv_under_a_directory_others_cannot_enter_is_named_with_what_to_do() -> None:
+    """A venv made as root on a Python under /root (0700) is one no person's server can run under JupyterHub (issue
+    55, point 1): `msb-kernels install`, which scripts/run runs, and doctor name the closed directory and the command."""
+    if not os.path.exists(hostpaths.SYSTEM_PYTHON) or hostpaths.closed_to_others(hostpaths.SYSTEM_PYTHON) is not None:
+        pytest.skip(f"no {hostpaths.SYSTEM_PYTHON} that every user can run here, to make a venv of")
+    outer = Path(tempfile.mkdtemp(prefix="msbt-closed-", dir="/tmp"))
+    try:
+        outer.chmod(0o755)
+        closed = outer / "root-only"
+        (closed / "venv" / "bin").mkdir(parents=True)
+        closed.chmod(0o700)
+        python = closed / "venv" / "bin" / "python"
+        python.symlink_to(hostpaths.SYSTEM_PYTHON)
+        assert hostpaths.closed_to_others(str(python)) == closed
+        note = hostpaths.closed_note(str(python))
+        assert note and str(closed) in note and f"rm -rf {closed / 'venv'} && PYTHON=" in note and "scripts/run --install-only" in note
+        closed.chmod(0o755)
+        assert hostpaths.closed_to_others(str(python)) is None and hostpaths.closed_note(str(python)) is None
+    finally:
+        shutil.rmtree(outer)
+    ran = subprocess.run([str(VENV_BIN / "msb-kernels"), "install", "--prefix", str(outer)], capture_output=True, text=True, timeout=120)
+    shutil.rmtree(outer, ignore_errors=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    suite = hostpaths.closed_to_others(str(VENV_BIN / "python"))
+    assert ("note: this venv's Python" in ran.stderr) == (suite is not None and os.geteuid() == 0), ran.stderr[-2000:]
