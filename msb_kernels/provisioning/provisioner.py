@@ -46,7 +46,7 @@ from msb_kernels.kernelspecs.flavors import Flavor, get_flavor
 from msb_kernels.kernelspecs.templates import Template, get_template
 from msb_kernels.provisioning import labroot, person_places
 from msb_kernels.provisioning.probe import backend_for_start, distrust
-from msb_kernels.provisioning.registry import SandboxRegistry, registry_of
+from msb_kernels.provisioning.registry import SandboxRegistry, live_in_this_process, registry_of
 from msb_kernels.provisioning.start_request import START_REQUEST, StartRequest
 from msb_kernels.settings.config import MsbSettings, load_settings
 
@@ -310,7 +310,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if last is not None and now - last < DISK_SWEEP_EVERY:
             return
         _last_sweeps[key] = now
-        await (self.backend.sweep_orphans() if last is None else self.backend.sweep_disks())
+        await (self.backend.sweep_orphans() if last is None else self.backend.sweep_disks(live_in_this_process()))
 
     def _guest_path(self, name: str) -> str:
         """Where the guest sees a file the host wrote for it (iodir.host_dir): read-only, its own to read."""

@@ -94,3 +94,9 @@ def runs_in_this_process(kernel_id: str) -> bool:
     """Whether any registry of this process holds a live sandbox for ``kernel_id``: a backend's sweep (one backend
     object serves every manager of the process) must not remove it."""
     return any(kernel_id in registry.live_sandboxes for registry in list(_registries))
+
+
+def live_in_this_process() -> set[str]:
+    """The kernel ids of every live sandbox this process runs: a sweep reads no state of theirs (1,000 of them took
+    235 ms of a start's sweep)."""
+    return {kernel_id for registry in list(_registries) for kernel_id in list(registry.live_sandboxes)}

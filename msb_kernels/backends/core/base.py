@@ -13,7 +13,7 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -324,7 +324,7 @@ class SandboxBackend(abc.ABC):
         Called by the provisioner before its first start in a process, the gateway at start (after adopting what
         it could, with include_adoptable), and `msb-kernels sweep`."""
 
-    async def sweep_disks(self) -> list[str]:
+    async def sweep_disks(self, live: Collection[str] = ()) -> list[str]:
         """Remove the scratch dir's disk images no live sandbox holds, whichever runtime dir left them, with their mounts
         and state dirs (core/leftovers.py); return their names. Called by sweep_orphans, and by the provisioner at a
         later start in the same process (every start_sweep_every seconds at most): a gateway that runs for days sweeps

@@ -156,10 +156,11 @@ def _is_state_dir(path: Path) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and (path / iodir.IO_DIR).is_dir()
 
 
-def sweep(scratch_root: Path, younger_than: float) -> list[Disk]:
-    """Remove every image of scratch_root no live sandbox holds, whichever runtime dir it came from; what was."""
+def sweep(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -> list[Disk]:
+    """Remove every image of scratch_root no live sandbox holds, whichever runtime dir it came from; what was.
+    live: as disks() takes it."""
     swept = []
-    for disk in disks(scratch_root, younger_than):
+    for disk in disks(scratch_root, younger_than, live):
         if disk.left:
             try:
                 remove(disk)
