@@ -570,7 +570,7 @@ def start_egress_relay(plan: dict, egress: list[list]) -> None:
 
 def reaper_arguments(plan: dict, kernel: int) -> list[str]:
     lifeline = plan.get("lifeline_fd")
-    return [str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status"]
+    return [str(kernel), str(-1 if lifeline is None else lifeline), plan["guest_io_dir"] + "/exit_status", "undumpable"]
 
 
 def exec_reaper(plan: dict, kernel: int, kept_fds: list[int]) -> None:

@@ -55,6 +55,22 @@ async def test_every_sandbox_process_is_in_its_cgroups_and_sees_only_its_own(sta
     assert inside and all(line.endswith(":/") for line in inside), inside  # its cgroup namespace is rooted at its own
 
 
+@pytest.mark.parametrize("fork", ["true", "false"])
+async def test_the_kernel_cannot_trace_its_init_to_outlive_its_owner(start_kernel, monkeypatch, fork):
+    """The kernel runs as its init's uid. PTRACE_ATTACH to init (pid 1) stopped it, so it never saw its lifeline
+    close: the sandbox, its disk and loop device outlived its owner and keeper, and no sweep took them (issue 58's
+    hostile run). Init, forked by the fork server or exec'd, is undumpable: no one inside traces or reads it."""
+    monkeypatch.setenv("MSB_FORK_KERNELS", fork)
+    km, kc = await start_kernel()
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.ptrace(16, 1, 0, 0), os.strerror(ctypes.get_errno()), os.access('/proc/1/mem', os.R_OK))"
+    )
+    assert (await execute(kc, code)).stdout.strip() == "-1 Operation not permitted False"
+    assert (await execute(kc, "print(6 * 7)")).stdout.strip() == "42"  # the kernel lives on, init untouched
+
+
 async def test_the_kernel_is_never_host_root(start_kernel):
     km, kc = await start_kernel()
     status = (await execute(kc, "print(open('/proc/self/status').read())")).stdout
