@@ -39,9 +39,23 @@ def process_start_time(pid: int) -> int | None:
 
 def process_alive(pid: int | None, start_time: int | None) -> bool:
     """Whether pid is the process that started at start_time, and runs: a zombie (killed, its parent has not reaped it
-    yet, or never will) is dead, or a sandbox's keeper would take its killed owner for one that let go alive."""
+    yet, or never will) is dead, or a sandbox's keeper would take its killed owner for one that let go alive. A main
+    thread that exited while others run shows Z too: that process lives (its kernels answered while a sweep took
+    them), so a Z counts as dead only with no other thread."""
     stat = _stat(pid) if pid is not None and start_time is not None else None
-    return stat is not None and stat[0] not in ("Z", "X") and stat[1] == start_time
+    if stat is None or stat[1] != start_time or stat[0] == "X":
+        return False
+    return stat[0] != "Z" or _threads(pid) > 1
+
+
+def _threads(pid: int) -> int:
+    """The threads /proc/<pid>/status counts (0 where it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    return 0
 
 
 def owner_alive(pid: int | None, start: int | None) -> bool:

@@ -43,3 +43,41 @@ async def test_every_sandbox_process_is_the_oom_killers_first_choice_and_cannot_
         assert protect.stdout.strip() == "PermissionError", protect.stdout
     scores = {pid: oom_score_adj(pid) for pid in host_pids(km)}
     assert min(scores.values()) >= 0, scores
+
+
+def test_a_zombie_is_dead_but_a_process_whose_main_thread_exited_lives() -> None:
+    """A killed owner its parent has not reaped shows Z and is dead (its keeper must not wait on it). A process whose
+    main thread called pthread_exit while another thread runs shows Z too, yet lives: a sweep took its live kernel
+    for a dead owner's (issue 58's hostile run)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from msb_kernels.backends.core.processes import process_alive, process_start_time
+
+    def state(pid: int) -> str:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+
+    killed = subprocess.Popen(["sleep", "60"])
+    threaded = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\nctypes.CDLL(None).pthread_exit(None)",
+        ]
+    )
+    try:
+        started = {process.pid: process_start_time(process.pid) for process in (killed, threaded)}
+        killed.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (state(killed.pid), state(threaded.pid)) != ("Z", "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (state(killed.pid), state(threaded.pid)) == ("Z", "Z")
+        assert not process_alive(killed.pid, started[killed.pid])
+        assert process_alive(threaded.pid, started[threaded.pid])
+    finally:
+        for process in (killed, threaded):
+            process.kill()
+            process.wait()
