@@ -114,7 +114,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"max_sessions={settings.max_sessions} session_timeout={settings.session_timeout_seconds}s "
         f"shared_volume={settings.shared_volume or 'none'} runtime_dir={settings.runtime_root()}"
     )
-    from msb_kernels.backends.core import leftovers
+    from msb_kernels.backends.core import leftovers, scratch
 
     # Read before the start probes below, whose first start sweeps them as any start does.
     left = [disk for disk in leftovers.disks(settings.scratch_root(), leftovers.STARTS_WITHIN) if disk.left]
@@ -147,6 +147,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if chosen in failed:
         print(f"-> but MSB_BACKEND={chosen} cannot start a kernel here (above); unset MSB_BACKEND to let auto pick one that can")
         return 1
+    if settings.scratch_root().exists() and (problem := scratch.root_problem(settings.scratch_root())) is not None:
+        print(f"scratch: MSB_SCRATCH_DIR={settings.scratch_root()} {problem}: no kernel's disk is made or swept there")
     _print_leftovers(left, clean=args.clean)  # before the verdict lines, which end the report
     try:
         transport = backend_classes()[chosen].transport_for(settings)

@@ -44,7 +44,8 @@ def trusted_json(path: Path, *, private: bool) -> tuple[dict | None, str | None]
     private: the file must be readable by its owner only (it holds keys)."""
     try:
         folder = os.lstat(path.parent)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO put there opens at once (and is refused below), where a plain open waited for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None, f"{path.name} is missing"
     except OSError as exc:

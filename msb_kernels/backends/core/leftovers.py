@@ -92,8 +92,8 @@ def disks(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -
     """Every image in scratch_root. One made less than younger_than seconds ago may belong to a start in progress.
     live: sandbox ids the caller holds (a gateway's scrape), whose state is not read: 1,000 gVisor kernels' state
     files and /proc entries took 200 ms of every scrape on the event loop."""
-    if not scratch_root.is_dir():
-        return []
+    if not scratch_root.is_dir() or scratch.root_problem(scratch_root) is not None:
+        return []  # nothing in a directory that is not this user's alone is taken for an image of ours
     loops, mounted = _loop_devices(), _host_mounts()
     # The loop device names its backing file by its real path, whatever spelling MSB_SCRATCH_DIR has (a link).
     real_root = os.path.realpath(scratch_root)
@@ -105,8 +105,8 @@ def disks(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -
             info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not stat.S_ISREG(info.st_mode):
-            continue  # not an image of ours: a loop device's backing file is a regular file
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            continue  # not an image of ours: a loop device's backing file is a regular file, made by this user
         image = scratch_root / name
         devices = loops.get(os.path.join(real_root, name), [])
         mounts = tuple(point for device in devices for point in mounted.get(device, []))

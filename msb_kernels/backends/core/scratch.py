@@ -24,6 +24,7 @@ import errno
 import glob
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from msb_kernels.errors import SandboxError
@@ -81,6 +82,23 @@ def memory_scratch_note(reason: str) -> str:
     )
 
 
+def root_problem(scratch_root: Path) -> str | None:
+    """Why scratch_root is not ours alone (None where it is): a directory of this user's that no one else may write.
+    Another user's, or one others write (/var/tmp itself, a shared 1777 dir), could be handed links, FIFOs and files
+    named like images, which a sweep would read or delete. Called by reserve_image and the sweeps (leftovers.py)."""
+    try:
+        info = os.stat(scratch_root)  # through a link: a scratch dir may be named through one
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_uid != os.geteuid():
+        return f"belongs to uid {info.st_uid}, not to this process's uid {os.geteuid()}"
+    if info.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 def image_path(scratch_root: Path, sandbox_id: str) -> Path:
     return scratch_root / f"{sandbox_id}{IMAGE_SUFFIX}"
 
@@ -90,8 +108,19 @@ def reserve_image(path: Path, flavor: Flavor, reserve: bool = True, state_dir: P
     Called by the namespace and gVisor backends. state_dir: the sandbox's, linked beside the image (state_dir_of), so
     a sweep from any runtime dir finds whether that sandbox lives, and its state dir to remove once it is gone."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o700)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(path.parent, 0o700)  # only a directory made here: an operator's shared one keeps its mode
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot make MSB_SCRATCH_DIR={path.parent}: {exc.strerror}", ["set MSB_SCRATCH_DIR to a writable directory on a disk"]
+        ) from None
+    if (problem := root_problem(path.parent)) is not None:
+        raise SandboxError(
+            f"MSB_SCRATCH_DIR={path.parent} {problem}: the sandboxes' disks are not put where another user can reach them",
+            [f"set MSB_SCRATCH_DIR to a directory of uid {os.geteuid()}'s, mode 0700 (it is made so when missing)"],
+        )
+    try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
         if state_dir is not None:
             link = path.with_suffix(STATE_LINK_SUFFIX)

@@ -451,3 +451,50 @@ async def test_a_keeper_killed_while_starts_hand_it_sandboxes_fails_them_fast_an
     with contextlib.suppress(AssertionError):
         await wait_until(lambda: not disks_of(gateway.runtime_dir), 30, "the disks of the gateway's kernels to go")
     assert disks_of(gateway.runtime_dir) == [], [disk for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0)]
+
+
+async def test_a_scratch_dir_others_can_write_is_refused_and_nothing_in_it_is_swept(tmp_path: Path, monkeypatch) -> None:
+    """An operator's MSB_SCRATCH_DIR that other users write (a shared 1777 dir, /var/tmp itself): doctor deleted a
+    stranger's hour-old `vm.img` there and chmodded the dir 0700, and a local user's FIFO named state.json behind an
+    image's link hung every start, doctor and sweep (issue 58's hostile run). Now nothing there is read, swept or
+    chmodded; a start is refused, naming the setting."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    stranger = shared / f"vm{scratch.IMAGE_SUFFIX}"
+    stranger.write_bytes(b"a stranger's disk")
+    os.utime(stranger, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+    fifo_dir = tmp_path / "evil" / "aaaa"
+    (fifo_dir / "io").mkdir(parents=True)
+    os.mkfifo(fifo_dir / "state.json")
+    (shared / f"aaaa{scratch.IMAGE_SUFFIX}").write_bytes(b"")
+    (shared / f"aaaa{scratch.STATE_LINK_SUFFIX}").symlink_to(fifo_dir)
+    env = {**os.environ, "MSB_SCRATCH_DIR": str(shared), "MSB_BACKEND": "namespace"}
+    doctor = subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor", "--clean"], env=env, capture_output=True, text=True, timeout=120)
+    assert f"MSB_SCRATCH_DIR={shared} is writable by other users" in doctor.stdout, doctor.stdout[-3000:]
+    assert stranger.exists() and fifo_dir.exists() and shared.stat().st_mode & 0o7777 == 0o1777
+    assert leftovers.disks(shared, 0) == []
+    monkeypatch.setenv("MSB_SCRATCH_DIR", str(shared))
+    monkeypatch.setenv("MSB_BACKEND", "namespace")
+    manager = AsyncKernelManager(kernel_name="msb-python-small")
+    with pytest.raises(Exception, match="MSB_SCRATCH_DIR=.* is writable by other users"):
+        await asyncio.wait_for(manager.start_kernel(), 60)
+    assert stranger.exists() and shared.stat().st_mode & 0o7777 == 0o1777
+
+
+@needs_disk
+async def test_a_fifo_behind_an_images_link_never_blocks_a_sweep(tmp_path: Path) -> None:
+    """A FIFO at the state file an image's link leads to is read without blocking: the image counts as no live
+    sandbox's (its state cannot be trusted), and the sweep returns at once."""
+    scratch_root = Path(os.environ["MSB_SCRATCH_DIR"])
+    state_dir = tmp_path / "fifo-state"
+    (state_dir / "io").mkdir(parents=True)
+    os.mkfifo(state_dir / "state.json")
+    os.utime(state_dir, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+    image = scratch.image_path(scratch_root, state_dir.name)
+    scratch.reserve_image(image, FLAVORS["small"], reserve=False, state_dir=state_dir)
+    try:
+        swept = await asyncio.wait_for(asyncio.to_thread(leftovers.sweep, scratch_root, leftovers.STARTS_WITHIN), 10)
+        assert image.name in [disk.image.name for disk in swept] and not image.exists()
+    finally:
+        scratch.remove_image(image)
