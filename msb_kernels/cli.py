@@ -118,6 +118,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     # Read before the start probes below, whose first start sweeps them as any start does.
     left = [disk for disk in leftovers.disks(settings.scratch_root(), leftovers.STARTS_WITHIN) if disk.left]
+    dead_io = leftovers.dead_io_dirs(leftovers.STARTS_WITHIN)
     failed = _print_backends(settings)
     for name, why in unloadable_backends.items():
         print(f"backend {name}: unavailable - {why} (reinstall msb-kernels)")
@@ -150,6 +151,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if settings.scratch_root().exists() and (problem := scratch.root_problem(settings.scratch_root())) is not None:
         print(f"scratch: MSB_SCRATCH_DIR={settings.scratch_root()} {problem}: no kernel's disk is made or swept there")
     _print_leftovers(left, clean=args.clean)  # before the verdict lines, which end the report
+    for state_dir, why in dead_io:
+        if args.clean and state_dir.exists():
+            leftovers.remove_dead_state_dir(state_dir)
+        print(f"scratch: left behind: {state_dir} (its io tmpfs mounted): {why}{'; removed' if not state_dir.exists() else ''}")
     try:
         transport = backend_classes()[chosen].transport_for(settings)
     except MsbError as exc:

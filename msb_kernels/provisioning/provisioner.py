@@ -310,7 +310,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if last is not None and now - last < DISK_SWEEP_EVERY:
             return
         _last_sweeps[key] = now
-        await (self.backend.sweep_orphans() if last is None else self.backend.sweep_disks(live_in_this_process()))
+        await (self.backend.sweep_orphans() if last is None else self.backend.sweep_leftovers(live_in_this_process()))
 
     def _guest_path(self, name: str) -> str:
         """Where the guest sees a file the host wrote for it (iodir.host_dir): read-only, its own to read."""

@@ -324,17 +324,22 @@ class SandboxBackend(abc.ABC):
         Called by the provisioner before its first start in a process, the gateway at start (after adopting what
         it could, with include_adoptable), and `msb-kernels sweep`."""
 
-    async def sweep_disks(self, live: Collection[str] = ()) -> list[str]:
-        """Remove the scratch dir's disk images no live sandbox holds, whichever runtime dir left them, with their mounts
-        and state dirs (core/leftovers.py); return their names. Called by sweep_orphans, and by the provisioner at a
-        later start in the same process (every start_sweep_every seconds at most): a gateway that runs for days sweeps
-        what another gateway or a script left when it died with its keeper."""
+    async def sweep_leftovers(self, live: Collection[str] = ()) -> list[str]:
+        """Remove what dead sandboxes left on this host, whichever runtime dir they were in (core/leftovers.py): the
+        scratch dir's disk images no live sandbox holds, with their mounts and state dirs, and the state dirs whose
+        io tmpfs is mounted for a sandbox that is gone; return their names. Called by sweep_orphans, and by the
+        provisioner at a later start in the same process (every DISK_SWEEP_EVERY seconds at most): a gateway that
+        runs for days sweeps what another gateway or a script left when it died with its keeper. live: sandbox ids
+        this process runs, whose state is not read."""
         if self.no_disk is not None:
             return []
-        swept = await asyncio.to_thread(leftovers.sweep, self.settings.scratch_root(), leftovers.STARTS_WITHIN)
+        swept = await asyncio.to_thread(leftovers.sweep, self.settings.scratch_root(), leftovers.STARTS_WITHIN, live)
         for disk in swept:
             log.info("removed the disk of a sandbox that is gone: %s (%s)", disk.image.name, disk.why)
-        return [disk.image.name for disk in swept]
+        io_dirs = await asyncio.to_thread(leftovers.sweep_io_dirs, leftovers.STARTS_WITHIN, live)
+        for state_dir in io_dirs:
+            log.info("removed the state dir of a sandbox that is gone: %s", state_dir)
+        return [disk.image.name for disk in swept] + [state_dir.name for state_dir in io_dirs]
 
     async def adopt(self, spec: SandboxSpec) -> Sandbox:
         """Take over the running sandbox spec.sandbox_id that a keeper holds (see SandboxSpec.adopt_grace), as

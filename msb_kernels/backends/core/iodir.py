@@ -39,6 +39,7 @@ HOST_DIR, IO_DIR, CHANNELS_DIR = "host", "io", "channels"
 GUEST_HOST_DIR = "/run/msb"  # where a sandbox sees host/, read-only (a backend's guest_host_dir)
 EXIT_STATUS = "exit_status"  # written by the sandbox's reaper in io/: the kernel's status, as a Popen returncode
 IO_DIR_MIB = 8  # as root, io/ is a tmpfs of this size
+IO_SOURCE = "msb-io"  # that tmpfs's mount source: how a sweep from any runtime dir finds one (leftovers.dead_io_dirs)
 GUEST_FILE_LIMIT = 64  # bytes the host reads of a file the sandbox wrote (exit_status)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MNT_DETACH, UMOUNT_NOFOLLOW = 2, 4, 8, 2, 8
 
@@ -68,7 +69,7 @@ def make_dirs(root: Path, sandbox_id: str, *, bounded: bool) -> Path:
     io = state / IO_DIR
     if bounded and not os.path.ismount(io):
         options = f"size={IO_DIR_MIB}m,mode=0700,nr_inodes=4096".encode()
-        if _libc.mount(b"tmpfs", str(io).encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0:
+        if _libc.mount(IO_SOURCE.encode(), str(io).encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0:
             code = ctypes.get_errno()
             raise SandboxError(f"cannot mount the io directory of sandbox {sandbox_id} ({io}): {os.strerror(code)}")
     return io

@@ -134,13 +134,14 @@ def remove(disk: Disk) -> None:
         with contextlib.suppress(SandboxError):
             iodir.detach(point)
         if point.name == DISK_DIR and _is_state_dir(point.parent):  # a sandbox's state dir, never another place
-            _remove_state_dir(point.parent)
+            remove_dead_state_dir(point.parent)
     if disk.state_dir is not None and not disk.mounts and _is_state_dir(disk.state_dir):
-        _remove_state_dir(disk.state_dir)
+        remove_dead_state_dir(disk.state_dir)
     scratch.remove_image(disk.image)
 
 
-def _remove_state_dir(state_dir: Path) -> None:
+def remove_dead_state_dir(state_dir: Path) -> None:
+    """A gone sandbox's state dir, each mount below it detached first, and runsc's records of it beside."""
     iodir.remove(state_dir)
     for record in RUNSC_RECORDS:
         with contextlib.suppress(OSError):
@@ -168,6 +169,30 @@ def sweep(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -
                 continue
             metrics.SCRATCH_SWEPT_BYTES.inc(disk.allocated)
             swept.append(disk)
+    return swept
+
+
+def dead_io_dirs(younger_than: float, live: Collection[str] = ()) -> list[tuple[Path, str]]:
+    """State dirs, in any runtime dir, whose io tmpfs (iodir.IO_SOURCE) the host still mounts while their sandbox is
+    gone, with why: a start killed before its state file, a sandbox without a disk whose owner and keeper died.
+    live: as disks() takes it."""
+    found = []
+    for point in _host_mounts().get(iodir.IO_SOURCE, []):
+        state_dir = point.parent
+        if point.name != iodir.IO_DIR or state_dir.name in live or not _is_state_dir(state_dir):
+            continue
+        if (why := _sandbox_gone(state_dir, younger_than)) is not None:
+            found.append((state_dir, why))
+    return found
+
+
+def sweep_io_dirs(younger_than: float, live: Collection[str] = ()) -> list[Path]:
+    """Remove what dead_io_dirs finds, each mount below it detached first; the state dirs that went."""
+    swept = []
+    for state_dir, _ in dead_io_dirs(younger_than, live):
+        with contextlib.suppress(OSError, SandboxError):  # what cannot go stays for the next sweep
+            remove_dead_state_dir(state_dir)
+            swept.append(state_dir)
     return swept
 
 

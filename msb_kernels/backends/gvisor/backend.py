@@ -483,7 +483,7 @@ class GVisorBackend(SandboxBackend):
             cgroup = cgroups.SandboxCgroup(self.hierarchy, record.sandbox_id) if self.hierarchy and record.details.get("cgroup") else None
             await self.remove(self.root / record.sandbox_id, cgroup, keep_io_dir=False)
             swept.append(record.sandbox_id)
-        await self.sweep_disks()  # disks no live sandbox holds, whichever runtime dir left them
+        await self.sweep_leftovers()  # disks no live sandbox holds, whichever runtime dir left them
         if swept:
             log.info("swept %d orphaned gVisor sandbox(es): %s", len(swept), ", ".join(swept))
         return swept

@@ -428,7 +428,7 @@ class NamespaceBackend(SandboxBackend):
             swept.append(record.sandbox_id)
         if swept:
             log.info("swept %d orphaned sandbox(es): %s", len(swept), ", ".join(swept))
-        await self.sweep_disks()
+        await self.sweep_leftovers()
         return swept
 
 

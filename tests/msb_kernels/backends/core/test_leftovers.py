@@ -371,6 +371,30 @@ async def test_a_start_its_owner_died_in_before_its_state_file_is_swept(runtime_
         iodir.remove(young.parent)
 
 
+@needs_disk
+async def test_a_start_killed_before_its_state_file_in_another_runtime_dir_is_swept_by_any_start(tmp_path: Path) -> None:
+    """A start in another runtime dir, its owner killed before the state file: its state dir and io tmpfs stayed
+    until a start in that same runtime dir (issue 58's hostile run). A sweep from any runtime dir finds the io tmpfs
+    by its mount source, and removes it and its state dir once past the time a start takes; a young one stays."""
+    from msb_kernels.backends import get_backend
+    from msb_kernels.backends.core import iodir
+    from msb_kernels.settings.config import load_settings
+
+    elsewhere = Path(tempfile.mkdtemp(prefix="msbt-else-", dir="/tmp"))
+    dead = iodir.make_dirs(elsewhere, "killed-mid-start", bounded=True)
+    young = iodir.make_dirs(elsewhere, "starting-elsewhere", bounded=True)
+    os.utime(dead.parent, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+    try:
+        assert os.path.ismount(dead) and os.path.ismount(young)
+        swept = await get_backend(load_settings()).sweep_leftovers()
+        assert "killed-mid-start" in swept and not dead.parent.exists()
+        assert os.path.ismount(young), "a start in progress lost its io dir"
+    finally:
+        iodir.remove(elsewhere / "killed-mid-start")
+        iodir.remove(young.parent)
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
 def processes_naming(text: str) -> list[int]:
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
