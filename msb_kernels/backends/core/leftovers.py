@@ -22,9 +22,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from msb_kernels.backends.core import iodir, scratch
+from msb_kernels.backends.core import cgroups, iodir, scratch
 from msb_kernels.backends.core.keeping import trusted_json
-from msb_kernels.backends.core.processes import process_alive
+from msb_kernels.backends.core.processes import pids_of_another_namespace, process_alive
 from msb_kernels.backends.core.scratch import DISK_DIR, IMAGE_SUFFIX, state_dir_of
 from msb_kernels.errors import SandboxError
 from msb_kernels.observability import metrics
@@ -72,16 +72,21 @@ def _host_mounts() -> dict[str, list[Path]]:
     return mounted
 
 
-def _sandbox_gone(state_dir: Path, younger_than: float) -> str | None:
+def _sandbox_gone(state_dir: Path, younger_than: float, held: bool = True) -> str | None:
     """Why the sandbox of state_dir no longer lives (its owner, its process and its keeper all gone; or no state
-    file past the time a start takes); None where it may."""
+    file past the time a start takes); None where it may. held: something of the host's still holds its disk (a
+    loop device, a mount); where nothing does, the sandbox is gone whoever its pids were."""
     state, problem = trusted_json(state_dir / "state.json", private=False)
+    try:
+        age = time.time() - os.lstat(state_dir).st_mtime
+    except OSError:
+        return f"{state_dir} is gone"
     if state is None:
-        try:
-            age = time.time() - os.lstat(state_dir).st_mtime
-        except OSError:
-            return f"{state_dir} is gone"
         return None if age < younger_than else f"{state_dir} has no state file ({problem}) after {age:.0f} s"
+    if pids_of_another_namespace(state):  # its pids name nothing here: only the host's hold on its disk tells
+        if held or age < younger_than:
+            return None
+        return f"no loop device holds its disk, {age:.0f} s on, and its owner ran in another pid namespace"
     for who in ("owner", "init", "keeper"):
         if process_alive(state.get(f"{who}_pid"), state.get(f"{who}_start")):
             return None
@@ -116,7 +121,7 @@ def disks(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -
             pass
         elif not devices and (state_dir := state_dir_of(image)) is not None:  # its sandbox, by its own state
             gone = not os.path.lexists(state_dir)
-            why = f"its state dir {state_dir} is gone" if gone else _sandbox_gone(state_dir, younger_than)
+            why = f"its state dir {state_dir} is gone" if gone else _sandbox_gone(state_dir, younger_than, held=False)
         elif not devices:
             age = time.time() - info.st_mtime
             why = None if age < younger_than else f"no loop device holds it, {age:.0f} s after it was made"
@@ -141,7 +146,13 @@ def remove(disk: Disk) -> None:
 
 
 def remove_dead_state_dir(state_dir: Path) -> None:
-    """A gone sandbox's state dir, each mount below it detached first, and runsc's records of it beside."""
+    """A gone sandbox's state dir, each mount below it detached first, its cgroups (by its state file: a sweep
+    from another runtime dir left them for good), and runsc's records of it beside."""
+    state, _ = trusted_json(state_dir / "state.json", private=False)
+    if state is not None and state.get("cgroup") and state.get("sandbox_id") == state_dir.name:
+        hierarchy, _ = cgroups.detect()
+        if hierarchy is not None:
+            cgroups.SandboxCgroup(hierarchy, state_dir.name).destroy(timeout=0)
     iodir.remove(state_dir)
     for record in RUNSC_RECORDS:
         with contextlib.suppress(OSError):

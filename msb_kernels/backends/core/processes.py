@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -56,6 +57,23 @@ def _threads(pid: int) -> int:
                 if line.startswith("Threads:"):
                     return int(line.split()[1])
     return 0
+
+
+@functools.cache
+def pid_namespace() -> int | None:
+    """This process's pid namespace (its inode): the pids a state file records are this namespace's."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def pids_of_another_namespace(state: dict) -> bool:
+    """Whether a state file's pids were recorded in another pid namespace (an owner in a container, or `unshare -p`):
+    read here they name other processes or none, so they tell nothing of whether its sandbox lives. A sweep from
+    the host killed such an owner's live kernel (issue 58's hostile run); such a record is never taken for dead."""
+    recorded = state.get("pid_ns")
+    return recorded is not None and recorded != pid_namespace()
 
 
 def owner_alive(pid: int | None, start: int | None) -> bool:

@@ -86,8 +86,21 @@ def root_problem(scratch_root: Path) -> str | None:
     """Why scratch_root is not ours alone (None where it is): a directory of this user's that no one else may write.
     Another user's, or one others write (/var/tmp itself, a shared 1777 dir), could be handed links, FIFOs and files
     named like images, which a sweep would read or delete. Called by reserve_image and the sweeps (leftovers.py)."""
+    # Each link on the way must be this user's or root's: the default, /var/tmp/msb-kernels, lies in a 1777 directory,
+    # where another user's link made root sweep (delete) the images of a directory of their choosing.
+    place = Path("/")
+    for part in Path(os.path.abspath(scratch_root)).parts[1:]:
+        place = place / part
+        try:
+            link = os.lstat(place)
+        except OSError:
+            break  # what is missing is checked below, once made
+        if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
+            return f"is reached through {place}, a link of uid {link.st_uid}'s"
+        if stat.S_ISLNK(link.st_mode):
+            place = Path(os.path.realpath(place))
     try:
-        info = os.stat(scratch_root)  # through a link: a scratch dir may be named through one
+        info = os.stat(scratch_root)  # through a link of ours: a scratch dir may be named through one
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
     if not stat.S_ISDIR(info.st_mode):
@@ -108,9 +121,9 @@ def reserve_image(path: Path, flavor: Flavor, reserve: bool = True, state_dir: P
     Called by the namespace and gVisor backends. state_dir: the sandbox's, linked beside the image (state_dir_of), so
     a sweep from any runtime dir finds whether that sandbox lives, and its state dir to remove once it is gone."""
     try:
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(path.parent, 0o700)  # only a directory made here: an operator's shared one keeps its mode
+        # Made 0700 when missing (never chmodded after: a link swapped in would hand the chmod to its target); an
+        # operator's directory keeps its mode, and root_problem below says what is wrong with it.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise SandboxError(
             f"cannot make MSB_SCRATCH_DIR={path.parent}: {exc.strerror}", ["set MSB_SCRATCH_DIR to a writable directory on a disk"]

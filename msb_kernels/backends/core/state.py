@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from msb_kernels.backends.core import iodir
 from msb_kernels.backends.core.base import Sandbox, SandboxRecord, SandboxSpec
 from msb_kernels.backends.core.keeping import ADOPTION_RECORD, KeeperLink, trusted_json
-from msb_kernels.backends.core.processes import PidfdProcess, process_alive, process_start_time
+from msb_kernels.backends.core.processes import PidfdProcess, pid_namespace, pids_of_another_namespace, process_alive, process_start_time
 from msb_kernels.errors import SandboxError
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def new_state(backend: str, spec: SandboxSpec, **more: object) -> dict:
         "created": time.time(),
         "owner_pid": spec.owner_pid,
         "owner_start": process_start_time(spec.owner_pid) if spec.owner_pid else None,
+        "pid_ns": pid_namespace(),  # the namespace its pids are of (processes.pids_of_another_namespace)
         "flavor": spec.flavor.name,
         "template": spec.template,
         "environment": spec.environment,
@@ -71,7 +72,7 @@ def read_states(root: Path, backend: str) -> list[SandboxRecord]:
         record = SandboxRecord(
             data["sandbox_id"],
             backend,
-            process_alive(data.get("owner_pid"), data.get("owner_start")),
+            pids_of_another_namespace(data) or process_alive(data.get("owner_pid"), data.get("owner_start")),
             process_alive(data.get("init_pid"), data.get("init_start")),
             data.get("created", 0.0),
             data,

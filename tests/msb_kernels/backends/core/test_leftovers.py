@@ -22,7 +22,7 @@ import nbformat
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
-from msb_kernels.backends.core import leftovers, scratch
+from msb_kernels.backends.core import cgroups, leftovers, scratch
 from msb_kernels.backends.core.processes import process_start_time
 from msb_kernels.backends.core.state import write_state
 from msb_kernels.errors import SandboxError
@@ -431,6 +431,10 @@ async def test_a_gateway_killed_with_its_keeper_is_swept_by_another_gateways_nex
 
         await asyncio.sleep(max(0.0, DISK_SWEEP_EVERY - (time.monotonic() - started)))  # the other gateway's next sweep is due
         await other.start_kernel()
+        hierarchy, _ = cgroups.detect()
+        if hierarchy is not None:  # their cgroups too, which no later sweep of the dead runtime dir could find
+            kept = [path for kernel_id in dead_ids for path in cgroups.SandboxCgroup(hierarchy, kernel_id).paths.values() if path.exists()]
+            assert kept == [], kept
         left = left_of(dead_ids, dying.runtime_dir)
         assert left == [], "\n".join(left)
         read = await live.execute("print(open('/tmp/kept.txt').read())")
@@ -522,3 +526,75 @@ async def test_a_fifo_behind_an_images_link_never_blocks_a_sweep(tmp_path: Path)
         assert image.name in [disk.image.name for disk in swept] and not image.exists()
     finally:
         scratch.remove_image(image)
+
+
+@needs_disk
+async def test_an_owner_in_another_pid_namespace_keeps_its_kernels_until_they_are_gone() -> None:
+    """A script in its own pid namespace (`unshare -p`, as in a container) records pids the host reads as other
+    processes or none: a sweep from the host killed its live kernel (issue 58's hostile run). Its sandboxes are
+    never judged by those pids; once its namespace ends and no loop device holds a disk, they are swept."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux's unshare is missing (apt-get install util-linux)")
+    owner = subprocess.Popen(
+        ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", OWNER, "wait"],
+        env={**os.environ, "MSB_BACKEND": "namespace"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 120)
+        kernel_ids = line.split()
+        assert len(kernel_ids) == 2, owner.stderr.read() if owner.poll() is not None else line
+        held = left_of(kernel_ids)
+        swept = subprocess.run(
+            [str(VENV_BIN / "msb-kernels"), "sweep"],
+            env={**os.environ, "MSB_BACKEND": "namespace"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert swept.returncode == 0, swept.stderr[-2000:]
+        assert leftovers.sweep(Path(os.environ["MSB_SCRATCH_DIR"]), 0) == []
+        assert left_of(kernel_ids) == held, "a sweep from the host took a live kernel of an owner in another pid namespace"
+        os.killpg(owner.pid, signal.SIGKILL)  # its namespace's init: every process in it goes, keeper and sandboxes too
+        owner.wait(30)
+        scratch_root = Path(os.environ["MSB_SCRATCH_DIR"])
+        await wait_until(
+            lambda: not [image for image in scratch.attached_images() if any(k in image for k in kernel_ids)],
+            30,
+            "the loop devices to let go",
+        )
+        leftovers.sweep(scratch_root, 0)
+        assert left_of(kernel_ids) == []
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+            owner.wait()
+        for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0):
+            if any(k in disk.image.name for k in (line.split() if "line" in locals() else [])):
+                leftovers.remove(disk)
+
+
+async def test_a_scratch_dir_reached_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """The default scratch dir, /var/tmp/msb-kernels, lies in a 1777 directory. Another user's link there, to a
+    root-owned directory of their choosing, made root's sweep delete the `*.img` files in it (issue 58's hostile
+    run). A scratch dir reached through a link that is neither this user's nor root's is refused; nothing is read."""
+    shared = tmp_path / "vartmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    precious = victim / f"precious{scratch.IMAGE_SUFFIX}"
+    precious.write_bytes(b"root's own")
+    os.utime(precious, (TEN_MINUTES_AGO, TEN_MINUTES_AGO))
+    link = shared / "msb-kernels"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)  # made by another user (nobody)
+    assert f"is reached through {link}, a link of uid 65534's" in (scratch.root_problem(link) or "")
+    env = {**os.environ, "MSB_SCRATCH_DIR": str(link), "MSB_BACKEND": "namespace"}
+    for command in (["sweep"], ["doctor", "--clean"]):
+        subprocess.run([str(VENV_BIN / "msb-kernels"), *command], env=env, capture_output=True, text=True, timeout=120)
+        assert precious.exists(), f"`msb-kernels {' '.join(command)}` deleted an image through another user's link"
+    assert leftovers.disks(link, 0) == []
