@@ -71,21 +71,30 @@ def left_of(kernel_ids: list[str], runtime: Path | None = None) -> list[str]:
     return found
 
 
+def owner_options(backend: str) -> dict:
+    """How the tests run OWNER: in a session of its own (killed whole), its two kernel ids on its stdout."""
+    return {
+        "env": {**os.environ, "MSB_BACKEND": backend},
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+        "text": True,
+        "start_new_session": True,
+    }
+
+
+async def kernels_of_owner(owner: subprocess.Popen) -> list[str]:
+    line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 120)
+    kernel_ids = line.split()
+    assert len(kernel_ids) == 2, owner.stderr.read() if owner.poll() is not None else line
+    return kernel_ids
+
+
 @pytest.mark.parametrize("death", ["kill -9", "raise"])
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_dead_scripts_kernels_leave_no_disk_mount_or_state(backend: str, death: str) -> None:
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, "raise" if death == "raise" else "wait"],
-        env={**os.environ, "MSB_BACKEND": backend},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, "raise" if death == "raise" else "wait"], **owner_options(backend))
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 120)
-        kernel_ids = line.split()
-        assert len(kernel_ids) == 2, owner.stderr.read() if owner.poll() is not None else line
+        kernel_ids = await kernels_of_owner(owner)
         await dies_and_leaves_nothing(owner, kernel_ids, kill=death == "kill -9")
     finally:
         if owner.poll() is None:
@@ -535,18 +544,10 @@ async def test_an_owner_in_another_pid_namespace_keeps_its_kernels_until_they_ar
     never judged by those pids; once its namespace ends and no loop device holds a disk, they are swept."""
     if shutil.which("unshare") is None:
         pytest.skip("util-linux's unshare is missing (apt-get install util-linux)")
-    owner = subprocess.Popen(
-        ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", OWNER, "wait"],
-        env={**os.environ, "MSB_BACKEND": "namespace"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    owner = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", OWNER, "wait"], **owner_options("namespace"))
+    kernel_ids: list[str] = []
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 120)
-        kernel_ids = line.split()
-        assert len(kernel_ids) == 2, owner.stderr.read() if owner.poll() is not None else line
+        kernel_ids = await kernels_of_owner(owner)
         held = left_of(kernel_ids)
         swept = subprocess.run(
             [str(VENV_BIN / "msb-kernels"), "sweep"],
@@ -573,7 +574,7 @@ async def test_an_owner_in_another_pid_namespace_keeps_its_kernels_until_they_ar
             os.killpg(owner.pid, signal.SIGKILL)
             owner.wait()
         for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0):
-            if any(k in disk.image.name for k in (line.split() if "line" in locals() else [])):
+            if any(k in disk.image.name for k in kernel_ids):
                 leftovers.remove(disk)
 
 
