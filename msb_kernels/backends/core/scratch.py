@@ -126,7 +126,8 @@ def reserve_image(path: Path, flavor: Flavor, reserve: bool = True, state_dir: P
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise SandboxError(
-            f"cannot make MSB_SCRATCH_DIR={path.parent}: {exc.strerror}", ["set MSB_SCRATCH_DIR to a writable directory on a disk"]
+            f"cannot create the sandbox's disk in MSB_SCRATCH_DIR={path.parent}: {exc.strerror}",
+            ["set MSB_SCRATCH_DIR to a writable directory on a disk"],
         ) from None
     if (problem := root_problem(path.parent)) is not None:
         raise SandboxError(

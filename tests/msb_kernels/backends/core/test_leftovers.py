@@ -513,9 +513,16 @@ async def test_a_scratch_dir_others_can_write_is_refused_and_nothing_in_it_is_sw
     assert leftovers.disks(shared, 0) == []
     monkeypatch.setenv("MSB_SCRATCH_DIR", str(shared))
     monkeypatch.setenv("MSB_BACKEND", "namespace")
+    runtime = Path(tempfile.mkdtemp(prefix="msbt-rt-", dir="/tmp"))  # a backend of its own, made with these settings
+    monkeypatch.setenv("MSB_RUNTIME_DIR", str(runtime))
     manager = AsyncKernelManager(kernel_name="msb-python-small")
-    with pytest.raises(Exception, match="MSB_SCRATCH_DIR=.* is writable by other users"):
-        await asyncio.wait_for(manager.start_kernel(), 60)
+    try:
+        with pytest.raises(Exception, match="MSB_SCRATCH_DIR=.* is writable by other users"):
+            await asyncio.wait_for(manager.start_kernel(), 60)
+    finally:
+        if manager.has_kernel:
+            await manager.shutdown_kernel(now=True)
+        shutil.rmtree(runtime, ignore_errors=True)
     assert stranger.exists() and shared.stat().st_mode & 0o7777 == 0o1777
 
 
@@ -544,21 +551,25 @@ async def test_an_owner_in_another_pid_namespace_keeps_its_kernels_until_they_ar
     never judged by those pids; once its namespace ends and no loop device holds a disk, they are swept."""
     if shutil.which("unshare") is None:
         pytest.skip("util-linux's unshare is missing (apt-get install util-linux)")
-    owner = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", OWNER, "wait"], **owner_options("namespace"))
+    # A runtime dir of its own, as a container's is: a keeper of the host's pid namespace cannot hold its sandboxes.
+    runtime = Path(tempfile.mkdtemp(prefix="msbt-ns-", dir="/tmp"))
+    options = owner_options("namespace")
+    options["env"]["MSB_RUNTIME_DIR"] = str(runtime)
+    owner = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", OWNER, "wait"], **options)
     kernel_ids: list[str] = []
     try:
         kernel_ids = await kernels_of_owner(owner)
-        held = left_of(kernel_ids)
+        held = left_of(kernel_ids, runtime)
         swept = subprocess.run(
             [str(VENV_BIN / "msb-kernels"), "sweep"],
-            env={**os.environ, "MSB_BACKEND": "namespace"},
+            env={**os.environ, "MSB_BACKEND": "namespace", "MSB_RUNTIME_DIR": str(runtime)},  # its records, read from the host
             capture_output=True,
             text=True,
             timeout=120,
         )
         assert swept.returncode == 0, swept.stderr[-2000:]
         assert leftovers.sweep(Path(os.environ["MSB_SCRATCH_DIR"]), 0) == []
-        assert left_of(kernel_ids) == held, "a sweep from the host took a live kernel of an owner in another pid namespace"
+        assert left_of(kernel_ids, runtime) == held, "a sweep from the host took a live kernel of an owner in another pid namespace"
         os.killpg(owner.pid, signal.SIGKILL)  # its namespace's init: every process in it goes, keeper and sandboxes too
         owner.wait(30)
         scratch_root = Path(os.environ["MSB_SCRATCH_DIR"])
@@ -568,7 +579,7 @@ async def test_an_owner_in_another_pid_namespace_keeps_its_kernels_until_they_ar
             "the loop devices to let go",
         )
         leftovers.sweep(scratch_root, 0)
-        assert left_of(kernel_ids) == []
+        assert left_of(kernel_ids, runtime) == []
     finally:
         if owner.poll() is None:
             os.killpg(owner.pid, signal.SIGKILL)
@@ -576,6 +587,7 @@ async def test_an_owner_in_another_pid_namespace_keeps_its_kernels_until_they_ar
         for disk in leftovers.disks(Path(os.environ["MSB_SCRATCH_DIR"]), 0):
             if any(k in disk.image.name for k in kernel_ids):
                 leftovers.remove(disk)
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 async def test_a_scratch_dir_reached_through_another_users_link_is_refused(tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ def own_scratch_dir(monkeypatch, size: str | None = None):
     scratch_dir = base / "scratch"
     scratch_dir.mkdir()
     if size:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(scratch_dir)], check=True)
+        # mode: a tmpfs is 1777 unless told, and a scratch dir others may write is refused
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(scratch_dir)], check=True)
     try:
         monkeypatch.setenv("MSB_SCRATCH_DIR", str(scratch_dir))
         monkeypatch.setenv("MSB_RUNTIME_DIR", str(base / "rt"))
