@@ -1,7 +1,7 @@
 """The backend registry, and the factory that picks one.
 
 Every backend is an entry point in the ``msb_kernels.backends`` group, the built-in ones included
-(pyproject.toml): ``namespace`` (namespace/) runs everywhere Linux namespaces work; ``gvisor`` (gvisor.py)
+(pyproject.toml): ``namespace`` (namespace/) runs everywhere Linux namespaces work; ``gvisor`` (gvisor/)
 puts gVisor's application kernel between the code and the host where runsc is installed; ``microsandbox``
 (microsandbox/) boots a microVM per kernel where the host can. ``auto`` takes the first that can run here in
 ``auto_order`` (the microVM first), and says why; msb_kernels.provisioning.probe makes sure a kernel starts in it.
