@@ -21,6 +21,7 @@ from msb_kernels.backends.core import leftovers
 from msb_kernels.gateway.host import gateway_process_stats
 from msb_kernels.gateway.kernels.records import backend_of, sandbox_of
 from msb_kernels.jupyter.compat import kernels_of
+from msb_kernels.provisioning.registry import live_in_this_process
 
 log = logging.getLogger("msb_kernels")
 
@@ -77,8 +78,7 @@ class GatewayCollector(Collector):
             if images is not None:
                 yield GaugeMetricFamily("msb_hibernation_images_bytes", "Disk the hibernated kernels' images take", value=images)
 
-        live = {sandbox.sandbox_id for sandbox in map(sandbox_of, kernels_of(manager).values()) if sandbox is not None}
-        yield from scratch_disks(manager.msb_settings.scratch_root(), manager.msb_settings.runtime_root(), live)
+        yield from scratch_disks(manager.msb_settings.scratch_root(), manager.msb_settings.runtime_root(), live_in_this_process())
 
         own = gateway_process_stats()
         yield GaugeMetricFamily("msb_gateway_resident_bytes", "The gateway process's resident memory", value=own["rss_mib"] * 2**20)
@@ -93,7 +93,7 @@ class GatewayCollector(Collector):
 def scratch_disks(root: Path, runtime_root: Path, live: set[str]) -> list[GaugeMetricFamily]:
     """The scratch dir's disk images, every runtime dir's (backends/core/leftovers.py): what they hold of the host's
     disk, what is written in those the host mounts, and what no live sandbox holds (msb_scratch_swept_bytes_total
-    counts what sweeps removed). live: this gateway's sandboxes, whose state is not read again on each scrape."""
+    counts what sweeps removed). live: this process's sandboxes, whose state is not read again on each scrape."""
     disks = leftovers.disks(root, leftovers.STARTS_WITHIN, live)
     used = [leftovers.used_bytes(disk, runtime_root) for disk in disks]
     return [

@@ -14,7 +14,6 @@ Called by the namespace and gVisor backends' sweeps (at each gateway's or kernel
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import stat
 import time
@@ -49,16 +48,6 @@ class Disk:
     @property
     def left(self) -> bool:
         return self.why is not None
-
-
-def _loop_devices() -> dict[str, list[str]]:
-    """Each backing file of a loop device, and its devices (/dev/loopN)."""
-    backed: dict[str, list[str]] = {}
-    for backing_file in glob.glob("/sys/block/loop*/loop/backing_file"):
-        with contextlib.suppress(OSError):
-            path = Path(backing_file).read_text().strip().removesuffix(" (deleted)")
-            backed.setdefault(path, []).append("/dev/" + Path(backing_file).parent.parent.name)
-    return backed
 
 
 def _host_mounts() -> dict[str, list[Path]]:
@@ -99,7 +88,7 @@ def disks(scratch_root: Path, younger_than: float, live: Collection[str] = ()) -
     files and /proc entries took 200 ms of every scrape on the event loop."""
     if not scratch_root.is_dir() or scratch.root_problem(scratch_root) is not None:
         return []  # nothing in a directory that is not this user's alone is taken for an image of ours
-    loops, mounted = _loop_devices(), _host_mounts()
+    loops, mounted = scratch.loop_devices(), _host_mounts()
     # The loop device names its backing file by its real path, whatever spelling MSB_SCRATCH_DIR has (a link).
     real_root = os.path.realpath(scratch_root)
     found = []

@@ -251,10 +251,16 @@ def state_dir_of(image: Path) -> Path | None:
     return target if target.is_absolute() and target.name == image.name.removesuffix(IMAGE_SUFFIX) else None
 
 
-def attached_images() -> set[str]:
-    """Files that back a loop device now (a live sandbox's disk)."""
-    attached = set()
+def loop_devices() -> dict[str, list[str]]:
+    """Each file that backs a loop device now (a live sandbox's disk), and its devices (/dev/loopN)."""
+    backed: dict[str, list[str]] = {}
     for backing_file in glob.glob("/sys/block/loop*/loop/backing_file"):
         with contextlib.suppress(OSError):
-            attached.add(Path(backing_file).read_text().strip().removesuffix(" (deleted)"))
-    return attached
+            path = Path(backing_file).read_text().strip().removesuffix(" (deleted)")
+            backed.setdefault(path, []).append("/dev/" + Path(backing_file).parent.parent.name)
+    return backed
+
+
+def attached_images() -> set[str]:
+    """Files that back a loop device now (a live sandbox's disk)."""
+    return set(loop_devices())
