@@ -365,8 +365,11 @@ async def jupyter_server(gateway: Gateway) -> AsyncIterator[HttpServer]:
 # Where any canary is (its variables, every /proc/*/environ, cmdline and io directory it can read, every file under
 # the roots, its working directory and home), what its volume shows, its variables' names and its sandbox.
 CANARY_PROBE = r"""
-import glob, json, os
+import glob, json, os, sys
 canaries = {canaries!r}
+# The interpreter and venv the kernel runs from: the operator's install, bound in read-only at its host path, the same
+# in every kernel; no start request writes there. Under /tmp (a checkout in /tmp) it would be walked file by file.
+interpreter = {{os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}}
 
 def holds(path):
     try:
@@ -379,7 +382,8 @@ found = [["env", k] for k, v in os.environ.items() if any(c in k + "=" + v for c
 readable = glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/proc/[0-9]*/root/run/kernel/*")
 found += [["proc", path] for path in readable if holds(path)]
 for root in {roots!r} + [os.getcwd(), os.path.expanduser("~")]:
-    for dirpath, _, files in os.walk(root):
+    for dirpath, folders, files in os.walk(root):
+        folders[:] = [f for f in folders if os.path.realpath(os.path.join(dirpath, f)) not in interpreter]
         found += [["file", os.path.join(dirpath, name)] for name in files if holds(os.path.join(dirpath, name))]
 shared = sorted(os.listdir("/shared")) if os.path.isdir("/shared") else None
 print(json.dumps({{"found": found, "shared": shared, "env": sorted(os.environ), "sandbox": os.environ.get("MSB_SANDBOX")}}))
