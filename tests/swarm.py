@@ -106,10 +106,10 @@ class SwarmSite:
         with ThreadPoolExecutor(2) as loads:
             list(loads.map(lambda engine: engine.load(archive), [self.swarm.manager, self.swarm.worker]))
 
-    def docker(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+    def docker(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
         """The docker CLI that ships with the engine (Debian's 20.10), as an operator runs it against the manager."""
         return subprocess.run(
-            ["/usr/bin/docker", "-H", self.docker_host, *args], capture_output=True, text=True, env=self.env(**env), timeout=120
+            ["/usr/bin/docker", "-H", self.docker_host, *args], capture_output=True, text=True, env=self.env(**env), timeout=timeout
         )
 
 
