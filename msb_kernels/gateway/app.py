@@ -6,7 +6,7 @@ kernels here; it adds /api/msb/stats and /api/msb/health, and mounts the MCP bri
 /mcp when mcp_bridge is installed. Only the kernel services are exposed: no contents,
 files, terminals or nbconvert, which would reach the host outside any sandbox.
 
-Settings (each also a trait, ``c.MsbGatewayApp.*`` / ``c.MsbKernelManager.*``):
+Settings (each also a trait of ``c.MsbSettings.*``, msb_kernels.settings.config):
 
 =========================== ============================================ ==========================
 variable                    meaning                                      default
