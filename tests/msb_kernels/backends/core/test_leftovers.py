@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -57,13 +58,29 @@ asyncio.run(main())
 """
 
 
+def named_under(top: Path, match: Callable[[str], bool], *, inside: bool = False) -> list[Path]:
+    """Paths under top whose name matches (inside: looking into those too), never into a mount (a sandbox's disk).
+    os.walk, not Path.rglob: the keeper removes these directories while a test looks, and rglob raised
+    FileNotFoundError on one it had listed (a fresh-clone run)."""
+    found = []
+    for folder, folders, files in os.walk(top):
+        named = [name for name in (*folders, *files) if match(name)]
+        found += [Path(folder) / name for name in named]
+        folders[:] = [f for f in folders if (inside or f not in named) and not os.path.ismount(os.path.join(folder, f))]
+    return found
+
+
+def states_under(runtime: Path) -> set[Path]:
+    return set(named_under(runtime, lambda name: name == "state.json", inside=True))
+
+
 def left_of(kernel_ids: list[str], runtime: Path | None = None) -> list[str]:
     """What of these kernels' sandboxes is still on the host: state or io dirs (in runtime, the suite's runtime dir by
     default), disk images, mounts, loop devices."""
     runtime, scratch_root = runtime or Path(os.environ["MSB_RUNTIME_DIR"]), Path(os.environ["MSB_SCRATCH_DIR"])
     found = []
     for kernel_id in kernel_ids:
-        found += [f"directory {path}" for path in runtime.rglob(f"*{kernel_id}*")]
+        found += [f"directory {path}" for path in named_under(runtime, lambda name, k=kernel_id: k in name)]
         found += [f"image {path}" for path in scratch_root.glob(f"{kernel_id}*")]
         found += [f"loop device backed by {image}" for image in scratch.attached_images() if kernel_id in image]
         with open("/proc/self/mountinfo") as mountinfo:
@@ -301,7 +318,7 @@ async def test_a_papermill_run_killed_mid_cell_leaves_nothing(backend: str, tmp_
     notebook.metadata["kernelspec"] = {"name": "msb-python-small", "display_name": "Python (small)", "language": "python"}
     nbformat.write(notebook, tmp_path / "in.ipynb")
     runtime = Path(os.environ["MSB_RUNTIME_DIR"])
-    before = set(runtime.rglob("state.json"))
+    before = states_under(runtime)
     run = subprocess.Popen(
         [str(VENV_BIN / "papermill"), str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb")],
         env={**os.environ, "MSB_BACKEND": backend},
@@ -310,8 +327,8 @@ async def test_a_papermill_run_killed_mid_cell_leaves_nothing(backend: str, tmp_
         start_new_session=True,
     )
     try:
-        await wait_until(lambda: set(runtime.rglob("state.json")) - before, 120, "papermill's kernel to start")
-        kernel_ids = [path.parent.name for path in set(runtime.rglob("state.json")) - before]
+        await wait_until(lambda: states_under(runtime) - before, 120, "papermill's kernel to start")
+        kernel_ids = [path.parent.name for path in states_under(runtime) - before]
         await asyncio.sleep(2)  # its cell runs
         assert run.poll() is None
         await dies_and_leaves_nothing(run, kernel_ids, kill=True)
