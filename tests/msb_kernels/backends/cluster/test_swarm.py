@@ -103,8 +103,9 @@ class ServiceGateway(HttpServer):
         except subprocess.TimeoutExpired as exc:
             # After a node died and came back, `docker service logs` can wait on a task of the dead node for good (a
             # fresh clone's run: 120 s, then the stack's teardown never ran). What came by then is the log there is.
-            got = (exc.stdout or b"") + (exc.stderr or b"")
-            return (got.decode(errors="replace") if isinstance(got, bytes) else got)[-20000:] + f"\n(no end of the log in {LOGS_TIMEOUT} s)"
+            # What run() caught before the timeout is bytes, text=True or not (subprocess.TimeoutExpired).
+            got = ((exc.stdout or b"") + (exc.stderr or b"")).decode(errors="replace")
+            return got[-20000:] + f"\n(no end of the log in {LOGS_TIMEOUT} s)"
         return (shown.stdout + shown.stderr)[-20000:]
 
     def stop(self, *args, **kwargs) -> int:
