@@ -63,10 +63,10 @@ async def environments_of(sessions: KernelSessions) -> dict[str, EnvironmentFact
     start: this host's kernelspecs, or a remote gateway's, so the names are the ones a start can use."""
     found = {DEFAULT_ENVIRONMENT: EnvironmentFacts(DEFAULT_ENVIRONMENT, platform.python_version() if sessions.local_kernels else None, [])}
     for name, spec in sorted((await sessions.kernelspecs()).items()):
-        choice = KernelChoice.from_kernel_name(name)
+        msb = (spec.get("metadata") or {}).get("msb") or {}
+        choice = KernelChoice.from_kernel_name(msb.get("stands_for") or name)  # a gateway lists python3 for its default
         if choice is None or choice.template.name != "python":
             continue
-        msb = (spec.get("metadata") or {}).get("msb") or {}
         known = found.get(choice.environment_name)
         if known is None or known.python_version is None:
             found[choice.environment_name] = EnvironmentFacts(

@@ -190,8 +190,10 @@ class GatewayKernelSessions(KernelSessions):
 
     def _describe(self, model: dict, paths: dict[str, str], stats: dict[str, dict]) -> SessionInfo:
         session_id = model["id"]
-        language, flavor = parse_kernel_name(model.get("name"))
         msb = stats.get(session_id) or {}
+        # The msb gateway's stats name the kernelspec a kernel runs; its model, the name it was started by (python3).
+        kernel_name = msb.get("kernel_name") or model.get("name")
+        language, flavor = parse_kernel_name(kernel_name)
         return self.session_info(
             session_id,
             language=msb.get("template", language) if language else language,
@@ -199,7 +201,7 @@ class GatewayKernelSessions(KernelSessions):
             status=session_status(model.get("execution_state")),
             created=epoch_seconds(msb.get("created")),
             kernel_active=epoch_seconds(model.get("last_activity")),
-            kernel_name=model.get("name"),
+            kernel_name=kernel_name,
             notebook_path=paths.get(session_id),
             network=msb.get("network"),
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 
-from msb_kernels.kernelspecs.choice import CONVENTIONAL_NAMES, DEFAULT_TEMPLATE, conventional_choice
+from msb_kernels.kernelspecs.choice import CONVENTIONAL_NAMES, DEFAULT_TEMPLATE, LISTED_NAMES, conventional_choice
 from msb_kernels.kernelspecs.spec_files import PROVISIONER_NAME
 from msb_kernels.settings.config import load_settings
 
@@ -59,16 +59,16 @@ class MsbKernelSpecManager(KernelSpecManager):
         return {name: path for name, path in super().find_kernel_specs().items() if _is_sandboxed(path)}
 
     def find_kernel_specs(self) -> dict[str, str]:
-        """The sandboxed kernelspecs, and the first conventional name of each template (python3, javascript): one more
-        launcher card each. The others (python, jslab, nodejs) start kernels too, unlisted."""
+        """The sandboxed kernelspecs, with the default flavor's of each template listed under its conventional name
+        (python3, javascript) in its place: one launcher card per kernel (issue 55 saw two, "Python 3 (sandbox, small)"
+        beside its alias). A kernel started as python3 is reported as python3 (MsbKernelManager.kernel_model), so Lab
+        saves that name, which opens here and anywhere else. The unlisted names (msb-python-small, python, jslab,
+        nodejs) start kernels still."""
         specs = self._sandboxed_specs()
-        listed: dict[str, str] = {}
-        for name, template in CONVENTIONAL_NAMES.items():
-            listed.setdefault(template, name)
-        for name in listed.values():
+        for name in LISTED_NAMES.values():
             target = self._conventional(name, specs)
             if target is not None:
-                specs[name] = specs[target]
+                specs[name] = specs.pop(target)
         return specs
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:

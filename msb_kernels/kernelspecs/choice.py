@@ -84,6 +84,11 @@ DEFAULT_TEMPLATE = "python"  # the gateway's default kernel is this template's, 
 CONVENTIONAL_NAMES = {"python3": "python", "python": "python", "javascript": "node", "jslab": "node", "nodejs": "node"}
 
 
+# The one conventional name of each template that is listed (a launcher card), in place of the kernelspec of the
+# default flavor it stands for; the others start kernels too, unlisted.
+LISTED_NAMES = {template: name for name, template in reversed(CONVENTIONAL_NAMES.items())}
+
+
 def conventional_choice(name: str | None, default_flavor: str) -> KernelChoice | None:
     """The choice a conventional kernel name stands for on the gateway (python3 -> msb-python-<default flavor>); else None."""
     template = CONVENTIONAL_NAMES.get((name or "").lower())

@@ -47,7 +47,7 @@ from msb_kernels.jupyter.compat import (
     shutdown_all_now,
     use_start_request,
 )
-from msb_kernels.kernelspecs.choice import DEFAULT_TEMPLATE, KernelChoice, conventional_choice, parse_pool_sizes
+from msb_kernels.kernelspecs.choice import DEFAULT_TEMPLATE, LISTED_NAMES, conventional_choice, parse_pool_sizes
 from msb_kernels.observability import audit, metrics
 from msb_kernels.observability.status import iso_utc
 from msb_kernels.provisioning.limits import check_session_limit, over_limit, size_zmq_context
@@ -94,7 +94,9 @@ class MsbKernelManager(
 
     @default("default_kernel_name")
     def _default_kernel_name_default(self) -> str:
-        return KernelChoice.of(DEFAULT_TEMPLATE, self.msb_settings.default_flavor).kernel_name
+        """python3: the default template's listed name, which starts its kernelspec of the default flavor. Lab's
+        launcher and its kernel dialog look the default up among the listed kernelspecs."""
+        return LISTED_NAMES[DEFAULT_TEMPLATE]
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -145,6 +147,15 @@ class MsbKernelManager(
                 models.append(self.kernel_model(kernel_id))
         return models
 
+    def kernel_model(self, kernel_id: str) -> dict:
+        """jupyter_server's, with the name a kernel was started by where that is a listed conventional name (python3):
+        the one Lab lists, shows on its toolbar and saves in the notebook (sandboxed_kernelspecs.find_kernel_specs)."""
+        model = super().kernel_model(kernel_id)
+        record = self.records.get(kernel_id)
+        if record is not None and record.listed_as:
+            model["name"] = record.listed_as
+        return model
+
     def kernel_not_found(self, kernel_id: str) -> None:
         """jupyter_server answers 404 alike for a kernel that does not exist and for one that is not the caller's; the
         second is a refusal the audit trail keeps."""
@@ -179,6 +190,7 @@ class MsbKernelManager(
             # A person names no kernel id: an id taken by another person must not be told apart from a free one.
             raise InvalidRequest("kernel_id cannot be chosen here", ["leave kernel_id out: the gateway gives each new kernel its own id"])
         kernel_name = kwargs.pop("kernel_name", None) or self.default_kernel_name
+        listed_as = kernel_name if kernel_name in LISTED_NAMES.values() else None
         conventional = conventional_choice(kernel_name, self.msb_settings.default_flavor)
         if conventional is not None:  # python3 and its kind start the msb kernelspec they stand for (pool, stats, MCP)
             kernel_name = conventional.kernel_name
@@ -205,7 +217,7 @@ class MsbKernelManager(
             metrics.KERNEL_START_FAILURES.labels(why).inc()
             audit.record("start", f"refused: {why}", None, kernel_name=kernel_name, message=exc.message)
             raise
-        record = KernelRecord(kernel_id, kernel_name, template, request)
+        record = KernelRecord(kernel_id, kernel_name, template, request, listed_as=listed_as)
         self.records[kernel_id] = record
         try:
             started = await super().start_kernel(kernel_id=kernel_id, kernel_name=kernel_name, **kwargs)

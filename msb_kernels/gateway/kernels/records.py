@@ -62,6 +62,7 @@ class KernelRecord:
     template: str
     request: StartRequest
     created: float = field(default_factory=time.time)
+    listed_as: str | None = None  # the conventional name it was started by (python3), which its model reports
 
     # What the gateway holds for it while it runs; close() lets it go.
     stop_reason: str | None = None  # why it is being stopped (a cull, a death, a failed hibernation), for its stop record
@@ -95,6 +96,7 @@ class KernelRecord:
             "template": self.template,
             "created": self.created,
             "request": self.request.to_record(),
+            "listed_as": self.listed_as,
         }
 
     @classmethod
@@ -109,6 +111,7 @@ class KernelRecord:
             record["template"],
             StartRequest.from_record(record["request"]),
             created=record.get("created") or time.time(),
+            listed_as=record.get("listed_as") if isinstance(record.get("listed_as"), str) else None,
         )
 
     def close(self) -> None:

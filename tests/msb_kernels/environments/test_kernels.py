@@ -254,7 +254,7 @@ async def test_a_gateway_lists_pools_and_starts_environments_and_mcp_picks_one(p
     try:
         specs = (await gateway.request("GET", "/api/kernelspecs")).json["kernelspecs"]
         assert specs["msb-probe-python-small"]["spec"]["display_name"] == "Python 3 (probe, sandbox, small)"
-        assert specs["msb-python-small"]["spec"]["display_name"] == "Python 3 (sandbox, small)"
+        assert specs["python3"]["spec"]["display_name"] == "Default: Python 3 (sandbox, small)" and "msb-python-small" not in specs
 
         async def pool_ready() -> dict | None:
             stats = await gateway.stats()

@@ -29,8 +29,9 @@ GET_CHROMIUM = (
 )
 KERNEL_TIMEOUT = 180.0  # a sandbox start, through two servers, on a loaded 2-core machine
 OUTPUT_TIMEOUT = 90.0
-PYTHON = "Python 3 (sandbox, small)"
-NODE = "JavaScript (Node.js) (sandbox, small)"
+# The default flavor's cards: listed as python3 and javascript, in place of msb-python-small and msb-node-small.
+PYTHON = "Default: Python 3 (sandbox, small)"
+NODE = "JavaScript (Node.js) (sandbox, small, default)"
 STDOUT, STDERR = "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr"
 
 

@@ -46,6 +46,9 @@ def test_the_launcher_lists_the_sandboxed_kernels_by_display_name(page: LabPage)
         if TEMPLATES["node"].unavailable_reason() is None:
             assert NODE in titles, titles
         assert not any(KernelChoice.of("python", "small").kernel_name in title for title in titles), "a name instead of a display name"
+        # One card per kernel: python3 is listed in place of the default flavor's kernelspec, not beside it (issue 55).
+        assert [title for title in titles if title.endswith("Python 3 (sandbox, small)")] == [PYTHON], titles
+        assert len(titles) == len(set(titles)), titles
         assert not any(title.startswith("Python 3 (ipykernel)") for title in titles), "a host kernel is offered"
 
 
@@ -119,7 +122,9 @@ async def test_a_lab_from_another_environment_preselects_the_default_python(gate
         page.find(".jp-Dialog .jp-mod-accept")[0].click()
         page.wait_for_kernel("idle")
         (session,) = (await foreign.request("GET", "/api/sessions")).json
-        assert session["kernel"]["name"] == "msb-python-small", session  # python3 stands for it; the gateway says so
+        assert session["kernel"]["name"] == "python3", session  # the name Lab saves: it opens here and anywhere
+        stats = await gateway.stats()
+        assert [k["kernel_name"] for k in stats["kernels"] if k["id"] == session["kernel"]["id"]] == ["msb-python-small"], stats
         await foreign.request("DELETE", f"/api/sessions/{session['id']}", timeout=KERNEL_TIMEOUT)
     finally:
         foreign.stop()

@@ -21,6 +21,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_bridge import jupyter_ws
+from msb_kernels.kernelspecs.choice import LISTED_NAMES
 from msb_kernels.kernelspecs.templates import TEMPLATES
 from tests.conftest import REPO
 from tests.msb_kernels.gateway.conftest import Gateway, HttpServer, KernelSocket, launch_gateway, launch_jupyter_server, wait_until
@@ -205,7 +206,7 @@ async def test_every_kernelspec_has_logos_through_the_gateway(pooled_gateway: Ga
             assert response.code == 200, (server.url, response.code)
             assert response.headers["Content-Type"] == "image/png"
             assert Image.open(io.BytesIO(response.body)).size == (size, size)
-    spec = (await lab.request("GET", "/api/kernelspecs")).json["kernelspecs"][f"msb-{template}-small"]
+    spec = (await lab.request("GET", "/api/kernelspecs")).json["kernelspecs"][LISTED_NAMES[template]]  # listed for msb-*-small
     assert {"logo-32x32", "logo-64x64"} <= set(spec["resources"]), json.dumps(spec)
 
 
@@ -305,6 +306,9 @@ async def test_a_notebook_from_elsewhere_naming_python3_starts_in_a_sandbox(pool
     assert specs["python3"]["spec"]["metadata"]["msb"]["stands_for"] == "msb-python-small"
     assert specs["python3"]["spec"]["metadata"]["kernel_provisioner"]["provisioner_name"] == "msb-sandbox"
     assert "python" not in specs and "jslab" not in specs, "one listed name per language: no launcher card twice over"
+    assert "msb-python-small" not in specs and "msb-node-small" not in specs, "the alias is listed in its place, not beside it"
+    assert {"msb-python-medium", "msb-python-large"} <= specs.keys(), specs.keys()
+    assert (await lab.request("GET", "/api/kernelspecs")).json["default"] == "python3"
     if TEMPLATES["node"].unavailable_reason() is None:
         assert specs["javascript"]["spec"]["metadata"]["msb"]["stands_for"] == "msb-node-small"
         assert specs["javascript"]["spec"]["display_name"] == "JavaScript (Node.js) (sandbox, small, default)"
@@ -315,7 +319,7 @@ async def test_a_notebook_from_elsewhere_naming_python3_starts_in_a_sandbox(pool
     )
     assert created.code == 201, created.body
     kernel_id = created.json["kernel"]["id"]
-    assert kernel_id == pooled and created.json["kernel"]["name"] == "msb-python-small", created.json
+    assert kernel_id == pooled and created.json["kernel"]["name"] == "python3", created.json  # what Lab saves
     socket = await KernelSocket.open(lab, kernel_id)
     seen = await socket.execute("import os; print(os.environ['MSB_SANDBOX'], os.environ['MSB_FLAVOR'], os.getuid())")
     (backend,) = [k["backend"] for k in (await pooled_gateway.stats())["kernels"] if k["id"] == kernel_id]

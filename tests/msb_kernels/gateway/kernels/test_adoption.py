@@ -232,7 +232,7 @@ async def test_a_busy_kernel_is_adopted_and_its_lost_ending_is_reported():
     second = None
     lab = await launch_jupyter_server(first)
     try:
-        kernel_id = (await lab.request("POST", "/api/kernels", {"name": "msb-python-small"})).json["id"]
+        kernel_id = (await lab.request("POST", "/api/kernels", {"name": "python3"})).json["id"]  # as Lab's launcher
         notebook = await KernelSocket.open(lab, kernel_id)
         await notebook.execute("state = 'kept'")
         msg_id = notebook.send(
@@ -269,6 +269,8 @@ async def test_a_busy_kernel_is_adopted_and_its_lost_ending_is_reported():
         if not delivered:
             assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "GatewayRestarted", reply
         assert await until_reconnected(notebook, "print(state)") == "kept\n"
+        # Still reported by the name it was started by, which Lab lists and saves (not msb-python-small, unlisted).
+        assert (await second.request("GET", f"/api/kernels/{kernel_id}")).json["name"] == "python3"
     finally:
         lab.stop()
         for gateway in (first, second):
