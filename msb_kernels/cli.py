@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msb_kernels.backends.core.hostpaths import closed_note
+from msb_kernels.backends.core.hostpaths import closed_note, shown_note
 from msb_kernels.environments.env_command import add_env_parser
 from msb_kernels.errors import MsbError
 from msb_kernels.gateway.serve_command import add_serve_parser
@@ -84,8 +84,9 @@ def cmd_install(args: argparse.Namespace) -> int:
     for environment in list_environments(settings):  # each environment's kernelspecs, rewritten as the default ones are
         for line in environment_kernelspecs.install(environment, settings, prefix=args.prefix, user=args.user):
             print(line)
-    if os.geteuid() == 0 and (note := closed_note()) is not None:
-        print(f"note: {note}", file=sys.stderr)
+    if os.geteuid() == 0:  # root installs for a team, whose people run and see it
+        for note in filter(None, (closed_note(), shown_note())):
+            print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -125,6 +126,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     hierarchy, note = cgroups.detect()
     print(f"limits: {note}")
     print(f"python: {closed_note() or f'{sys.executable}, which every user of this host can run'}")
+    print(f"  in sandboxes: {shown_note() or 'no path of it names a person (none under /home or /root)'}")
     speed_note = cgroups.start_speed_note(hierarchy)
     if speed_note is not None:
         print(f"  start time: {speed_note}")

@@ -94,3 +94,24 @@ def closed_note(executable: str = sys.executable) -> str | None:
         f"under JupyterHub each person's server runs as them and cannot start it. For a team, make the venv from a "
         f"Python every user can run: rm -rf {venv} && PYTHON={system} {venv.parent}/scripts/run --install-only"
     )
+
+
+# People's directories: an install under one shows its path, and so its person's name, in every sandbox.
+PEOPLES_DIRS = ("/home", "/root")
+TEAM_INSTALL = "/opt/msb-kernels"  # where docs/teams.md installs for a team: a path that names no one
+
+
+def shown_note(executable: str = sys.executable) -> str | None:
+    """What every sandbox shows of this install that names a person, with what to do; None where nothing does.
+
+    Each interpreter path is bound into every sandbox at its own path (read-only, nothing beside it): a venv in the
+    operator's home showed /home/<operator> in each person's kernel (issue 55, point 10). Said by `msb-kernels
+    install` (which scripts/run runs) and `msb-kernels doctor`."""
+    shown = [path for path in binds_for(set(interpreter_paths(executable))) if any(under(path, place) for place in PEOPLES_DIRS)]
+    if not shown:
+        return None
+    return (
+        f"every sandbox shows {', '.join(shown)} (read-only, and nothing beside it), which names a person's home. "
+        f"For a team, install where no person's name is, from a Python every user can run: "
+        f"git clone <this repository> {TEAM_INSTALL} && PYTHON={SYSTEM_PYTHON} {TEAM_INSTALL}/scripts/run --install-only"
+    )

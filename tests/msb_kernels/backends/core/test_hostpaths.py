@@ -231,3 +231,27 @@ def test_a_venv_under_a_directory_others_cannot_enter_is_named_with_what_to_do()
     assert ran.returncode == 0, ran.stderr[-2000:]
     suite = hostpaths.closed_to_others(str(VENV_BIN / "python"))
     assert ("note: this venv's Python" in ran.stderr) == (suite is not None and os.geteuid() == 0), ran.stderr[-2000:]
+
+
+def test_an_install_in_a_persons_home_is_named_with_where_a_team_installs() -> None:
+    """Every interpreter path is bound into every sandbox at its own path: a venv in the operator's home showed
+    /home/<operator> in each person's kernel (issue 55, point 10). `msb-kernels install` (as root) and doctor say so,
+    with the install docs/teams.md gives a team; an install under /opt names no one and is not flagged."""
+    if not os.path.exists(hostpaths.SYSTEM_PYTHON) or hostpaths.closed_to_others(hostpaths.SYSTEM_PYTHON) is not None:
+        pytest.skip(f"no {hostpaths.SYSTEM_PYTHON} that every user can run here, to make a venv of")
+    token = uuid.uuid4().hex[:8]
+    places = {"home": Path(f"/home/msbt-{token}"), "opt": Path(f"/opt/msbt-{token}")}
+    try:
+        for place in places.values():
+            (place / "msb-kernels" / ".venv" / "bin").mkdir(parents=True)
+            (place / "msb-kernels" / ".venv" / "bin" / "python").symlink_to(hostpaths.SYSTEM_PYTHON)
+        note = hostpaths.shown_note(str(places["home"] / "msb-kernels" / ".venv" / "bin" / "python"))
+        assert note and f"every sandbox shows {places['home'] / 'msb-kernels' / '.venv'} " in note, note
+        assert f"git clone <this repository> /opt/msb-kernels && PYTHON={hostpaths.SYSTEM_PYTHON} /opt/msb-kernels/scripts/run" in note
+        assert hostpaths.shown_note(str(places["opt"] / "msb-kernels" / ".venv" / "bin" / "python")) is None
+    finally:
+        for place in places.values():
+            shutil.rmtree(place, ignore_errors=True)
+    doctor = subprocess.run([str(VENV_BIN / "msb-kernels"), "doctor"], capture_output=True, text=True, timeout=300)
+    shown = hostpaths.shown_note(str(VENV_BIN / "python"))
+    assert f"  in sandboxes: {shown or 'no path of it names a person'}" in doctor.stdout, doctor.stdout[-3000:]
