@@ -19,9 +19,13 @@ tornado's ping warning (msb_kernels.jupyter.server_logs), which every kernel con
 from __future__ import annotations
 
 import gc
+import signal
+import sys
+import threading
 from typing import Any
 
 from jupyter_server.gateway.managers import GatewayKernelManager, GatewayMappingKernelManager, GatewaySessionManager
+from tornado import web
 from traitlets import default
 
 from msb_kernels.jupyter.server_logs import quiet_the_ping_unit_clash
@@ -49,10 +53,47 @@ class GatewayKernels(GatewayMappingKernelManager):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         quiet_the_ping_unit_clash()
+        stop_on_sigint(self.parent)
 
     async def shutdown_all(self, now: bool = False) -> None:
         """The server's last act with kernels as it stops (jupyter_server's cleanup); then it exits. The interpreter's
         teardown collected cycles over Lab's heap for seconds, which JupyterHub waits out, person by person, as it stops:
-        frozen objects are never collected, so the process exits at once (atexit handlers still run)."""
-        await super().shutdown_all(now=now)
+        frozen objects are never collected, so the process exits at once (atexit handlers still run).
+
+        A gateway that does not answer has stopped, and its kernels with it: JupyterHub stops its services (the
+        gateway) before the people's servers, so at the Hub's Ctrl-C every server met a refused connection here and
+        logged it as a traceback."""
+        try:
+            await super().shutdown_all(now=now)
+        except web.HTTPError as exc:
+            if exc.status_code not in (502, 503, 504, 599):
+                raise
+            self.log.info("The gateway did not answer as this server stopped: its kernels stopped with it")
+        end_anyio_workers()
         gc.freeze()
+
+
+def stop_on_sigint(server: Any) -> None:
+    """SIGINT stops the server as SIGTERM does, with jupyter_server's cleanup, where it has no terminal to ask on (every
+    server JupyterHub starts). There jupyter_server leaves SIGINT to Python: a KeyboardInterrupt ended the loop with no
+    cleanup at all, and the process then waited for AnyIO's threads (below) until JupyterHub, which stops a server with
+    SIGINT, sent SIGTERM 10 s later and SIGKILL 5 s after that. Called as the server sets up, before its init_signal,
+    which installs its question on SIGINT only on a terminal."""
+    stop = getattr(server, "_signal_stop", None)
+    if stop is None or threading.current_thread() is not threading.main_thread() or (sys.stdin and sys.stdin.isatty()):
+        return
+    signal.signal(signal.SIGINT, stop)
+
+
+def end_anyio_workers() -> None:
+    """End AnyIO's idle worker threads, as AnyIO itself does when the task that started them ends. jupyter-collaboration
+    runs its file and store I/O in them, and under tornado's loop that task never ends: a server that had served a
+    collaboration room then never exited (its main thread waited in threading._shutdown, seen with py-spy) until it
+    was killed. Called once the server's kernels are shut down, the last of its cleanup that runs extensions' code."""
+    try:
+        from anyio._backends._asyncio import WorkerThread
+    except ImportError:
+        return
+    for thread in threading.enumerate():
+        if isinstance(thread, WorkerThread):
+            thread.queue.put_nowait(None)  # AnyIO's own stop: the thread returns once it has done what it holds

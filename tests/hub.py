@@ -70,6 +70,30 @@ class Hub(HttpServer):
         self.gateway_port = gateway_port
         self.tokens: dict[str, str] = {}  # user -> a token of theirs the harness made (admin-made, all their scopes)
         self.issued: set[str] = set()  # every token token_for made
+        self.console: int | None = None  # the terminal's side of its pty, for a Hub launched on one
+        self.command: tuple[list[str], dict[str, str], bool] = ([], {}, False)  # argv, environment, on a terminal
+
+    async def start(self) -> None:
+        """Start the Hub (again, after a stop: the same state dir, ports and tokens) and wait until it answers."""
+        argv, env, terminal = self.command
+        console, stdin = os.openpty() if terminal else (None, subprocess.DEVNULL)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=stdin, cwd=self.state_dir, start_new_session=terminal
+            )
+        if console is not None:
+            os.close(stdin)  # the Hub holds it; the harness keeps the console's side open, as a terminal window does
+        self.console = console
+        try:
+            await _wait_until_up(self)
+        except BaseException:
+            self.stop()
+            raise
+
+    def interrupt(self) -> None:
+        """Ctrl-C on the Hub's terminal: SIGINT to its whole process group (what did not start a session of its own)."""
+        assert self.console is not None, "launch_hub(terminal=True): Ctrl-C needs a terminal"
+        os.killpg(self.process.pid, signal.SIGINT)
 
     @property
     def gateway_url(self) -> str:
@@ -170,6 +194,9 @@ class Hub(HttpServer):
         try:
             return super().stop(signum, timeout)
         finally:
+            if self.console is not None:
+                os.close(self.console)
+                self.console = None
             deadline = time.monotonic() + 10
             while (alive := {pid for pid in tree if pid_alive(pid)}) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -183,10 +210,6 @@ _OVERLAY = """\
 c = get_config()  # noqa: F821
 load_subconfig({deploy!r})  # noqa: F821
 c.ConfigurableHTTPProxy.command = [{chp!r}]
-# A Lab does not stop on SIGINT (it asks on a terminal it lacks), and one that served a collaboration room may not
-# stop on SIGTERM either (tests/msb_kernels/gateway/conftest.JupyterServer): skip to the next signal sooner.
-c.Spawner.interrupt_timeout = 1
-c.Spawner.term_timeout = 2
 c.JupyterHub.services.append({{"name": {admin!r}, "api_token": {token!r}, "display": False}})
 c.JupyterHub.load_roles.append(
     {{"name": "msb-tests-admin", "scopes": ["admin:users", "admin:servers", "tokens", "list:users"], "services": [{admin!r}]}}
@@ -196,12 +219,17 @@ c.JupyterHub.load_roles.append(
 
 
 async def launch_hub(
-    users: tuple[str, ...] = ("alice", "bob"), admins: tuple[str, ...] = (), env: dict | None = None, extra_config: str = ""
+    users: tuple[str, ...] = ("alice", "bob"),
+    admins: tuple[str, ...] = (),
+    env: dict | None = None,
+    extra_config: str = "",
+    terminal: bool = False,
 ) -> Hub:
     """Start a Hub with the deploy config and wait until it, its proxy and its gateway answer.
 
     env: more variables for the Hub (MSB_* ones reach the gateway); extra_config: more config lines after the
-    deploy config's (``c`` is the config)."""
+    deploy config's (``c`` is the config); terminal: as an operator starts it, on a terminal (a pty for its stdin,
+    which its servers inherit) in a process group of its own, which Ctrl-C signals whole (``Hub.interrupt``)."""
     state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
     state_dir.mkdir(parents=True)
     port, gateway_port = free_port(), free_port()
@@ -227,21 +255,9 @@ async def launch_hub(
         **(env or {}),
     }
     log_path = state_dir / "jupyterhub.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [str(VENV_BIN / "jupyterhub"), "-f", str(overlay)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=state_dir,
-        )
-    hub = Hub(port, token, process, log_path, state_dir=state_dir, gateway_port=gateway_port, runtime_dir=runtime_dir)
-    try:
-        await _wait_until_up(hub)
-    except BaseException:
-        hub.stop()
-        raise
+    hub = Hub(port, token, None, log_path, state_dir=state_dir, gateway_port=gateway_port, runtime_dir=runtime_dir)
+    hub.command = ([str(VENV_BIN / "jupyterhub"), "-f", str(overlay)], env, terminal)
+    await hub.start()
     return hub
 
 

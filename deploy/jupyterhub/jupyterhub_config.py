@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -226,6 +227,9 @@ c.Spawner.args = [
 ]
 if knob("ALLOW_ROOT") not in ("", "0", "false"):
     c.Spawner.args.append("--allow-root")
+# Not the Hub's terminal: on one, a server answers SIGINT (the Hub's first signal as it stops it, at Ctrl-C) by asking
+# on that terminal whether to shut down, waits 5 s for a "y", and goes on running until SIGTERM 10 s later.
+c.Spawner.popen_kwargs = {"stdin": subprocess.DEVNULL}
 # A server's own token (JUPYTERHUB_API_TOKEN) gets JupyterHub's defaults for a server (the `server` role's: post
 # activity, be reached) plus the gateway's scope, which it holds only where its user does. Lab sends this token to
 # the gateway, so the gateway sees the person, not a shared secret.

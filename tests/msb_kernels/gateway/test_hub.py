@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -23,10 +22,19 @@ from typing import Any
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from bench.kernels import descendants
 from mcp_bridge import jupyter_ws
 from tests.hub import Hub, UserServer, launch_hub
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
-from tests.msb_kernels.gateway.conftest import START_TIMEOUT, KernelSocket, Response, free_port, sandbox_records, wait_until
+from tests.msb_kernels.gateway.conftest import (
+    START_TIMEOUT,
+    KernelSocket,
+    Response,
+    free_port,
+    pid_alive,
+    sandbox_records,
+    wait_until,
+)
 from tests.skips import needs_hub
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), needs_hub]
@@ -488,23 +496,32 @@ def test_under_pam_a_star_lets_every_host_user_in_and_named_host_users_load(monk
     assert config.Authenticator.allowed_users == {"root"} and config.Authenticator.admin_users == {"root"}
 
 
-async def test_ctrl_c_stops_the_hub_its_gateway_and_a_persons_lab_within_seconds() -> None:
-    """Ctrl-C on the Hub, with JupyterHub's own timeouts (SIGINT, 10 s, SIGTERM, 5 s): it stops the gateway (which
-    stops every kernel), then each person's Lab. Each process's exit used to wait out the interpreter's collection of
-    its heap (py-spy: gc_collect_main), 2.9 to 4.0 s for the gateway and 4.2 s for a Lab, so a stop took 10.5 s here
-    with one person; now both freeze their heap once stopped (6.2 s with the gateway's alone, 3.1 s with both)."""
-    hub = await launch_hub(users=("alice",), extra_config="c.Spawner.interrupt_timeout = 10\nc.Spawner.term_timeout = 5\n")
+async def test_ctrl_c_with_a_persons_lab_open_in_a_browser_stops_everything_within_seconds(driver: Any) -> None:
+    """Ctrl-C on the terminal the Hub runs on, with JupyterHub's own timeouts (SIGINT, 10 s, SIGTERM, 5 s) and alice's
+    Lab open in Chromium on a notebook whose kernel ran a cell (a collaboration room served). Every process of the
+    Hub's is gone within 10 s, and no traceback is logged. With a Lab open it took 66 to 73 s (issue 55): each Lab,
+    on the Hub's terminal, asked whether to shut down instead of stopping; at SIGTERM it tried to shut its kernels
+    down on the gateway the Hub had stopped first, retrying for about 30 s; and the Hub's health check of its stopped
+    gateway raised meanwhile."""
+    hub = await launch_hub(users=("alice",), terminal=True)
     try:
         alice = await hub.start_server("alice")
-        started = await alice.request("POST", "/api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
-        assert started.code == 201, (started.code, started.body)
+        hub.login(driver, "alice")
+        page = LabPage(driver, alice)
+        page.open_lab()
+        page.new_notebook(PYTHON)
+        assert page.wait_for_text(page.run("print('open')"), STDOUT, "open").strip() == "open"
+        tree = descendants(hub.process.pid)
+        assert len(tree) >= 4, tree  # the Hub, its proxy, the gateway and alice's Lab at least
         began = time.monotonic()
-        assert hub.stop(signal.SIGINT, timeout=60) == 0, hub.log()[-3000:]
+        hub.interrupt()
+        while (alive := {pid for pid in tree if pid_alive(pid)}) and time.monotonic() - began < 60:
+            time.sleep(0.1)
         took = time.monotonic() - began
     finally:
         hub.stop()
-    print(f"the Hub stopped in {took:.1f} s")
-    assert took < 8, f"the Hub took {took:.1f} s to stop on SIGINT:\n{hub.log()[-3000:]}"
+    print(f"every process of the Hub's was gone {took:.1f} s after Ctrl-C")
+    assert not alive and took < 10, f"{took:.1f} s after Ctrl-C, {sorted(alive)} still ran:\n{hub.log()[-3000:]}"
     assert not sandbox_records(hub.runtime_dir), sandbox_records(hub.runtime_dir)
     after = hub.log().split("Received signal SIGINT", 1)[1]
     assert "Traceback" not in after, after[-3000:]

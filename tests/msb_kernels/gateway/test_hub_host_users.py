@@ -1,7 +1,7 @@
 """A person's own files under JupyterHub's LocalProcessSpawner, with real host users, in Chromium.
 
-The shipped config with its default spawner: each person's JupyterLab runs as their own host user, from their home
-in /home. In Chromium, ann drops a file on her Lab's file browser, her notebook's kernel reads it and writes another,
+The shipped config with its defaults, PAM and LocalProcessSpawner: each person logs in with their host password, and
+their JupyterLab runs as their own host user, from their home in /home. In Chromium, ann drops a file on her Lab's file browser, her notebook's kernel reads it and writes another,
 and she opens that one in Lab's editor and saves an edit, which her kernel then reads. On the host every file is
 ann's, whichever of her Lab and her sandboxed kernel wrote it. ben's kernel, asked to start in her folder, sees none
 of it. (tests/msb_kernels/gateway/test_hub.py runs the same Hub with SimpleLocalProcessSpawner, where every Lab is
@@ -27,7 +27,7 @@ import pytest
 from mcp_bridge import jupyter_ws
 from tests.conftest import REPO
 from tests.host_users import delete_host_user
-from tests.hub import Hub, UserServer, launch_hub
+from tests.hub import PASSWORD, Hub, UserServer, launch_hub
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records
 from tests.skips import needs_hub
@@ -60,6 +60,7 @@ def host_users() -> Iterator[dict[str, pwd.struct_passwd]]:
     for name in PEOPLE:
         delete_host_user(name)  # a run killed before its cleanup left them
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name], check=True, capture_output=True)
+        subprocess.run(["chpasswd"], input=f"{name}:{PASSWORD}\n", text=True, check=True, capture_output=True)  # PAM's
         os.chmod(f"/home/{name}", 0o700)
     try:
         yield {name: pwd.getpwnam(name) for name in PEOPLE}
@@ -91,7 +92,8 @@ def servers_venv() -> Iterator[Path]:
 async def hub(host_users: dict, servers_venv: Path) -> AsyncIterator[Hub]:
     server = await launch_hub(
         users=PEOPLE,
-        env={"MSB_HUB_SPAWNER": "", "MSB_HUB_ALLOW_ROOT": ""},
+        # The shipped config as the docs run it: PAM (the host's users, with their own passwords), LocalProcessSpawner.
+        env={"MSB_HUB_AUTHENTICATOR": "", "MSB_HUB_SPAWNER": "", "MSB_HUB_ALLOW_ROOT": ""},
         extra_config=f"c.Spawner.cmd = [{str(servers_venv / 'bin' / 'jupyterhub-singleuser')!r}]",
     )
     yield server
