@@ -91,15 +91,17 @@ def start_gateway(
     runtime: str = "gw",
     code: Path | None = None,
     users_file: Path | None = None,
+    pool_size: str = "0",
 ) -> Server:
     """port and token: a gateway that takes over from another on the same runtime dir. runtime: its runtime dir under
     base (two gateways at once need two). code: a checkout whose msb_kernels and mcp_bridge it imports instead.
-    users_file: a gateway of that file's people (MSB_USERS_FILE, no MSB_TOKEN); token is then one person's from it."""
+    users_file: a gateway of that file's people (MSB_USERS_FILE, no MSB_TOKEN); token is then one person's from it.
+    pool_size: its MSB_POOL_SIZE (none by default: most benches time starts)."""
     port, token = port or free_port(), token or secrets.token_hex(16)
     env = {
         **os.environ,
         "MSB_RUNTIME_DIR": str(base / runtime),
-        "MSB_POOL_SIZE": "0",
+        "MSB_POOL_SIZE": pool_size,
         **({"MSB_USERS_FILE": str(users_file)} if users_file is not None else {"MSB_TOKEN": token}),
         **({"PYTHONPATH": str(code)} if code is not None else {}),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -283,3 +284,21 @@ def test_scale_times_a_persons_listings_among_everyones_kernels_and_each_names_o
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "| p50 (ratio to the first level) | 10 kernels | 20 kernels |" in run.stdout, run.stdout[-3000:]
     assert "| pat's (5 kernels) MCP `get_sessions` |" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_lab_first_cell_times_a_sandboxed_lab_beside_a_plain_one_in_chromium(tmp_path):
+    """bench/lab_first_cell.py clicks each Lab's launcher card in Chromium and times the first cell to its output
+    (issue 55, point 11); one round each here."""
+    from tests.msb_kernels.gateway.browser import GET_CHROMIUM
+
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip(f"chromium or chromedriver is not installed; {GET_CHROMIUM}")
+    output = tmp_path / "first_cell.json"
+    argv = [sys.executable, str(REPO / "bench" / "lab_first_cell.py"), "-n", "1", "--output", str(output)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert set(results["figures"]) == {"sandboxed", "plain"} and results["backend"] == "namespace", results
+    assert all(figure["n"] == 1 and figure["p50_ms"] > 0 for figure in results["figures"].values()), results
+    assert "sandboxed / plain: " in run.stdout, run.stdout
