@@ -260,11 +260,25 @@ class HibernationMixin:
         return record.hibernation_refused[1] if record is not None and record.hibernation_refused else None
 
     async def wake_all(self, timeout: float) -> None:
-        """Restore every hibernated kernel (at a stop with MSB_KEEP_KERNELS); one that does not come back in time is lost."""
+        """Restore every hibernated kernel (at a stop with MSB_KEEP_KERNELS); one that does not come back in time is lost.
+
+        A checkpoint or restore under way when the stop came finishes first (the periodic look is stopped by then, so
+        no new one begins): a kernel mid-checkpoint was neither running for its keeper nor marked asleep to be woken,
+        and the next gateway adopted 2 of 3 kernels while the third's disk was left behind (a fresh clone's run)."""
+        deadline = time.monotonic() + timeout
+
+        async def settled(lock: asyncio.Lock) -> None:
+            async with lock:
+                pass
+
+        under_way = [record.hibernation_lock for record in list(self.records.values()) if record.hibernation_lock.locked()]
+        if under_way:
+            await asyncio.wait([asyncio.ensure_future(settled(lock)) for lock in under_way], timeout=timeout)
         hibernated = [kernel_id for kernel_id in list(self.records) if self.is_hibernated(kernel_id)]
         if hibernated:
             self.log.info("waking %d hibernated kernel(s), for the next msb-kernels serve to adopt", len(hibernated))
-            await asyncio.wait([asyncio.ensure_future(self.wake_kernel(kernel_id)) for kernel_id in hibernated], timeout=timeout)
+            wakes = [asyncio.ensure_future(self.wake_kernel(kernel_id)) for kernel_id in hibernated]
+            await asyncio.wait(wakes, timeout=max(1.0, deadline - time.monotonic()))
 
     def hibernation_stats(self, person: Any = None) -> dict:
         """Counts for everyone; the recent refusals (which name kernels) only of kernels ``person`` may see."""

@@ -42,11 +42,12 @@ async def test_jupyter_mcp_server_runs_its_cells_in_our_sandbox(lab, notebook_ga
         read = await peer.call_tool("read_notebook", {"notebook_name": "peer"})
         assert "import os; print('uid'" in "\n".join(getattr(part, "text", "") for part in read.content)
 
-    # The kernel it got is one of the gateway's sandboxed kernels, under the canonical name; our tools see its cell.
+    # The kernel it got is one of the gateway's sandboxed kernels, the default flavor's, reported by the name it asked
+    # for (which it saves); our tools see its cell.
     sessions = [s for s in (await lab.request("GET", "/api/sessions")).json if s["path"] == path]
-    assert sessions and sessions[0]["kernel"]["name"].startswith("msb-python-"), sessions
-    kernels = {k["id"] for k in (await notebook_gateway.request("GET", "/api/kernels")).json}
-    assert sessions[0]["kernel"]["id"] in kernels
+    assert sessions and sessions[0]["kernel"]["name"] == "python3", sessions
+    stats = await notebook_gateway.stats()
+    assert [k["kernel_name"] for k in stats["kernels"] if k["id"] == sessions[0]["kernel"]["id"]] == ["msb-python-small"], stats
     async with mcp_client(notebook_gateway) as assistant:
         cells = (await call(assistant, "read_notebook", notebook=path))["cells"]
         assert any("uid 1000 home /home/sandbox" in (cell["outputs"] or "") for cell in cells), cells
