@@ -9,8 +9,8 @@ Two Labs, as their users run them:
 
 Round by round, interleaved so both see the same minutes of this VM, headless Chromium opens each Lab's launcher,
 clicks the card, types `print(6 * 7)` into the new notebook's cell as soon as its editor shows, runs it once Lab shows
-its kernel idle (Lab drops a run asked for before that), and waits for `42`. The clock runs from the click to the output on screen: Lab's own start of the notebook and its kernel, the
-gateway's hand-out, and the cell. Each round's notebook and kernel are shut down after it; the pool refills before
+its kernel idle (Lab drops a run asked for before that), and waits for `42`. The clock runs from the click to the
+output on screen: Lab's own start of the notebook and its kernel, the gateway's hand-out, and the cell. Each round's notebook and kernel are shut down after it; the pool refills before
 the next.
 
     .venv/bin/python bench/lab_first_cell.py                  # 8 rounds on namespace, about two minutes
@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.browser import NoChromium, headless_chromium
 from bench.environment import isolate, machine, settle
 from bench.servers import Server, start_gateway, start_jupyter
 from bench.stats import summary
@@ -41,20 +42,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CARDS = {"sandboxed": "Default: Python 3 (sandbox, small)", "plain": "Python 3 (ipykernel)"}
 CODE, OUTPUT = "print(6 * 7)", "42"
 TIMEOUT = 120.0  # a first cell on a loaded 2-core machine
-
-
-def chromium() -> Any:
-    """Headless Chromium as the tests drive it (tests/msb_kernels/gateway/browser.py)."""
-    from selenium import webdriver
-
-    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (binary and driver):
-        raise SystemExit("lab_first_cell.py: install chromium and chromedriver (`apt-get install -y chromium chromium-driver`)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=webdriver.ChromeService(driver), options=options)
 
 
 def wait(browser: Any, condition: Any, what: str) -> Any:
@@ -125,7 +112,10 @@ async def run(rounds: int, backend: str) -> dict:
         labs["plain"] = start_jupyter(base / "plain", "lab")
         for lab in labs.values():
             await lab.wait_up()
-        browser = chromium()
+        try:
+            browser = headless_chromium()
+        except NoChromium as exc:
+            raise SystemExit(f"lab_first_cell.py: {exc}") from None
         for round_ in range(rounds + 1):  # the first round of each is untimed: Lab's first page load, imports
             for name, lab in labs.items():
                 if name == "sandboxed":

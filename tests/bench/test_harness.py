@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -290,10 +289,10 @@ def test_scale_times_a_persons_listings_among_everyones_kernels_and_each_names_o
 def test_lab_first_cell_times_a_sandboxed_lab_beside_a_plain_one_in_chromium(tmp_path):
     """bench/lab_first_cell.py clicks each Lab's launcher card in Chromium and times the first cell to its output
     (issue 55, point 11); one round each here."""
-    from tests.msb_kernels.gateway.browser import GET_CHROMIUM
+    from bench.browser import missing
 
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        pytest.skip(f"chromium or chromedriver is not installed; {GET_CHROMIUM}")
+    if (reason := missing()) is not None:
+        pytest.skip(reason)
     output = tmp_path / "first_cell.json"
     argv = [sys.executable, str(REPO / "bench" / "lab_first_cell.py"), "-n", "1", "--output", str(output)]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=600)

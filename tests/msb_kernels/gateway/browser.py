@@ -7,26 +7,22 @@ small and shared. A test that uses ``page`` leaves a screenshot when it fails.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.browser import NoChromium, headless_chromium
 from tests.msb_kernels.gateway.conftest import SCREENSHOT_ON_FAILURE, HttpServer
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test extra: pip install -e '.[test]'")
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException, WebDriverException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-GET_CHROMIUM = (
-    "install Debian's chromium and its driver: `apt-get install -y chromium chromium-driver` "
-    "(`source scripts/bootstrap.sh test` does it when run as root)"
-)
 KERNEL_TIMEOUT = 180.0  # a sandbox start, through two servers, on a loaded 2-core machine
 OUTPUT_TIMEOUT = 90.0
 # The default flavor's cards: listed as python3 and javascript, in place of msb-python-small and msb-node-small.
@@ -37,17 +33,10 @@ STDOUT, STDERR = "application/vnd.jupyter.stdout", "application/vnd.jupyter.stde
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and chromedriver):
-        pytest.skip(f"chromium or chromedriver is not installed; {GET_CHROMIUM}")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(argument)
     try:
-        driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
-    except WebDriverException as exc:
-        pytest.skip(f"chromium did not start ({exc.msg}); {GET_CHROMIUM}")
+        driver = headless_chromium()
+    except NoChromium as exc:
+        pytest.skip(str(exc))
     yield driver
     driver.quit()
 
