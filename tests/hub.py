@@ -28,7 +28,6 @@ import os
 import secrets
 import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from urllib.parse import quote
 
 from bench.kernels import descendants
 from tests.conftest import REPO, TEST_BASE, VENV_BIN
-from tests.msb_kernels.gateway.conftest import START_TIMEOUT, HttpServer, Response, free_port, pid_alive, wait_until
+from tests.msb_kernels.gateway.conftest import START_TIMEOUT, HttpServer, Response, alive_after, free_port, wait_until
 from tests.skips import CHP
 
 DEPLOY_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
@@ -197,10 +196,7 @@ class Hub(HttpServer):
             if self.console is not None:
                 os.close(self.console)
                 self.console = None
-            deadline = time.monotonic() + 10
-            while (alive := {pid for pid in tree if pid_alive(pid)}) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in alive:
+            for pid in alive_after(tree, 10):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

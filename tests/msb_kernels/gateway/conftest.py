@@ -75,6 +75,14 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def alive_after(pids: set[int], timeout: float) -> set[int]:
+    """Those of pids still alive once they are all gone or timeout seconds have passed (a blocking wait)."""
+    deadline = time.monotonic() + timeout
+    while (alive := {pid for pid in pids if pid_alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
 async def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -1,8 +1,9 @@
 """A person's own files under JupyterHub's LocalProcessSpawner, with real host users, in Chromium.
 
 The shipped config with its defaults, PAM and LocalProcessSpawner: each person logs in with their host password, and
-their JupyterLab runs as their own host user, from their home in /home. In Chromium, ann drops a file on her Lab's file browser, her notebook's kernel reads it and writes another,
-and she opens that one in Lab's editor and saves an edit, which her kernel then reads. On the host every file is
+their JupyterLab runs as their own host user, from their home in /home. In Chromium, ann drops a file on her Lab's
+file browser, her notebook's kernel reads it and writes another, and she opens that one in Lab's editor and saves an
+edit, which her kernel then reads. On the host every file is
 ann's, whichever of her Lab and her sandboxed kernel wrote it. ben's kernel, asked to start in her folder, sees none
 of it. (tests/msb_kernels/gateway/test_hub.py runs the same Hub with SimpleLocalProcessSpawner, where every Lab is
 root's.)
