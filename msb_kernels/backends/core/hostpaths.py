@@ -99,6 +99,10 @@ def closed_note(executable: str = sys.executable) -> str | None:
 # People's directories: an install under one shows its path, and so its person's name, in every sandbox.
 PEOPLES_DIRS = ("/home", "/root")
 TEAM_INSTALL = "/opt/msb-kernels"  # where docs/teams.md installs for a team: a path that names no one
+# docs/teams.md's install command, word for word (tests/msb_kernels/backends/core/test_hostpaths.py checks both).
+TEAM_INSTALL_COMMAND = (
+    f"git clone <this repository> {TEAM_INSTALL} && cd {TEAM_INSTALL} && PYTHON={SYSTEM_PYTHON} ./scripts/run --install-only"
+)
 
 
 def shown_note(executable: str = sys.executable) -> str | None:
@@ -112,6 +116,5 @@ def shown_note(executable: str = sys.executable) -> str | None:
         return None
     return (
         f"every sandbox shows {', '.join(shown)} (read-only, and nothing beside it), which names a person's home. "
-        f"For a team, install where no person's name is, from a Python every user can run: "
-        f"git clone <this repository> {TEAM_INSTALL} && PYTHON={SYSTEM_PYTHON} {TEAM_INSTALL}/scripts/run --install-only"
+        f"For a team, install where no person's name is, from a Python every user can run: {TEAM_INSTALL_COMMAND}"
     )

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 
 from msb_kernels.backends.core import hostpaths
-from tests.conftest import VENV_BIN, venv_environment
+from tests.conftest import REPO, VENV_BIN, venv_environment
 from tests.skips import every_builtin_backend, needs_runsc
 
 SECRET = "host-secret-beside-the-venv"
@@ -247,7 +247,8 @@ def test_an_install_in_a_persons_home_is_named_with_where_a_team_installs() -> N
             (place / "msb-kernels" / ".venv" / "bin" / "python").symlink_to(hostpaths.SYSTEM_PYTHON)
         note = hostpaths.shown_note(str(places["home"] / "msb-kernels" / ".venv" / "bin" / "python"))
         assert note and f"every sandbox shows {places['home'] / 'msb-kernels' / '.venv'} " in note, note
-        assert f"git clone <this repository> /opt/msb-kernels && PYTHON={hostpaths.SYSTEM_PYTHON} /opt/msb-kernels/scripts/run" in note
+        command = f"git clone <this repository> /opt/msb-kernels && cd /opt/msb-kernels && PYTHON={hostpaths.SYSTEM_PYTHON} ./scripts/run"
+        assert note.endswith(f"{command} --install-only") and hostpaths.TEAM_INSTALL_COMMAND in (REPO / "docs" / "teams.md").read_text()
         assert hostpaths.shown_note(str(places["opt"] / "msb-kernels" / ".venv" / "bin" / "python")) is None
     finally:
         for place in places.values():
