@@ -149,8 +149,9 @@ async def test_after_a_hub_restart_her_open_notebook_shows_the_file_and_her_assi
     alice = inspector_as(hub, hub.tokens["alice"])
 
     async def file_sources() -> list[str]:
-        model = (await alice_server.request("GET", f"/api/contents/{path}?content=1")).json
-        return [cell["source"] for cell in model["content"]["cells"]]
+        response = await alice_server.request("GET", f"/api/contents/{path}?content=1")
+        assert response.code == 200, (response.code, response.body[:500])
+        return [cell["source"] for cell in response.json["content"]["cells"]]
 
     async def insert(source: str, shown: bool = True) -> None:
         inserted = (await alice.call("insert_cell", notebook=path, source=source)).result
@@ -165,13 +166,16 @@ async def test_after_a_hub_restart_her_open_notebook_shows_the_file_and_her_assi
 
     await insert("print('before the restart')")
     hub.stop()
+    # While the Hub is down, JupyterHub's Lab extension sees her tab's polls fail to connect and offers to restart her
+    # server. (Its polls run every 10 s and only a failure to connect makes the offer: a Hub back within a poll's
+    # interval would leave her tab without it, so the Hub stays down until her tab has said so.)
+    restart = await asyncio.to_thread(
+        page.wait, lambda: [b for b in page.find(".jp-Dialog .jp-mod-accept") if b.text == "Restart"], "the offer to restart", 90
+    )
     await hub.start()
     alice_server = await hub.start_server("alice")
     await insert("print('while her tab was away')", shown=False)
-    # JupyterHub's Lab extension sees her tab's requests refused and offers to restart her server: she accepts.
-    restart = await asyncio.to_thread(
-        page.wait, lambda: [b for b in page.find(".jp-Dialog .jp-mod-accept") if b.text == "Restart"], "the offer to restart", 120
-    )
+    # The Hub is back: she accepts the offer.
     restart[0].click()
     await asyncio.to_thread(
         page.wait, lambda: "print('while her tab was away')" in cell_texts(page), "the file's latest content in her tab", 180
