@@ -9,11 +9,13 @@ loads the deploy config first: the proxy's path, and an admin service whose toke
 API::
 
     launch_hub(users=..., admins=(), env=None, extra_config="") -> Hub
+    launch_hub_as_documented(command, install) -> Hub    docs/teams.md's command, word for word, from an install
     Hub .url .token (admin) .gateway_url .runtime_dir (the gateway's) .log() (the gateway's too)
         .api(method, path, body=None, token=...)         the Hub's REST API, /hub/api/<path>
         .gateway(method, path, token, ...)               the gateway through the Hub's proxy, /services/msb-kernels/<path>
         .mcp(token) -> MCP SDK client                    the gateway's /mcp through the proxy, as token's person
         .token_for(user, scopes=None) -> token          a user's Hub API token, made by the admin (kept in .issued)
+        .token_by_login(user) -> token                   one made as /hub/token makes it, after logging in as user
         .secrets() -> dict                               every token this Hub run issued that the harness can find, by origin
         .revoke(user, token)  .delete_user(user)
         .start_server(user) -> UserServer                POST .../server, then wait until it is ready
@@ -24,13 +26,16 @@ API::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import re
 import secrets
+import shlex
 import signal
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from bench.kernels import descendants
@@ -43,8 +48,18 @@ SERVICE = "msb-kernels"
 PASSWORD = "msb-tests-shared-password"  # SharedPasswordAuthenticator's one password, for every user
 SERVER_TIMEOUT = 120.0  # a single-user server's start: JupyterLab and its extensions, on a loaded 2-core machine
 ADMIN_SERVICE = "msb-tests"
+SUITES_OWN = ("MSB_", "JUPYTER_", "IPYTHONDIR")  # what tests/conftest.py sets for every process the suite starts
 # What the Hub puts in its processes' environments that lets one act as someone: servers', services' and the proxy's.
 HUB_SECRETS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTER_GATEWAY_AUTH_TOKEN", "CONFIGPROXY_AUTH_TOKEN", "MSB_TOKEN")
+
+
+class Command(NamedTuple):
+    """How a Hub is started, and started again after a stop."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    terminal: bool = False  # on a terminal: a pty for its stdin, in a process group of its own
 
 
 class UserServer(HttpServer):
@@ -70,15 +85,15 @@ class Hub(HttpServer):
         self.tokens: dict[str, str] = {}  # user -> a token of theirs the harness made (admin-made, all their scopes)
         self.issued: set[str] = set()  # every token token_for made
         self.console: int | None = None  # the terminal's side of its pty, for a Hub launched on one
-        self.command: tuple[list[str], dict[str, str], bool] = ([], {}, False)  # argv, environment, on a terminal
+        self.command = Command([], {}, state_dir)
 
     async def start(self) -> None:
         """Start the Hub (again, after a stop: the same state dir, ports and tokens) and wait until it answers."""
-        argv, env, terminal = self.command
+        argv, env, cwd, terminal = self.command
         console, stdin = os.openpty() if terminal else (None, subprocess.DEVNULL)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=stdin, cwd=self.state_dir, start_new_session=terminal
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=stdin, cwd=cwd, start_new_session=terminal
             )
         if console is not None:
             os.close(stdin)  # the Hub holds it; the harness keeps the console's side open, as a terminal window does
@@ -125,6 +140,25 @@ class Hub(HttpServer):
         assert response.code == 201, (response.code, response.body)
         self.issued.add(response.json["token"])
         return response.json["token"]
+
+    async def token_by_login(self, user: str, note: str = "msb-tests") -> str:
+        """A new token of user's as /hub/token makes one: log in with their password, then ask with the session's
+        cookies (all their scopes). For a Hub that has no admin service, as one started as the docs say has none."""
+        import httpx
+
+        async with httpx.AsyncClient(base_url=self.url, timeout=SERVER_TIMEOUT) as http:
+
+            def xsrf() -> str:  # the latest: JupyterHub binds it to the session, which logging in starts
+                return [cookie.value for cookie in http.cookies.jar if cookie.name == "_xsrf"][-1]
+
+            await http.get("/hub/login")
+            login = await http.post("/hub/login", data={"username": user, "password": PASSWORD, "_xsrf": xsrf()})
+            assert login.status_code == 302, (login.status_code, login.text[-2000:])
+            await http.get("/hub/token")
+            made = await http.post(f"/hub/api/users/{quote(user)}/tokens", json={"note": note}, headers={"X-XSRFToken": xsrf()})
+            assert made.status_code == 201, (made.status_code, made.text[-2000:])
+        self.issued.add(made.json()["token"])
+        return made.json()["token"]
 
     def secrets(self) -> dict[str, str]:
         """Every token of this run the harness can find, each with where it came from: those it made, its admin
@@ -226,34 +260,70 @@ async def launch_hub(
     env: more variables for the Hub (MSB_* ones reach the gateway); extra_config: more config lines after the
     deploy config's (``c`` is the config); terminal: as an operator starts it, on a terminal (a pty for its stdin,
     which its servers inherit) in a process group of its own, which Ctrl-C signals whole (``Hub.interrupt``)."""
-    state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
-    state_dir.mkdir(parents=True)
-    port, gateway_port = free_port(), free_port()
     token = secrets.token_hex(24)
-    runtime_dir = Path(TEST_BASE) / f"h{port}"  # short: ipc socket paths must fit in 107 bytes
-    overlay = state_dir / "jupyterhub_config.py"
+    hub = _placed_hub(token)
+    overlay = hub.state_dir / "jupyterhub_config.py"
     overlay.write_text(_OVERLAY.format(deploy=str(DEPLOY_CONFIG), chp=str(CHP), admin=ADMIN_SERVICE, token=token, extra=extra_config))
     env = {
         **os.environ,
-        "MSB_HUB_IP": "127.0.0.1",
-        "MSB_HUB_PORT": str(port),
-        "MSB_HUB_API_PORT": str(free_port()),
-        "MSB_HUB_PROXY_API_PORT": str(free_port()),
-        "MSB_HUB_GATEWAY_PORT": str(gateway_port),
-        "MSB_HUB_STATE_DIR": str(state_dir),
+        **hub.command.env,
         "MSB_HUB_AUTHENTICATOR": "dummy",
         "MSB_HUB_PASSWORD": PASSWORD,
         "MSB_HUB_ALLOWED_USERS": ",".join(users),
         "MSB_HUB_ADMIN_USERS": ",".join(admins),
         "MSB_HUB_SPAWNER": "simple",
         "MSB_HUB_ALLOW_ROOT": "1" if os.geteuid() == 0 else "",
-        "MSB_RUNTIME_DIR": str(runtime_dir),
         **(env or {}),
     }
-    log_path = state_dir / "jupyterhub.log"
-    hub = Hub(port, token, None, log_path, state_dir=state_dir, gateway_port=gateway_port, runtime_dir=runtime_dir)
-    hub.command = ([str(VENV_BIN / "jupyterhub"), "-f", str(overlay)], env, terminal)
+    hub.command = Command([str(VENV_BIN / "jupyterhub"), "-f", str(overlay)], env, hub.state_dir, terminal)
     await hub.start()
+    return hub
+
+
+async def launch_hub_as_documented(command: str, install: Path, env: dict | None = None) -> Hub:
+    """Run ``command`` (a shell line as docs/teams.md writes it: variables, then the Hub's argv) in ``install``, as an
+    operator does, and wait until the Hub, its proxy and its gateway answer. Only where it runs is the harness's: its
+    state dir, free loopback ports, and the suite's configurable-http-proxy on PATH (which ``npm install -g`` puts
+    there); ``env`` is what else the operator's environment holds. The Hub has no admin service: ``Hub.token`` is
+    unset until a test gives it one (``token_by_login``)."""
+    words = shlex.split(command)
+    assignments = list(itertools.takewhile(lambda word: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", word), words))
+    hub = _placed_hub("")
+    # An operator's environment: none of the suite's own (its kernelspecs on JUPYTER_PATH name the suite's venv), but
+    # where the suite keeps every gateway's state and scratch.
+    operators = {name: value for name, value in os.environ.items() if not name.startswith(SUITES_OWN)}
+    path = [entry for entry in os.environ.get("PATH", os.defpath).split(os.pathsep) if entry != str(VENV_BIN)]
+    env = {
+        **operators,
+        **{name: os.environ[name] for name in ("MSB_STATE_DIR", "MSB_SCRATCH_DIR")},
+        **hub.command.env,
+        "PATH": os.pathsep.join([str(CHP.parent), *path]),
+        **(env or {}),
+        **dict(word.split("=", 1) for word in assignments),
+    }
+    hub.command = Command(words[len(assignments) :], env, install)
+    await hub.start()
+    return hub
+
+
+def _placed_hub(token: str) -> Hub:
+    """A Hub not yet started: its own state dir and free loopback ports, as the knobs that place it (its command's
+    environment, which a launch adds to)."""
+    state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
+    state_dir.mkdir(parents=True)
+    port, gateway_port = free_port(), free_port()
+    runtime_dir = Path(TEST_BASE) / f"h{port}"  # short: ipc socket paths must fit in 107 bytes
+    hub = Hub(port, token, None, state_dir / "jupyterhub.log", state_dir=state_dir, gateway_port=gateway_port, runtime_dir=runtime_dir)
+    place = {
+        "MSB_HUB_IP": "127.0.0.1",
+        "MSB_HUB_PORT": str(port),
+        "MSB_HUB_API_PORT": str(free_port()),
+        "MSB_HUB_PROXY_API_PORT": str(free_port()),
+        "MSB_HUB_GATEWAY_PORT": str(gateway_port),
+        "MSB_HUB_STATE_DIR": str(state_dir),
+        "MSB_RUNTIME_DIR": str(runtime_dir),
+    }
+    hub.command = Command([], place, state_dir)
     return hub
 
 

@@ -1,7 +1,8 @@
 """A person's own files under JupyterHub's LocalProcessSpawner, with real host users, in Chromium.
 
-The shipped config with its defaults, PAM and LocalProcessSpawner: each person logs in with their host password, and
-their JupyterLab runs as their own host user, from their home in /home. In Chromium, ann drops a file on her Lab's
+docs/teams.md's install and its command to run the shipped config, word for word (but for the people's names), so
+the defaults, PAM and LocalProcessSpawner: each person logs in with their host password, and their JupyterLab runs as
+their own host user, from their home in /home. In Chromium, ann drops a file on her Lab's
 file browser, her notebook's kernel reads it and writes another, and she opens that one in Lab's editor and saves an
 edit, which her kernel then reads. On the host every file is
 ann's, whichever of her Lab and her sandboxed kernel wrote it. ben's kernel, asked to start in her folder, sees none
@@ -12,23 +13,26 @@ root's.)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mcp_bridge import jupyter_ws
+from msb_kernels.backends.core import hostpaths
 from tests.conftest import REPO
 from tests.host_users import delete_host_user
-from tests.hub import PASSWORD, Hub, UserServer, launch_hub
+from tests.hub import PASSWORD, Hub, UserServer, launch_hub_as_documented
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records
 from tests.skips import needs_hub
@@ -42,6 +46,8 @@ pytestmark = [
 
 PEOPLE = ("msbt-ann", "msbt-ben")  # host users this module makes, with homes in /home, and deletes after
 SYSTEM_PYTHON = "/usr/bin/python3"
+TEAMS_MD = REPO / "docs" / "teams.md"
+CHECKOUT_ONLY = (".venv", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", ".hypothesis", "build", ".jupyter_ystore.db")
 
 # Lab's file browser uploads what is dropped on it (DirListing.evtNativeDrop -> FileBrowserModel.upload -> PUT
 # /api/contents). A test cannot hand Chromium a file from the desktop, so the drop event carries one made here.
@@ -70,35 +76,54 @@ def host_users() -> Iterator[dict[str, pwd.struct_passwd]]:
             delete_host_user(name)
 
 
+def teams_block(heading: str) -> str:
+    """The first bash block after ``heading`` in docs/teams.md, as written."""
+    text = TEAMS_MD.read_text()
+    found = re.search(r"```bash\n(.*?)```", text[text.index(heading) :], re.S)
+    assert found, f"no bash block after {heading!r} in {TEAMS_MD}"
+    return found.group(1)
+
+
 @pytest.fixture(scope="module")
-def servers_venv() -> Iterator[Path]:
-    """What every person's server runs from: this checkout, JupyterHub and JupyterLab, in a venv of the system's
-    Python that every host user can run. (The suite's own venv may rest on an interpreter no one else can reach, as a
-    pyenv one under /root does: an operator of LocalProcessSpawner installs where every person can run it.)"""
+def install() -> Iterator[Path]:
+    """docs/teams.md's team install, its commands as written, where it says /opt/msb-kernels: a copy of this checkout
+    (its clone, which the test makes as a copy so that it holds what is being tested), installed from the system's
+    Python by scripts/run, then the Hub and what each person's server runs, by its pip line. Its proxy is the suite's
+    (``npm install -g`` would put it on PATH: launch_hub_as_documented does)."""
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.fail(f"{SYSTEM_PYTHON} is missing: install Debian's python3 and python3-venv")
-    venv = Path(tempfile.mkdtemp(prefix="msbt-servers-", dir="/tmp"))
+    clone, _, command = hostpaths.TEAM_INSTALL_COMMAND.partition(" && ")
+    assert clone.startswith("git clone ") and hostpaths.TEAM_INSTALL_COMMAND in TEAMS_MD.read_text()
+    (pip,) = [line for line in teams_block("Then, from `/opt/msb-kernels`").splitlines() if "pip install" in line]
+    where = Path(tempfile.mkdtemp(prefix="msbt-install-", dir="/tmp"))
     try:
-        os.chmod(venv, 0o755)
-        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True, capture_output=True)
-        wanted = [str(REPO), f"jupyterhub=={version('jupyterhub')}", f"jupyterlab=={version('jupyterlab')}"]
-        installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *wanted], capture_output=True, text=True, timeout=600)
-        assert installed.returncode == 0, installed.stderr[-3000:]
-        yield venv
+        os.chmod(where, 0o755)  # as /opt/msb-kernels is: every person's server runs from it
+        shutil.copytree(REPO, where, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CHECKOUT_ONLY))
+        for line in (command.replace(hostpaths.TEAM_INSTALL, str(where)), pip):
+            ran = subprocess.run(["bash", "-c", line], cwd=where, capture_output=True, text=True, timeout=900)
+            assert ran.returncode == 0, (line, ran.stdout[-2000:], ran.stderr[-3000:])
+        yield where
     finally:
-        shutil.rmtree(venv, ignore_errors=True)
+        shutil.rmtree(where, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-async def hub(host_users: dict, servers_venv: Path) -> AsyncIterator[Hub]:
-    server = await launch_hub(
-        users=PEOPLE,
-        # The shipped config as the docs run it: PAM (the host's users, with their own passwords), LocalProcessSpawner.
-        env={"MSB_HUB_AUTHENTICATOR": "", "MSB_HUB_SPAWNER": "", "MSB_HUB_ALLOW_ROOT": ""},
-        extra_config=f"c.Spawner.cmd = [{str(servers_venv / 'bin' / 'jupyterhub-singleuser')!r}]",
-    )
-    yield server
-    server.stop()
+@pytest.fixture(scope="module", params=["gvisor", "namespace"])
+async def hub(request: pytest.FixtureRequest, host_users: dict, install: Path) -> AsyncIterator[Hub]:
+    """The Hub as docs/teams.md runs it, word for word but for the names of its people (the module's host users): PAM
+    (each logs in with their host password), LocalProcessSpawner, the install's venv for everything; its gateway's
+    MSB_BACKEND in the operator's environment. ann, its admin, makes the token the harness drives the Hub's API with at
+    /hub/token."""
+    (command,) = teams_block("### Run the shipped config").strip().splitlines()
+    assert "MSB_HUB_ALLOWED_USERS=ann,ben MSB_HUB_ADMIN_USERS=ann " in command, command
+    ann, ben = PEOPLE
+    named = command.replace("=ann,ben", f"={ann},{ben}").replace("=ann ", f"={ann} ")
+    server = await launch_hub_as_documented(named, install, env={"MSB_BACKEND": request.param})
+    assert f"every kernel runs in a {request.param} sandbox" in server.log(), server.log()[-3000:]
+    try:
+        server.token = await server.token_by_login(ann)
+        yield server
+    finally:
+        server.stop()
     assert not sandbox_records(server.runtime_dir), sandbox_records(server.runtime_dir)
 
 
@@ -110,29 +135,35 @@ async def test_ann_uploads_edits_and_runs_in_her_lab_as_her_host_user_and_ben_se
     hub: Hub, host_users: dict, driver: Any
 ) -> None:
     ann, ben = (host_users[name] for name in PEOPLE)
+    data, out = (f"{name}-{uuid.uuid4().hex[:6]}.csv" for name in ("data", "out"))  # her home is kept across backends
     home = Path(ann.pw_dir)
     server: UserServer = await hub.start_server(ann.pw_name)
     hub.login(driver, ann.pw_name)
     page = LabPage(driver, server)
     page.open_lab()
-    assert "data.csv" not in page.file_browser_names()
-    driver.execute_script(DROP, "a,b\n1,2\n", "data.csv")
-    page.wait(lambda: "data.csv" in page.file_browser_names(), "the dropped file in her file browser")
+    assert data not in page.file_browser_names()
+    driver.execute_script(DROP, "a,b\n1,2\n", data)
+    page.wait(lambda: data in page.file_browser_names(), "the dropped file in her file browser")
 
     page.new_notebook(PYTHON)
-    cell = page.run("import os; open('out.csv', 'w').write('x,y\\n3,4\\n'); print(os.getcwd(), open('data.csv').read().split())")
+    cell = page.run(f"import os; open({out!r}, 'w').write('x,y\\n3,4\\n'); print(os.getcwd(), open({data!r}).read().split())")
     assert page.wait_for_text(cell, STDOUT, "a,b").split() == [str(home), "['a,b',", "'1,2']"]
-    page.wait(lambda: "out.csv" in page.file_browser_names(refresh=True), "her kernel's file in her file browser")
+    page.wait(lambda: out in page.file_browser_names(refresh=True), "her kernel's file in her file browser")
 
     # Lab opens it in its editor, as her, and saves her edit over what her kernel wrote.
-    page.open_with("out.csv", "Editor")
+    page.open_with(out, "Editor")
     page.type_in_editor("5,6\n", save=True)
-    page.wait(lambda: (home / "out.csv").read_text() == "x,y\n3,4\n5,6\n", "her edit on disk")
+    page.wait(lambda: (home / out).read_text() == "x,y\n3,4\n5,6\n", "her edit on disk")
     page.activate_tab(".ipynb")
-    assert page.wait_for_text(page.run("print(open('out.csv').read().split())"), STDOUT, "5,6").split() == ["['x,y',", "'3,4',", "'5,6']"]
+    assert page.wait_for_text(page.run(f"print(open({out!r}).read().split())"), STDOUT, "5,6").split() == ["['x,y',", "'3,4',", "'5,6']"]
+    # Nothing of the operator's shows in her sandbox (issue 55, point 10): not the checkout the suite runs from, nor the
+    # suite's interpreter under /root; of /home, only her own home (and the sandbox's).
+    look = f"import os, json; print(json.dumps([[p for p in ({str(REPO)!r}, {sys.base_prefix!r}, '/root') if os.path.exists(p)], os.listdir('/home')]))"
+    found, homes = json.loads(page.wait_for_text(page.run(look), STDOUT, "]"))
+    assert found == [] and ann.pw_name in homes and set(homes) <= {ann.pw_name, "sandbox"}, (found, homes)
     # Her Lab wrote two of these and her sandboxed kernel one: each is hers, as her host user.
     files = owners(home)
-    assert {"data.csv", "out.csv"} <= files.keys() and set(files.values()) == {ann.pw_uid}, (files, ann.pw_uid)
+    assert {data, out} <= files.keys() and set(files.values()) == {ann.pw_uid}, (files, ann.pw_uid)
 
     # ben's kernel, even asked to start in her home, starts in the sandbox's own, sees his Lab's root and nothing of hers.
     token = await hub.token_for(ben.pw_name)
