@@ -6,12 +6,14 @@ their own host user, from their home in /home. In Chromium, ann drops a file on 
 file browser, her notebook's kernel reads it and writes another, and she opens that one in Lab's editor and saves an
 edit, which her kernel then reads. On the host every file is
 ann's, whichever of her Lab and her sandboxed kernel wrote it. ben's kernel, asked to start in her folder, sees none
-of it. (tests/msb_kernels/gateway/test_hub.py runs the same Hub with SimpleLocalProcessSpawner, where every Lab is
+of it. Then the Hub restarts with her notebook open in her browser, while her assistant (the MCP Inspector CLI with
+her Hub token) edits it: her tab shows the file as it is. (tests/msb_kernels/gateway/test_hub.py runs the same Hub with SimpleLocalProcessSpawner, where every Lab is
 root's.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -27,14 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.keys import Keys
 
 from mcp_bridge import jupyter_ws
 from msb_kernels.backends.core import hostpaths
 from tests.conftest import REPO
 from tests.host_users import delete_host_user
 from tests.hub import PASSWORD, Hub, UserServer, launch_hub_as_documented
-from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, LabPage, browser, driver  # noqa: F401 (fixtures)
-from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records
+from tests.mcp_bridge.notebooks.hub_tab import cell_texts, inspector_as, open_notebook
+from tests.mcp_bridge.test_inspector import inspector_missing
+from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, By, LabPage, browser, driver  # noqa: F401 (fixtures)
+from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records, wait_until
 from tests.skips import needs_hub
 
 pytestmark = [
@@ -178,3 +183,66 @@ async def test_ann_uploads_edits_and_runs_in_her_lab_as_her_host_user_and_ben_se
         socket.close()
         with contextlib.suppress(Exception):
             await hub.gateway("DELETE", f"api/kernels/{kernel}", token=token)
+
+
+@pytest.mark.skipif(inspector_missing() is not None, reason=str(inspector_missing()))
+async def test_after_a_hub_restart_her_open_notebook_shows_the_file_and_her_assistants_edit(hub: Hub, driver: Any) -> None:
+    """ann's notebook stays open in her browser while the Hub restarts (every Lab stops with it, and JupyterHub
+    forgets the token in her tab's cookie) and comes back; her assistant adds a cell meanwhile. Her tab says its server
+    went away and offers to restart it; once she accepts, it shows what the file holds, her assistant's next edit
+    appears in it, and a save from it keeps every cell."""
+    ann = PEOPLE[0]
+    server = await hub.start_server(ann)
+    path = f"restart-{uuid.uuid4().hex[:6]}.ipynb"
+    page = await open_notebook(hub, server, driver, path, "print('hers')")
+    assistant = inspector_as(hub, hub.tokens[ann])
+
+    async def file_sources() -> list[str]:
+        response = await server.request("GET", f"/api/contents/{path}?content=1")
+        assert response.code == 200, (response.code, response.body[:500])
+        return [cell["source"] for cell in response.json["content"]["cells"]]
+
+    async def insert(source: str, shown: bool = True) -> None:
+        inserted = (await assistant.call("insert_cell", notebook=path, source=source)).result
+        assert not inserted.get("isError"), inserted
+        if shown:
+            await asyncio.to_thread(page.wait, lambda: source in cell_texts(page), f"{source!r} in her browser", 120)
+
+        async def saved() -> bool:
+            return source in await file_sources()
+
+        await wait_until(saved, 60, f"{source!r} in the file")
+
+    await insert("print('before the restart')")
+    hub.stop()
+    # While the Hub is down, JupyterHub's Lab extension sees her tab's polls fail to connect and offers to restart her
+    # server. (Its polls run every 10 s and only a failure to connect makes the offer: a Hub back within a poll's
+    # interval would leave her tab without it, so the Hub stays down until her tab has said so.)
+    restart = await asyncio.to_thread(
+        page.wait, lambda: [b for b in page.find(".jp-Dialog .jp-mod-accept") if b.text == "Restart"], "the offer to restart", 90
+    )
+    await hub.start()
+    server = await hub.start_server(ann)
+    await insert("print('while her tab was away')", shown=False)
+    # The Hub is back: she accepts the offer.
+    her_tab = driver.current_window_handle
+    restart[0].click()
+    await asyncio.to_thread(
+        page.wait, lambda: "print('while her tab was away')" in cell_texts(page), "the file's latest content in her tab", 180
+    )
+    # The offer opened /hub/spawn in a tab of its own, in front: she closes it and goes back to hers. (Left in front,
+    # it hides hers, whose Lab then stops polling and rendering.)
+    for handle in set(driver.window_handles) - {her_tab}:
+        driver.switch_to.window(handle)
+        driver.close()
+    driver.switch_to.window(her_tab)
+    assert cell_texts(page) == await file_sources(), (cell_texts(page), await file_sources())
+    await insert("print('after the restart')")
+    assert cell_texts(page) == await file_sources(), (cell_texts(page), await file_sources())
+
+    # A save from her tab keeps every cell. (Her notebook's tab is the active one: a click on a cell could land on a
+    # dialog instead, such as the "Kernel died unexpectedly" a run here showed for its kernel after the restart.)
+    driver.find_element(By.CSS_SELECTOR, "body").send_keys(Keys.CONTROL, "s")
+    await asyncio.sleep(3)
+    expected = ["print('hers')", "print('before the restart')", "print('while her tab was away')", "print('after the restart')"]
+    assert sorted(await file_sources()) == sorted(expected) and cell_texts(page) == await file_sources(), await file_sources()
