@@ -7,7 +7,7 @@ file browser, her notebook's kernel reads it and writes another, and she opens t
 edit, which her kernel then reads. On the host every file is
 ann's, whichever of her Lab and her sandboxed kernel wrote it. ben's kernel, asked to start in her folder, sees none
 of it. Then the Hub restarts with her notebook open in her browser, while her assistant (the MCP Inspector CLI with
-her Hub token) edits it: her tab shows the file as it is. (tests/msb_kernels/gateway/test_hub.py runs the same Hub with SimpleLocalProcessSpawner, where every Lab is
+her Hub token) edits it: her tab shows the file as it is, and so does a browser of a fresh profile. (tests/msb_kernels/gateway/test_hub.py runs the same Hub with SimpleLocalProcessSpawner, where every Lab is
 root's.)
 """
 
@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.keys import Keys
 
+from bench.browser import headless_chromium
 from mcp_bridge import jupyter_ws
 from msb_kernels.backends.core import hostpaths
 from tests.conftest import REPO
@@ -198,7 +199,13 @@ async def test_after_a_hub_restart_her_open_notebook_shows_the_file_and_her_assi
     assistant = inspector_as(hub, hub.tokens[ann])
 
     async def file_sources() -> list[str]:
-        response = await server.request("GET", f"/api/contents/{path}?content=1")
+        # jupyter_server writes a file in place (its atomic_writing keeps a backup copy, not a temp file to rename): a
+        # read during one of the room's saves can find it empty (400 "Unreadable Notebook"), and the next one whole.
+        for _ in range(20):
+            response = await server.request("GET", f"/api/contents/{path}?content=1")
+            if not (response.code == 400 and b"Unreadable Notebook" in response.body):
+                break
+            await asyncio.sleep(0.25)
         assert response.code == 200, (response.code, response.body[:500])
         return [cell["source"] for cell in response.json["content"]["cells"]]
 
@@ -246,3 +253,14 @@ async def test_after_a_hub_restart_her_open_notebook_shows_the_file_and_her_assi
     await asyncio.sleep(3)
     expected = ["print('hers')", "print('before the restart')", "print('while her tab was away')", "print('after the restart')"]
     assert sorted(await file_sources()) == sorted(expected) and cell_texts(page) == await file_sources(), await file_sources()
+
+    # In a browser of a fresh profile (where the issue still saw the old version), she opens it as the file holds it.
+    fresh = await asyncio.to_thread(headless_chromium)
+    try:
+        await asyncio.to_thread(hub.login, fresh, ann)
+        other = LabPage(fresh, server)
+        fresh.get(f"{server.url}/lab/tree/{path}?reset")
+        await asyncio.to_thread(other.wait, lambda: len(cell_texts(other)) >= len(expected), "her notebook in a fresh browser", 180)
+        assert cell_texts(other) == await file_sources(), (cell_texts(other), await file_sources())
+    finally:
+        fresh.quit()
