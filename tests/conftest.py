@@ -6,6 +6,7 @@ import contextlib
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +22,17 @@ pytest_plugins = ["tests.swarm"]  # swarm_site: one two-node swarm per session, 
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+
+
+def copy_checkout(to: Path) -> None:
+    """What a clone of this checkout would hold, with what is being tested: every file git tracks or would track
+    (``git ls-files -co --exclude-standard``), copied under ``to``."""
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, to / name)
 
 
 def _isolate_environment() -> Path:

@@ -261,12 +261,12 @@ async def launch_hub(
     deploy config's (``c`` is the config); terminal: as an operator starts it, on a terminal (a pty for its stdin,
     which its servers inherit) in a process group of its own, which Ctrl-C signals whole (``Hub.interrupt``)."""
     token = secrets.token_hex(24)
-    hub = _placed_hub(token)
+    hub, place = _placed_hub(token)
     overlay = hub.state_dir / "jupyterhub_config.py"
     overlay.write_text(_OVERLAY.format(deploy=str(DEPLOY_CONFIG), chp=str(CHP), admin=ADMIN_SERVICE, token=token, extra=extra_config))
     env = {
         **os.environ,
-        **hub.command.env,
+        **place,
         "MSB_HUB_AUTHENTICATOR": "dummy",
         "MSB_HUB_PASSWORD": PASSWORD,
         "MSB_HUB_ALLOWED_USERS": ",".join(users),
@@ -288,7 +288,7 @@ async def launch_hub_as_documented(command: str, install: Path, env: dict | None
     unset until a test gives it one (``token_by_login``)."""
     words = shlex.split(command)
     assignments = list(itertools.takewhile(lambda word: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", word), words))
-    hub = _placed_hub("")
+    hub, place = _placed_hub("")
     # An operator's environment: none of the suite's own (its kernelspecs on JUPYTER_PATH name the suite's venv), but
     # where the suite keeps every gateway's state and scratch.
     operators = {name: value for name, value in os.environ.items() if not name.startswith(SUITES_OWN)}
@@ -296,7 +296,7 @@ async def launch_hub_as_documented(command: str, install: Path, env: dict | None
     env = {
         **operators,
         **{name: os.environ[name] for name in ("MSB_STATE_DIR", "MSB_SCRATCH_DIR")},
-        **hub.command.env,
+        **place,
         "PATH": os.pathsep.join([str(CHP.parent), *path]),
         **(env or {}),
         **dict(word.split("=", 1) for word in assignments),
@@ -306,9 +306,9 @@ async def launch_hub_as_documented(command: str, install: Path, env: dict | None
     return hub
 
 
-def _placed_hub(token: str) -> Hub:
-    """A Hub not yet started: its own state dir and free loopback ports, as the knobs that place it (its command's
-    environment, which a launch adds to)."""
+def _placed_hub(token: str) -> tuple[Hub, dict[str, str]]:
+    """A Hub not yet started, with its own state dir and free loopback ports, and the knobs that place it there (for
+    its command's environment)."""
     state_dir = Path(TEST_BASE) / f"hub-{secrets.token_hex(3)}"
     state_dir.mkdir(parents=True)
     port, gateway_port = free_port(), free_port()
@@ -323,8 +323,7 @@ def _placed_hub(token: str) -> Hub:
         "MSB_HUB_STATE_DIR": str(state_dir),
         "MSB_RUNTIME_DIR": str(runtime_dir),
     }
-    hub.command = Command([], place, state_dir)
-    return hub
+    return hub, place
 
 
 async def _wait_until_up(hub: Hub) -> None:

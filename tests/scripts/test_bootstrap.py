@@ -17,7 +17,7 @@ import pytest
 
 from msb_kernels.identity.people import Owner
 from msb_kernels.identity.person_registry import person_key
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_checkout
 
 # The machine's certificate settings, which a user's login shell would have: pip and npm need them to reach their indexes.
 PASSED_ENV = (
@@ -106,14 +106,7 @@ def nobody_checkout():
     home = Path(f"/home/msbt-{uuid.uuid4().hex[:8]}")
     checkout = home / "msb"
     try:
-        files = subprocess.run(
-            ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True
-        ).stdout
-        for name in filter(None, files.decode().split("\0")):
-            source = REPO / name
-            if source.is_file():
-                (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, checkout / name)
+        copy_checkout(checkout)
         subprocess.run(["chown", "-R", "nobody:nogroup", str(home)], check=True)
         env = {
             "HOME": str(home),

@@ -34,7 +34,7 @@ from selenium.webdriver.common.keys import Keys
 from bench.browser import headless_chromium
 from mcp_bridge import jupyter_ws
 from msb_kernels.backends.core import hostpaths
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_checkout
 from tests.host_users import delete_host_user
 from tests.hub import PASSWORD, Hub, UserServer, launch_hub_as_documented
 from tests.mcp_bridge.notebooks.hub_tab import cell_texts, inspector_as, open_notebook
@@ -53,7 +53,6 @@ pytestmark = [
 PEOPLE = ("msbt-ann", "msbt-ben")  # host users this module makes, with homes in /home, and deletes after
 SYSTEM_PYTHON = "/usr/bin/python3"
 TEAMS_MD = REPO / "docs" / "teams.md"
-CHECKOUT_ONLY = (".venv", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", ".hypothesis", "build", ".jupyter_ystore.db")
 
 # Lab's file browser uploads what is dropped on it (DirListing.evtNativeDrop -> FileBrowserModel.upload -> PUT
 # /api/contents). A test cannot hand Chromium a file from the desktop, so the drop event carries one made here.
@@ -104,7 +103,7 @@ def install() -> Iterator[Path]:
     where = Path(tempfile.mkdtemp(prefix="msbt-install-", dir="/tmp"))
     try:
         os.chmod(where, 0o755)  # as /opt/msb-kernels is: every person's server runs from it
-        shutil.copytree(REPO, where, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CHECKOUT_ONLY))
+        copy_checkout(where)
         for line in (command.replace(hostpaths.TEAM_INSTALL, str(where)), pip):
             ran = subprocess.run(["bash", "-c", line], cwd=where, capture_output=True, text=True, timeout=900)
             assert ran.returncode == 0, (line, ran.stdout[-2000:], ran.stderr[-3000:])
@@ -201,11 +200,11 @@ async def test_after_a_hub_restart_her_open_notebook_shows_the_file_and_her_assi
     async def file_sources() -> list[str]:
         # jupyter_server writes a file in place (its atomic_writing keeps a backup copy, not a temp file to rename): a
         # read during one of the room's saves can find it empty (400 "Unreadable Notebook"), and the next one whole.
-        for _ in range(20):
+        async def readable() -> Any:
             response = await server.request("GET", f"/api/contents/{path}?content=1")
-            if not (response.code == 400 and b"Unreadable Notebook" in response.body):
-                break
-            await asyncio.sleep(0.25)
+            return None if response.code == 400 and b"Unreadable Notebook" in response.body else response
+
+        response = await wait_until(readable, 5, f"{path} readable between saves", interval=0.25)
         assert response.code == 200, (response.code, response.body[:500])
         return [cell["source"] for cell in response.json["content"]["cells"]]
 
