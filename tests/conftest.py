@@ -18,7 +18,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from tests import skips
 
-pytest_plugins = ["tests.swarm"]  # swarm_site: one two-node swarm per session, for whichever tests need it
+# swarm_site: one two-node swarm per session, for whichever tests need it; parallel: the suite on both cores
+pytest_plugins = ["tests.swarm", "tests.parallel"]
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -60,6 +61,8 @@ def _isolate_environment() -> Path:
 
 
 TEST_BASE = _isolate_environment()
+DEFAULT_SCRATCH = Path("/var/tmp/msb-kernels")  # MSB_SCRATCH_DIR's default, where the README's commands put disks
+_BEGAN = pytest.StashKey[float]()
 
 
 def make_persons(volume: Path) -> Path:
@@ -109,29 +112,42 @@ def installed_kernelspecs() -> Path:
     install(load_settings(), prefix=str(TEST_BASE / "prefix"))
     began = time.time()
     yield TEST_BASE / "prefix" / "share" / "jupyter" / "kernels"
-    _nothing_left_behind(began)
+    assert not (left := _images_left_behind(Path(os.environ["MSB_SCRATCH_DIR"]), began)), f"the suite left disk images behind: {left}"
     if not os.environ.get("MSB_TESTS_KEEP_BASE"):
         shutil.rmtree(TEST_BASE, ignore_errors=True)
 
 
-def _nothing_left_behind(began: float) -> None:
-    """The suite's end (issue 58): no disk image of its kernels is left in its scratch dir, or in the default one that a
-    test of the README's commands uses, once their keepers' sweeps have run (a few seconds)."""
+def _images_left_behind(root: Path, began: float) -> list[str]:
+    """The suite's end (issue 58): the disk images of its kernels still in root, a scratch dir, once their keepers'
+    sweeps have run (a few seconds)."""
     from msb_kernels.backends.core.scratch import IMAGE_SUFFIX
 
     def left() -> list[str]:
         found = []
-        for root in (Path(os.environ["MSB_SCRATCH_DIR"]), Path("/var/tmp/msb-kernels")):
-            for image in root.glob(f"*{IMAGE_SUFFIX}") if root.is_dir() else []:
-                with contextlib.suppress(OSError):
-                    if image.stat().st_mtime >= began:
-                        found.append(str(image))
+        for image in root.glob(f"*{IMAGE_SUFFIX}") if root.is_dir() else []:
+            with contextlib.suppress(OSError):
+                if image.stat().st_mtime >= began:
+                    found.append(str(image))
         return found
 
     deadline = time.monotonic() + 60
     while left() and time.monotonic() < deadline:
         time.sleep(1)
-    assert not left(), f"the suite left disk images behind: {left()}"
+    return left()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.stash[_BEGAN] = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The default scratch dir, which a test of the README's commands uses, holds no image of this run's kernels once
+    every test is done: checked where the run began, not in a worker while the other may still use it."""
+    if getattr(session.config, "workerinput", None) is not None or _BEGAN not in session.stash:
+        return
+    if left := _images_left_behind(DEFAULT_SCRATCH, session.stash[_BEGAN]):
+        session.config.get_terminal_writer().line(f"FAILED: the suite left disk images behind: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ import pytest
 from docker.types import EndpointSpec, Resources, RestartPolicy
 
 from tests.engines import TwoNodeSwarm, busybox_archive
+from tests.parallel import SWARM
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SWARM]  # swarms of its own, on the free address pools the session's finds too
 
 IMAGE = "msbt/busybox:1"
 

@@ -8,6 +8,9 @@ import re
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 PACKAGES = ("msb_kernels", "mcp_bridge")
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 
 from mcp_bridge import jupyter_ws
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_channels_url_follows_the_scheme_of_the_server():

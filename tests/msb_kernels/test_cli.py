@@ -67,3 +67,15 @@ def test_demo_runs_the_bundled_notebook_in_a_sandbox(own_runtime_dir):
     assert "running " in out and "in kernel msb-python-small" in out
     assert "state survives between cells: 42" in out and "[+ image/png]" in out
     assert "done in " in out
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["run", "notebooks/hello.ipynb"], ["install"]])
+def test_cli_reports_a_bad_setting_without_a_traceback(command, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MSB_DEFAULT_FLAVOR": "tiny", "MSB_RUNTIME_DIR": str(tmp_path / "rt")}
+    result = subprocess.run([sys.executable, "-m", "msb_kernels.cli", *command], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert (
+        "msb-kernels: error: MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large"
+        in result.stderr
+    )

@@ -15,6 +15,9 @@ from msb_kernels.egress.secrets import parse_declarations, substitute_headers
 from msb_kernels.egress.tls import HELLO, NEED_MORE, NOT_TLS, read_client_hello
 from msb_kernels.errors import ConfigError
 from msb_kernels.settings.config import load_settings
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_rules_read_names_wildcards_networks_and_ports():

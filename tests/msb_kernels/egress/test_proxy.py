@@ -16,6 +16,7 @@ from msb_kernels.observability import metrics
 from tests import skips
 from tests.conftest import VENV_BIN, KernelFactory
 from tests.kernel_helpers import execute
+from tests.parallel import ALONE
 
 BACKENDS = [p for p in skips.every_builtin_backend() if p.values[0] in ("namespace", "gvisor")]
 
@@ -61,6 +62,7 @@ async def allowlisted(request, upstream):
 
 
 @pytest.mark.slow
+@ALONE  # "at once" is read as a deadline of 3 s for each refusal
 async def test_tools_reach_the_allowed_names_and_are_refused_the_rest_at_once(allowlisted, upstream):
     backend, kc = allowlisted
     result = await cell(

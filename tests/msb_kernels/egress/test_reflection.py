@@ -14,6 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from msb_kernels.egress.reflection import OVERLAP, Reflection
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 VALUE = "S3cr3t/Tok+EN=abcdef0123"
 HEADER = "Bearer " + VALUE

@@ -30,9 +30,10 @@ import pytest
 from mcp_bridge import jupyter_ws
 from tests.conftest import TEST_BASE
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, init_pids, launch_gateway, wait_until
+from tests.parallel import ALONE
 from tests.skips import needs_runsc
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), ALONE]  # HEALTH_LIMIT is a latency: no other test's load
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
 # Seconds /api/msb/health answers within, whatever a kernel does to its directory: a check that the gateway is never
 # blocked by what a kernel left it (a FIFO it would wait on for ever), not a timing. On a 2-vCPU host running two

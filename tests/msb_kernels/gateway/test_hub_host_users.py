@@ -41,11 +41,13 @@ from tests.mcp_bridge.notebooks.hub_tab import cell_texts, inspector_as, open_no
 from tests.mcp_bridge.test_inspector import inspector_missing
 from tests.msb_kernels.gateway.browser import PYTHON, STDOUT, By, LabPage, browser, driver  # noqa: F401 (fixtures)
 from tests.msb_kernels.gateway.conftest import KernelSocket, sandbox_records, wait_until
+from tests.parallel import HOST_USERS
 from tests.skips import needs_hub
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
+    HOST_USERS,
     needs_hub,
     pytest.mark.skipif(os.geteuid() != 0, reason="LocalProcessSpawner starts each person's server as their host user: run as root"),
 ]

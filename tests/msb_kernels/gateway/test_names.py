@@ -25,9 +25,10 @@ from msb_kernels.identity.person_registry import PERSON_IDS
 from tests.conftest import TEST_BASE
 from tests.host_users import host_user
 from tests.msb_kernels.gateway.conftest import Gateway, KernelSocket, add_user, launch_gateway, mcp_client, registered, wait_until
+from tests.parallel import HOST_USERS
 from tests.skips import needs_runsc
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="host logins and people's own host ids need root")]
+pytestmark = [pytest.mark.slow, HOST_USERS, pytest.mark.skipif(os.geteuid() != 0, reason="host logins and people's own host ids need root")]
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
 LOGIN = "msbtvictim"  # a host login whose name a person of the users file takes
 CANARY_KEY = "ssh-ed25519 AAAA-the-victims-own-key victim@host\n"

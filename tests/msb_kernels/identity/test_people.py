@@ -12,6 +12,9 @@ from msb_kernels.identity import users_file
 from msb_kernels.identity.people import SYSTEM, Person, acting, acting_as, may_see
 from msb_kernels.identity.tokens import Tokens
 from msb_kernels.identity.users_file import Entry, new_token, token_digest
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_a_person_sees_their_own_kernels_an_admin_and_the_system_every_one_and_nobody_none():

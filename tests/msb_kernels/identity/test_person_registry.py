@@ -20,7 +20,9 @@ from msb_kernels.identity.person_registry import PERSON_IDS, PersonRegistry, leg
 from msb_kernels.identity.volumes import docker_volume
 from tests.conftest import TEST_BASE
 from tests.host_users import host_user
+from tests.parallel import HOST_USERS
 
+pytestmark = HOST_USERS
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="useradd and other owners' ids need root: run the suite as root")
 DOCKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what Docker accepts as a volume's name
 owners = st.builds(Owner, st.sampled_from(SOURCES), st.text(min_size=0, max_size=40))

@@ -15,7 +15,9 @@ from msb_kernels.identity.people import Owner
 from msb_kernels.identity.person_registry import PERSON_IDS, Ids, PersonRegistry, person_key
 from msb_kernels.identity.volumes import WHOLE_VOLUME, docker_volume, make_own, opened, own_volume
 from tests.host_users import host_user
+from tests.parallel import HOST_USERS
 
+pytestmark = HOST_USERS
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a person's own host ids need a root gateway: run the suite as root")
 
 

@@ -8,6 +8,9 @@ from msb_kernels.errors import ConfigError, InvalidRequest
 from msb_kernels.kernelspecs.choice import KernelChoice, every_choice, parse_pool_sizes
 from msb_kernels.kernelspecs.flavors import FLAVORS
 from msb_kernels.kernelspecs.templates import TEMPLATES
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_the_kernelspec_name_is_built_and_parsed_in_one_place():

@@ -6,6 +6,9 @@ import pytest
 
 from msb_kernels.errors import ResourceLimitExceeded
 from msb_kernels.provisioning.registry import SandboxRegistry
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_a_claim_past_the_one_count_is_refused_naming_the_limit_and_a_release_makes_room():

@@ -11,6 +11,9 @@ import pytest
 from msb_kernels.errors import InvalidRequest
 from msb_kernels.identity.people import Owner
 from msb_kernels.provisioning.start_request import WHOLE_VOLUME, StartRequest
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_a_start_requests_env_becomes_typed_fields_and_the_sessions_own_variables():

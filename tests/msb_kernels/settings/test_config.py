@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import ssl
-import subprocess
-import sys
 
 import pytest
 
 from msb_kernels.errors import ConfigError
 from msb_kernels.kernelspecs.flavors import FLAVORS, get_flavor
 from msb_kernels.settings.config import MsbSettings, load_settings
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def test_flavors_are_the_documented_sizes():
@@ -311,18 +312,6 @@ def test_a_private_file_others_can_read_is_refused_with_the_chmod(monkeypatch, t
         load_settings()
     assert f"{variable} " in str(caught.value)
     assert f"has mode 0644, which lets other users read or change it (run chmod 600 {path})" in str(caught.value)
-
-
-@pytest.mark.parametrize("command", [["doctor"], ["run", "notebooks/hello.ipynb"], ["install"]])
-def test_cli_reports_a_bad_setting_without_a_traceback(command, tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MSB_DEFAULT_FLAVOR": "tiny", "MSB_RUNTIME_DIR": str(tmp_path / "rt")}
-    result = subprocess.run([sys.executable, "-m", "msb_kernels.cli", *command], capture_output=True, text=True, env=env, timeout=60)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert (
-        "msb-kernels: error: MSB_DEFAULT_FLAVOR (c.MsbSettings.default_flavor)='tiny' is not a flavor; use one of small, medium, large"
-        in result.stderr
-    )
 
 
 @pytest.mark.parametrize(("backend", "refused", "accepted"), [("swarm", "ipc", "tcp"), ("microsandbox", "ipc", "tcp")])

@@ -13,12 +13,14 @@ import pytest
 
 from msb_kernels.backends.core import iodir
 from msb_kernels.errors import SandboxError
+from tests.parallel import ALONE
 
 
 def made(tmp_path: Path) -> Path:
     return iodir.make_dirs(tmp_path, "k1", bounded=False)
 
 
+@ALONE  # "never blocks" is read as a deadline of 0.5 s
 def test_a_guest_file_is_read_only_as_a_small_regular_file_never_through_a_link_or_a_fifo(tmp_path):
     io = made(tmp_path)
     victim = tmp_path / "victim"

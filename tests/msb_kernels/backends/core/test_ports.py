@@ -12,6 +12,9 @@ import pytest
 from msb_kernels.backends.core.ports import PORTS_PER_KERNEL, PortManager, port_is_free
 from msb_kernels.errors import ConfigError, ResourceLimitExceeded
 from msb_kernels.settings.config import MsbSettings
+from tests.parallel import UNIT
+
+pytestmark = UNIT  # starts no process
 
 
 def free_block(size: int) -> int:

@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import REPO, VENV_BIN
 from tests.kernel_helpers import assert_kill_9_of_the_owner_leaves_no_sandbox, execute, interrupt_busy_loop, write_attempts
 from tests.msb_kernels.backends.namespace.test_backend import FORK_BOMB, SPINNERS
+from tests.parallel import ALONE
 from tests.skips import needs_cgroups, needs_runsc
 
 pytestmark = [pytest.mark.slow, needs_runsc]
@@ -96,6 +97,7 @@ async def test_fork_bomb_is_refused_inside_gvisor_and_never_crashes_the_sandbox(
 
 
 @needs_cgroups
+@ALONE  # a CPU share, and a throttle that only bites where the host has the room
 async def test_cpu_time_is_capped_by_the_sandboxs_cgroup(start_kernel):
     km, kc = await start_kernel()
     cgroup = km.provisioner.sandbox.cgroup

@@ -32,6 +32,7 @@ from tests.msb_kernels.gateway.conftest import (
     pid_alive,
     wait_until,
 )
+from tests.parallel import ALONE
 
 NO_POOL = {"MSB_POOL_SIZE": "python-small=0"}
 
@@ -170,6 +171,7 @@ async def test_a_clean_stop_keeps_kernels_only_with_keep_kernels():
 
 
 @pytest.mark.slow
+@ALONE  # a cull due within a window of seconds
 async def test_the_culling_clock_goes_on_from_the_last_activity_before_the_crash():
     """An idle kernel adopted 5 s into a 12 s idle timeout is culled some 7 s later, not 12 s after its adoption."""
     culling = {**NO_POOL, "MSB_SESSION_TIMEOUT_SECONDS": "12", "MSB_CULL_INTERVAL_SECONDS": "1"}

@@ -1,0 +1,160 @@
+"""The suite on both cores: pytest-xdist (``scripts/test`` passes ``-n 2``), with three rules.
+
+Groups. A group's tests run in one worker, in order, and by default a group is a module: a module's tests run in one
+worker, so its module and package fixtures (a Hub, a gateway, a Lab in a browser)
+start once. Modules that share something host-wide share a group, so the two workers never make it at once:
+:data:`SWARM` (a two-node swarm: its engines take free address pools and names as they find them) and
+:data:`HOST_USERS` (useradd and userdel of fixed names, and the Hub's PAM logins). The groups known to be longest go
+first (:data:`LONGEST`), so that neither worker is left alone with one at the end. xdist's own ``loadgroup`` cannot say
+this under pytest 9 (it renames node ids through an attribute pytest 9 no longer reads), so :class:`GroupScheduling`
+is xdist's module-at-a-time scheduling with these groups for its scopes: the workers write them at collection.
+
+Alone. A test marked ``alone`` measures what the other worker's load would change: a latency, a CPU share, a deadline
+of a few seconds. It runs while no other test does. Every other test holds a lock file shared; an ``alone`` test holds
+it exclusively, after a turnstile that a stream of shared holders cannot hold it out of.
+
+Unit. A test marked ``unit`` starts no process (``-m unit`` runs that tier in seconds): one whose body tries fails,
+saying which, since a unit test that quietly starts a kernel is not one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SWARM = pytest.mark.xdist_group("swarm")
+HOST_USERS = pytest.mark.xdist_group("host-users")
+ALONE = pytest.mark.alone
+UNIT = pytest.mark.unit
+
+# Groups (a module's path, or a shared group's name) by their time in a fresh clone's run on the 2-vCPU host, longest
+# first: `pytest --junitxml` summed per group. The rest follow in collection order.
+LONGEST = (
+    "host-users",
+    "swarm",
+)
+_LOCK_DIR = "MSB_TESTS_LOCK_DIR"  # the controller's, inherited by its workers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "alone: measures what another test's load would change; runs with no other test")
+    config.addinivalue_line("markers", "unit: starts no process (the `-m unit` tier)")
+    if getattr(config, "workerinput", None) is None and (config.getoption("numprocesses", None) or 0):
+        os.environ[_LOCK_DIR] = tempfile.mkdtemp(prefix="msbt-xdist-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if getattr(config, "workerinput", None) is None and _LOCK_DIR in os.environ:
+        shutil.rmtree(os.environ.pop(_LOCK_DIR), ignore_errors=True)
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _module(item: pytest.Item) -> str:
+    return _module_of(item.nodeid)
+
+
+def _named_group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return marker.args[0] if marker.args else marker.kwargs["name"]
+    return SWARM.args[0] if "swarm_site" in item.fixturenames else None
+
+
+def _package_group(item: pytest.Item) -> str | None:
+    """The package whose package-scoped fixture this test uses: that package's tests share one worker."""
+    for definitions in item._fixtureinfo.name2fixturedefs.values():  # pytest has no public reader of a closure's scopes
+        for definition in definitions:
+            if definition.scope == "package":
+                return definition.baseid or "."
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    named: dict[str, str] = {}
+    for item in items:
+        if (group := _named_group(item)) is not None:
+            named.setdefault(_module(item), group)
+    groups = {item: named.get(_module(item)) or _package_group(item) or _module(item) for item in items}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(groups[item], index)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        group = groups[item]
+        return (LONGEST.index(group) if group in LONGEST else len(LONGEST), first[group])
+
+    items.sort(key=rank)  # stable: a group's tests keep their order, and stay together
+    if getattr(config, "workerinput", None) is not None and os.environ.get(_LOCK_DIR):
+        written = Path(os.environ[_LOCK_DIR]) / f"groups-{config.workerinput['workerid']}.json"
+        written.with_suffix(".tmp").write_text(json.dumps({item.nodeid: groups[item] for item in items}))
+        written.with_suffix(".tmp").rename(written)  # every worker collects the same; the scheduler reads one whole
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's scheduling by scope, with this suite's groups for scopes, in the order collection left them."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # first called once every worker has collected, and so written its groups
+                (written, *_) = sorted(Path(os.environ[_LOCK_DIR]).glob("groups-*.json"))
+                self.groups = json.loads(written.read_text())
+            return self.groups.get(nodeid) or _module_of(nodeid)
+
+    config.option.loadscopereorder = False  # collection ordered the groups, longest first
+    return GroupScheduling(config, log)
+
+
+@contextlib.contextmanager
+def _turn(directory: Path, exclusive: bool) -> Iterator[None]:
+    with open(directory / "turnstile", "a") as turnstile, open(directory / "running", "a") as running:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)  # an alone test waiting here holds every later test out
+        if not exclusive:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(running, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if exclusive:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
+
+
+@contextlib.contextmanager
+def _no_processes(item: pytest.Item) -> Iterator[None]:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{item.nodeid} is marked unit, and unit tests start no process")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", refuse)
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
+            patch.setattr(os, name, refuse)
+        yield
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: a wait for the lock is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    with contextlib.ExitStack() as stack:
+        if os.environ.get(_LOCK_DIR) and getattr(item.config, "workerinput", None) is not None:
+            stack.enter_context(_turn(Path(os.environ[_LOCK_DIR]), exclusive=item.get_closest_marker("alone") is not None))
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    """A unit test's body, with every way to start a process refused (its fixtures may start what they share)."""
+    with _no_processes(item) if item.get_closest_marker("unit") is not None else contextlib.nullcontext():
+        return (yield)
