@@ -43,18 +43,20 @@ LONGEST = (
     "swarm",
 )
 _LOCK_DIR = "MSB_TESTS_LOCK_DIR"  # the controller's, inherited by its workers
+_MADE = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: measures what another test's load would change; runs with no other test")
     config.addinivalue_line("markers", "unit: starts no process (the `-m unit` tier)")
     if getattr(config, "workerinput", None) is None and (config.getoption("numprocesses", None) or 0):
-        os.environ[_LOCK_DIR] = tempfile.mkdtemp(prefix="msbt-xdist-")
+        os.environ[_LOCK_DIR] = config.stash[_MADE] = tempfile.mkdtemp(prefix="msbt-xdist-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if getattr(config, "workerinput", None) is None and _LOCK_DIR in os.environ:
-        shutil.rmtree(os.environ.pop(_LOCK_DIR), ignore_errors=True)
+    # Only the run that made it: a pytest a test runs (the swarm's, in a container) inherits the variable too.
+    if (made := config.stash.get(_MADE, None)) is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def _module_of(nodeid: str) -> str:
