@@ -194,6 +194,15 @@ async def interrupt_busy_loop(km: Any, kc: AsyncKernelClient) -> dict:
     await km.interrupt_kernel()
     reply = await kc.get_shell_msg(timeout=30)
     assert reply["parent_header"]["msg_id"] == msg_id
+    # ipykernel aborts what reaches it until its stop-on-error callback has run: at once on an idle host, later on a
+    # busy one (the swarm's contract suite, beside another worker, got "aborted" for the next cell). Wait that out.
+    for _ in range(100):
+        probe = kc.execute("", silent=True)
+        while (answer := await kc.get_shell_msg(timeout=30))["parent_header"].get("msg_id") != probe:
+            pass
+        if answer["content"]["status"] != "aborted":
+            break
+        await asyncio.sleep(0.1)
     return reply
 
 

@@ -37,10 +37,18 @@ ALONE = pytest.mark.alone
 UNIT = pytest.mark.unit
 
 # Groups (a module's path, or a shared group's name) by their time in a fresh clone's run on the 2-vCPU host, longest
-# first: `pytest --junitxml` summed per group. The rest follow in collection order.
+# first: `pytest --junitxml` summed per group (seconds, 2026-12-08). The rest follow in collection order.
 LONGEST = (
-    "host-users",
-    "swarm",
+    "swarm",  # 529
+    "host-users",  # 300
+    "tests/bench/test_harness.py",  # 184
+    "tests/msb_kernels/gateway/kernels/test_hibernation.py",  # 161
+    "tests/msb_kernels/backends/test_contract.py",  # 154
+    "tests/msb_kernels/backends/gvisor/test_backend.py",  # 138
+    "tests/msb_kernels/gateway/test_attack_battery.py",  # 134
+    "tests/msb_kernels/provisioning/test_probe_verdicts.py",  # 120
+    "tests/msb_kernels/gateway/test_jupyterlab_browser.py",  # 116
+    "tests/msb_kernels/gateway/test_hub.py",  # 108
 )
 _LOCK_DIR = "MSB_TESTS_LOCK_DIR"  # the controller's, inherited by its workers
 _MADE = pytest.StashKey[str]()
@@ -74,21 +82,46 @@ def _named_group(item: pytest.Item) -> str | None:
     return SWARM.args[0] if "swarm_site" in item.fixturenames else None
 
 
-def _package_group(item: pytest.Item) -> str | None:
-    """The package whose package-scoped fixture this test uses: that package's tests share one worker."""
+def _shared_packages(item: pytest.Item) -> set[str]:
+    """The packages whose package fixtures, or session fixtures of a package's conftest, this test uses: such a fixture
+    is built once per worker, and the modules that use it may rely on their order (environments' ``probe_env``)."""
+    found = set()
     for definitions in item._fixtureinfo.name2fixturedefs.values():  # pytest has no public reader of a closure's scopes
         for definition in definitions:
-            if definition.scope == "package":
-                return definition.baseid or "."
-    return None
+            # tests/conftest.py's (baseid "tests") and plugins' ("") are every test's: one per worker, no order
+            if definition.scope == "package" or (definition.scope == "session" and "/" in definition.baseid):
+                found.add(definition.baseid)
+    return found
+
+
+def _groups(items: list[pytest.Item]) -> dict[pytest.Item, str]:
+    """Each test's group: its module's, joined with every module it shares a named group or a package's fixture with.
+    A joined group is called by its name (``swarm``) if it has one, else by its first module or package."""
+    parent: dict[str, str] = {}
+
+    def find(node: str) -> str:
+        while parent.setdefault(node, node) != node:
+            node = parent[node]
+        return node
+
+    def join(one: str, other: str) -> None:
+        a, b = find(one), find(other)
+        if a != b:
+            keep, drop = sorted((a, b), key=lambda name: (name.startswith("tests"), name))  # a name beats a path
+            parent[drop] = keep
+
+    for item in items:
+        module = _module(item)
+        find(module)
+        if (named := _named_group(item)) is not None:
+            join(module, named)
+        for package in _shared_packages(item):
+            join(module, package)
+    return {item: find(_module(item)) for item in items}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    named: dict[str, str] = {}
-    for item in items:
-        if (group := _named_group(item)) is not None:
-            named.setdefault(_module(item), group)
-    groups = {item: named.get(_module(item)) or _package_group(item) or _module(item) for item in items}
+    groups = _groups(items)
     first: dict[str, int] = {}
     for index, item in enumerate(items):
         first.setdefault(groups[item], index)

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import VENV_BIN
 from tests.kernel_helpers import OWNER_SCRIPT
+from tests.parallel import ALONE
 
 CLI = str(VENV_BIN / "msb-kernels")
 
@@ -35,6 +36,7 @@ def msb(env: dict, *args: str) -> str:
 
 
 @pytest.mark.slow
+@ALONE  # any other start on the host would sweep the dead sandbox this test waits to see listed
 def test_list_tells_owned_from_dead_and_sweep_removes_only_what_no_one_owns(own_runtime_dir):
     env = own_runtime_dir
     assert msb(env, "list").strip() == "no sandboxes"

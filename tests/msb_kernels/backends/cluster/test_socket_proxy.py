@@ -34,7 +34,9 @@ from msb_kernels.backends.cluster.socket_proxy import build_app
 from msb_kernels.backends.cluster.swarm import DockerSwarm
 from msb_kernels.settings.config import load_settings
 from tests.engines import DockerEngine, EngineUnavailable, busybox_archive
+from tests.parallel import SWARM
 
+pytestmark = SWARM  # a dockerd of its own, on an address pool it finds free as the swarm's engines do
 NETWORK = "msb-kernels"
 IMAGE = "msb-kernels/python:latest"
 POLICY = Policy(NETWORK, (IMAGE, "msb-kernels/node:latest"))

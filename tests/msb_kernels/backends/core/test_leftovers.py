@@ -31,8 +31,12 @@ from msb_kernels.kernelspecs.flavors import FLAVORS
 from msb_kernels.provisioning.provisioner import DISK_SWEEP_EVERY
 from tests.conftest import VENV_BIN
 from tests.msb_kernels.gateway.conftest import KernelSocket, gateway_factory, wait_until  # noqa: F401 (a fixture)
+from tests.parallel import ALONE
 from tests.skips import needs_runsc
 
+# Any start on the host sweeps what dead sandboxes left, whichever runtime dir: another test's start would take what
+# these tests leave for theirs to sweep, or sweep what one of these waits to see.
+pytestmark = ALONE
 BACKENDS = ["namespace", pytest.param("gvisor", marks=needs_runsc)]
 
 OWNER = """

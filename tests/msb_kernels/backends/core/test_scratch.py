@@ -22,6 +22,7 @@ from msb_kernels.errors import SandboxError
 from msb_kernels.kernelspecs.flavors import FLAVORS
 from msb_kernels.settings.config import load_settings
 from tests.kernel_helpers import execute
+from tests.parallel import ALONE
 
 SMALL = FLAVORS["small"]
 needs_disk = pytest.mark.skipif(
@@ -92,6 +93,7 @@ async def test_the_disk_is_released_when_the_kernel_stops(start_kernel):
 
 
 @needs_disk
+@ALONE  # its crash's disk is for its own sweep to find: any other start on the host sweeps it too
 async def test_a_disk_left_by_a_crash_is_swept_and_a_live_one_is_not(start_kernel):
     from msb_kernels.backends import get_backend
 
