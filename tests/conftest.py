@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
-from tests import skips
+from tests import parallel, skips
 
 # swarm_site: one two-node swarm per session, for whichever tests need it; parallel: the suite on both cores
 pytest_plugins = ["tests.swarm", "tests.parallel"]
@@ -104,7 +104,7 @@ def _no_kernels_outlive_their_test() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def installed_kernelspecs() -> Path:
+def installed_kernelspecs(request: pytest.FixtureRequest) -> Path:
     """The msb kernelspecs, installed once into the isolated prefix (as `msb-kernels install` does)."""
     from msb_kernels.kernelspecs.spec_files import install
     from msb_kernels.settings.config import load_settings
@@ -112,6 +112,8 @@ def installed_kernelspecs() -> Path:
     install(load_settings(), prefix=str(TEST_BASE / "prefix"))
     began = time.time()
     yield TEST_BASE / "prefix" / "share" / "jupyter" / "kernels"
+    if parallel.hand_to_controller(request.config, TEST_BASE):
+        return  # checked and removed at the run's end, with the other workers' (pytest_sessionfinish)
     assert not (left := _images_left_behind(Path(os.environ["MSB_SCRATCH_DIR"]), began)), f"the suite left disk images behind: {left}"
     if not os.environ.get("MSB_TESTS_KEEP_BASE"):
         shutil.rmtree(TEST_BASE, ignore_errors=True)
@@ -141,11 +143,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The default scratch dir, which a test of the README's commands uses, holds no image of this run's kernels once
-    every test is done: checked where the run began, not in a worker while the other may still use it."""
+    """The suite's end: the default scratch dir, which a test of the README's commands uses, and each worker's own hold
+    no image of this run's kernels. Checked where the run began, once every worker is done (a worker that finished
+    first is no end: the other may still use the default one, and the serial run's end came later for every test)."""
     if getattr(session.config, "workerinput", None) is not None or _BEGAN not in session.stash:
         return
-    if left := _images_left_behind(DEFAULT_SCRATCH, session.stash[_BEGAN]):
+    bases = parallel.worker_bases()
+    left = [
+        image
+        for root in (DEFAULT_SCRATCH, *(base / "scratch" for base in bases))
+        for image in _images_left_behind(root, session.stash[_BEGAN])
+    ]
+    if not os.environ.get("MSB_TESTS_KEEP_BASE"):
+        for base in bases:
+            shutil.rmtree(base, ignore_errors=True)
+    if left:
         session.config.get_terminal_writer().line(f"FAILED: the suite left disk images behind: {left}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -156,6 +156,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return GroupScheduling(config, log)
 
 
+def hand_to_controller(config: pytest.Config, base: Path) -> bool:
+    """In a worker: leave this worker's test dir for the run's end to check and remove (worker_bases); False elsewhere
+    (a pytest a test runs inherits the variables, not the worker's input)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or not os.environ.get(_LOCK_DIR):
+        return False
+    (Path(os.environ[_LOCK_DIR]) / f"base-{workerinput['workerid']}").write_text(str(base))
+    return True
+
+
+def worker_bases() -> list[Path]:
+    """The test dirs the workers left (hand_to_controller), read where the run began once they are done."""
+    if not os.environ.get(_LOCK_DIR):
+        return []
+    return [Path(left.read_text()) for left in sorted(Path(os.environ[_LOCK_DIR]).glob("base-*"))]
+
+
 @contextlib.contextmanager
 def _turn(directory: Path, exclusive: bool) -> Iterator[None]:
     with open(directory / "turnstile", "a") as turnstile, open(directory / "running", "a") as running:

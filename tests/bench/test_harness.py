@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # each runs a benchmark end to end: 18 to 70 s here
+
 TINY = [
     "--quick",
     "--starts",
@@ -285,7 +287,6 @@ def test_scale_times_a_persons_listings_among_everyones_kernels_and_each_names_o
     assert "| pat's (5 kernels) MCP `get_sessions` |" in run.stdout, run.stdout[-3000:]
 
 
-@pytest.mark.slow
 def test_lab_first_cell_times_a_sandboxed_lab_beside_a_plain_one_in_chromium(tmp_path):
     """bench/lab_first_cell.py clicks each Lab's launcher card in Chromium and times the first cell to its output
     (issue 55, point 11); one round each here."""

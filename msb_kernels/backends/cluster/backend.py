@@ -315,7 +315,7 @@ class ClusterBackend(SandboxBackend):
             raise
         finally:
             self._starting.discard(spec.sandbox_id)
-        return ClusterSandbox(spec, self, service.name, state)
+        return ClusterSandbox(spec, self.engine, self.name, service.name, state)
 
     async def _until_running(self, spec: SandboxSpec, name: str) -> TaskState:
         """Placed and running within MSB_BOOT_TIMEOUT_SECONDS, or refused with the scheduler's own reason as soon as it has
@@ -361,7 +361,7 @@ class ClusterBackend(SandboxBackend):
         for record in await asyncio.to_thread(self.engine.services):
             if record.labels.get(LABEL_KERNEL) == spec.sandbox_id and record.state.phase == "running":
                 await self._adopt_owner(self.owner_for(spec))
-                sandbox = ClusterSandbox(spec, self, record.name, record.state)
+                sandbox = ClusterSandbox(spec, self.engine, self.name, record.name, record.state)
                 sandbox.created = float(record.labels.get(LABEL_CREATED) or record.created)
                 return sandbox
         raise SandboxError(f"kernel {spec.sandbox_id} no longer runs on {self.engine.name}")

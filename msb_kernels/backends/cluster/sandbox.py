@@ -6,14 +6,10 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import TYPE_CHECKING
 
-from msb_kernels.backends.cluster.engine import TaskState
+from msb_kernels.backends.cluster.engine import Engine, TaskState
 from msb_kernels.backends.core.base import Sandbox, SandboxSpec
 from msb_kernels.backends.core.state import remove_state_dir
-
-if TYPE_CHECKING:
-    from msb_kernels.backends.cluster.backend import ClusterBackend
 
 log = logging.getLogger("msb_kernels")
 
@@ -21,9 +17,10 @@ log = logging.getLogger("msb_kernels")
 class ClusterSandbox(Sandbox):
     """A kernel in a unit of work on some node: its liveness is the engine's word, its address the task's."""
 
-    def __init__(self, spec: SandboxSpec, backend: ClusterBackend, service: str, state: TaskState):
+    def __init__(self, spec: SandboxSpec, engine: Engine, backend_name: str, service: str, state: TaskState):
         super().__init__(spec)
-        self.backend = backend
+        self.engine = engine
+        self.backend_name = backend_name
         self.service = service
         self.address = state.address
         self.node = state.node
@@ -48,7 +45,7 @@ class ClusterSandbox(Sandbox):
         if self.exit_code is not None:
             return self.exit_code
         try:
-            state = await asyncio.to_thread(self.backend.engine.state, self.service)
+            state = await asyncio.to_thread(self.engine.state, self.service)
         except Exception as exc:  # an engine that does not answer is not a dead kernel
             log.debug("kernel %s: cannot read its state: %s", self.sandbox_id, exc)
             return None
@@ -69,7 +66,7 @@ class ClusterSandbox(Sandbox):
 
     async def kill(self) -> None:
         self._removed_by_us = True
-        await asyncio.to_thread(self.backend.engine.remove, self.service)
+        await asyncio.to_thread(self.engine.remove, self.service)
 
     async def terminate(self) -> None:
         await self.kill()  # the engine sends SIGTERM, then SIGKILL after a grace period
@@ -90,8 +87,8 @@ class ClusterSandbox(Sandbox):
         if reason:
             log.warning("kernel %s: %s", self.sandbox_id, reason)
         with contextlib.suppress(Exception):  # an engine that went away: the sweep removes it later
-            await asyncio.to_thread(self.backend.engine.remove, self.service)
+            await asyncio.to_thread(self.engine.remove, self.service)
         remove_state_dir(self.spec.io_dir.parent, keep_io_dir=keep_io_dir)
 
     def info(self) -> dict:
-        return {**super().info(), "backend": self.backend.name, "service": self.service, "node": self.node, "address": self.address}
+        return {**super().info(), "backend": self.backend_name, "service": self.service, "node": self.node, "address": self.address}
