@@ -9,8 +9,9 @@ first (:data:`LONGEST`), so that neither worker is left alone with one at the en
 this under pytest 9 (it renames node ids through an attribute pytest 9 no longer reads), so :class:`GroupScheduling`
 is xdist's module-at-a-time scheduling with these groups for its scopes: the workers write them at collection.
 
-Alone. A test marked ``alone`` measures what the other worker's load would change: a latency, a CPU share, a deadline
-of a few seconds. It runs while no other test does. Every other test holds a lock file shared; an ``alone`` test holds
+Alone. A test marked ``alone`` measures what the other worker's load would change (a latency, a CPU share, a deadline
+of a few seconds), or waits on leftovers that any other start on the host would sweep first. It runs while no other
+test does. Every other test holds a lock file shared; an ``alone`` test holds
 it exclusively, after a turnstile that a stream of shared holders cannot hold it out of.
 
 Unit. A test marked ``unit`` starts no process (``-m unit`` runs that tier in seconds): one whose body tries fails,
@@ -65,6 +66,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # Only the run that made it: a pytest a test runs (the swarm's, in a container) inherits the variable too.
     if (made := config.stash.get(_MADE, None)) is not None:
         shutil.rmtree(made, ignore_errors=True)
+
+
+def _worker_lock_dir(config: pytest.Config) -> Path | None:
+    """In a worker of a parallel run, the controller's dir of shared files; None elsewhere (a pytest a test runs
+    inherits the variable, not the worker's input)."""
+    if getattr(config, "workerinput", None) is None or not os.environ.get(_LOCK_DIR):
+        return None
+    return Path(os.environ[_LOCK_DIR])
 
 
 def _module_of(nodeid: str) -> str:
@@ -131,8 +140,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (LONGEST.index(group) if group in LONGEST else len(LONGEST), first[group])
 
     items.sort(key=rank)  # stable: a group's tests keep their order, and stay together
-    if getattr(config, "workerinput", None) is not None and os.environ.get(_LOCK_DIR):
-        written = Path(os.environ[_LOCK_DIR]) / f"groups-{config.workerinput['workerid']}.json"
+    if (shared := _worker_lock_dir(config)) is not None:
+        written = shared / f"groups-{config.workerinput['workerid']}.json"
         written.with_suffix(".tmp").write_text(json.dumps({item.nodeid: groups[item] for item in items}))
         written.with_suffix(".tmp").rename(written)  # every worker collects the same; the scheduler reads one whole
 
@@ -157,12 +166,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def hand_to_controller(config: pytest.Config, base: Path) -> bool:
-    """In a worker: leave this worker's test dir for the run's end to check and remove (worker_bases); False elsewhere
-    (a pytest a test runs inherits the variables, not the worker's input)."""
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is None or not os.environ.get(_LOCK_DIR):
+    """In a worker: leave this worker's test dir for the run's end to check and remove (worker_bases); False elsewhere."""
+    if (shared := _worker_lock_dir(config)) is None:
         return False
-    (Path(os.environ[_LOCK_DIR]) / f"base-{workerinput['workerid']}").write_text(str(base))
+    (shared / f"base-{config.workerinput['workerid']}").write_text(str(base))
     return True
 
 
@@ -199,9 +206,9 @@ def _no_processes(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: a wait for the lock is not the test's time
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    with contextlib.ExitStack() as stack:
-        if os.environ.get(_LOCK_DIR) and getattr(item.config, "workerinput", None) is not None:
-            stack.enter_context(_turn(Path(os.environ[_LOCK_DIR]), exclusive=item.get_closest_marker("alone") is not None))
+    shared = _worker_lock_dir(item.config)
+    alone = item.get_closest_marker("alone") is not None
+    with _turn(shared, exclusive=alone) if shared is not None else contextlib.nullcontext():
         return (yield)
 
 
